@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs every build, test and benchmark dependency of cpprun from Debian 12's own packages.
+# Idempotent and non-interactive: packages already present are left alone, and apt is not
+# consulted at all when nothing is missing. Nothing is downloaded from anywhere but Debian.
+#
+# Usage (as root, or with sudo available):  packaging/setup.sh
+set -euo pipefail
+
+packages=(
+  # toolchain
+  build-essential cmake g++ clang libclang-rt-14-dev pkg-config git
+  # libraries
+  libboost-dev libboost-system-dev libboost-filesystem-dev nlohmann-json3-dev catch2
+  # tests and benchmarks: the real PyTorch 1.13 (interop peer), process tools
+  python3 python3-torch procps iproute2
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$'; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+echo "setup: installing ${missing[*]}"
+$sudo apt-get -o DPkg::Lock::Timeout=600 update -q
+$sudo apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends "${missing[@]}"
+echo "setup: done"

@@ -1,0 +1,129 @@
+#include "rendezvous/memory_store.h"
+
+#include <cerrno>
+#include <cstdlib>
+
+namespace cpprun::rendezvous {
+
+void MemoryStore::set(const std::string& key, const Bytes& value) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    data_[key] = value;
+  }
+  changed_.notify_all();
+}
+
+Bytes MemoryStore::compareSet(const std::string& key, const Bytes& expected,
+                              const Bytes& desired) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto it = data_.find(key);
+  if (it == data_.end()) {
+    if (!expected.empty()) return expected;
+    data_.emplace(key, desired);
+  } else if (it->second == expected) {
+    it->second = desired;
+  } else {
+    return it->second;
+  }
+  lock.unlock();
+  changed_.notify_all();
+  return desired;
+}
+
+void MemoryStore::waitLocked(std::unique_lock<std::mutex>& lock,
+                             const std::vector<std::string>& keys,
+                             std::chrono::milliseconds timeout) {
+  auto ready = [&] {
+    for (const auto& k : keys) {
+      if (data_.count(k) == 0) return false;
+    }
+    return true;
+  };
+  if (!changed_.wait_for(lock, timeout, ready)) {
+    throw StoreTimeout("wait for " + std::to_string(keys.size()) + " key(s) timed out after " +
+                       std::to_string(timeout.count()) + " ms");
+  }
+}
+
+Bytes MemoryStore::get(const std::string& key) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  waitLocked(lock, {key}, timeout());
+  return data_.at(key);
+}
+
+int64_t MemoryStore::add(const std::string& key, int64_t delta) {
+  int64_t value = delta;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = data_.find(key);
+    if (it != data_.end()) {
+      std::string text(it->second.begin(), it->second.end());
+      char* end = nullptr;
+      errno = 0;
+      long long current = std::strtoll(text.c_str(), &end, 10);
+      if (end == text.c_str() || errno == ERANGE) {
+        throw StoreError("add on key '" + key + "' whose value is not a decimal integer");
+      }
+      value = static_cast<int64_t>(static_cast<uint64_t>(current) + static_cast<uint64_t>(delta));
+    }
+    data_[key] = toBytes(std::to_string(value));
+  }
+  changed_.notify_all();
+  return value;
+}
+
+bool MemoryStore::deleteKey(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return data_.erase(key) != 0;
+}
+
+bool MemoryStore::check(const std::vector<std::string>& keys) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& k : keys) {
+    if (data_.count(k) == 0) return false;
+  }
+  return true;
+}
+
+int64_t MemoryStore::numKeys() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<int64_t>(data_.size());
+}
+
+void MemoryStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  waitLocked(lock, keys, timeout);
+}
+
+std::vector<Bytes> MemoryStore::multiGet(const std::vector<std::string>& keys) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  waitLocked(lock, keys, timeout());
+  std::vector<Bytes> values;
+  values.reserve(keys.size());
+  for (const auto& k : keys) values.push_back(data_.at(k));
+  return values;
+}
+
+void MemoryStore::multiSet(const std::vector<std::string>& keys,
+                           const std::vector<Bytes>& values) {
+  if (keys.size() != values.size()) {
+    throw StoreError("multiSet: " + std::to_string(keys.size()) + " keys but " +
+                     std::to_string(values.size()) + " values");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (size_t i = 0; i < keys.size(); ++i) data_[keys[i]] = values[i];
+  }
+  changed_.notify_all();
+}
+
+void MemoryStore::append(const std::string& key, const Bytes& value) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& v = data_[key];
+    v.insert(v.end(), value.begin(), value.end());
+  }
+  changed_.notify_all();
+}
+
+}  // namespace cpprun::rendezvous

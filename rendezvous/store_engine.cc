@@ -1,0 +1,355 @@
+#include "rendezvous/store_engine.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+
+namespace cpprun::rendezvous {
+
+using wire::Bytes;
+using wire::Dialect;
+using wire::QueryType;
+using wire::Request;
+
+namespace {
+
+Bytes toBytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
+
+// torch parses counters with std::stoll: optional leading whitespace and sign, decimal digits,
+// trailing garbage ignored, but at least one digit.
+bool parseCounter(const Bytes& value, int64_t* out) {
+  std::string text(value.begin(), value.end());
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  if (end == text.c_str() || errno == ERANGE) return false;
+  *out = v;
+  return true;
+}
+
+template <typename T>
+void eraseValue(std::vector<T>* v, const T& value) {
+  v->erase(std::remove(v->begin(), v->end(), value), v->end());
+}
+
+}  // namespace
+
+bool StoreEngine::exists(const std::string& key) const {
+  if (data_.count(key) != 0) return true;
+  auto q = queues_.find(key);
+  return q != queues_.end() && !q->second.empty();
+}
+
+void StoreEngine::store(const std::string& key, Bytes value) {
+  auto it = data_.find(key);
+  if (!watchers_by_key_.empty()) {
+    if (it == data_.end()) {
+      notifyWatchers(key, wire::kWatchKeyCreated, {}, value);
+    } else {
+      notifyWatchers(key, wire::kWatchKeyUpdated, it->second, value);
+    }
+  }
+  if (it == data_.end()) {
+    data_.emplace(key, std::move(value));
+  } else {
+    it->second = std::move(value);
+  }
+  wake(key);
+}
+
+void StoreEngine::wake(const std::string& key, bool one_only) {
+  auto it = waiters_by_key_.find(key);
+  if (it == waiters_by_key_.end()) return;
+  std::vector<WaitId> ids;
+  if (one_only && it->second.size() > 1) {
+    ids.push_back(it->second.front());
+    it->second.erase(it->second.begin());
+  } else {
+    ids = std::move(it->second);
+    waiters_by_key_.erase(it);
+  }
+  for (WaitId id : ids) {
+    auto w = waits_.find(id);
+    if (w == waits_.end()) continue;
+    if (--w->second.missing > 0) continue;
+    ClientId client = w->second.client;
+    uint8_t code = w->second.reply;
+    waits_.erase(w);
+    auto& mine = waits_by_client_[client];
+    eraseValue(&mine, id);
+    if (mine.empty()) waits_by_client_.erase(client);
+    ++counters_.waits_woken;
+    reply(client, Bytes{code});
+  }
+}
+
+void StoreEngine::notifyWatchers(const std::string& key, uint8_t event, const Bytes& old_value,
+                                 const Bytes& new_value) {
+  auto it = watchers_by_key_.find(key);
+  if (it == watchers_by_key_.end()) return;
+  Bytes msg;
+  wire::appendU8(&msg, event);
+  wire::appendString(&msg, key);
+  wire::appendBytes(&msg, old_value);
+  wire::appendBytes(&msg, new_value);
+  for (ClientId c : it->second) reply(c, msg);
+}
+
+void StoreEngine::registerWait(ClientId client, const std::vector<std::string>& keys,
+                               uint8_t code) {
+  size_t missing = 0;
+  WaitId id = next_wait_id_++;
+  std::unordered_set<std::string> seen;
+  for (const auto& k : keys) {
+    if (exists(k) || !seen.insert(k).second) continue;
+    waiters_by_key_[k].push_back(id);
+    ++missing;
+  }
+  if (missing == 0) {
+    reply(client, Bytes{code});
+    return;
+  }
+  waits_.emplace(id, PendingWait{client, missing, code});
+  waits_by_client_[client].push_back(id);
+  ++counters_.waits_deferred;
+}
+
+void StoreEngine::cancelWaits(ClientId client) {
+  for (auto b = barrier_waiters_.begin(); b != barrier_waiters_.end();) {
+    eraseValue(&b->second, client);
+    b = b->second.empty() ? barrier_waiters_.erase(b) : std::next(b);
+  }
+  auto it = waits_by_client_.find(client);
+  if (it == waits_by_client_.end()) return;
+  for (WaitId id : it->second) waits_.erase(id);
+  // Stale ids left in waiters_by_key_ are skipped by wake(); prune the keys we know about.
+  waits_by_client_.erase(it);
+  for (auto k = waiters_by_key_.begin(); k != waiters_by_key_.end();) {
+    auto& ids = k->second;
+    ids.erase(std::remove_if(ids.begin(), ids.end(),
+                             [&](WaitId id) { return waits_.count(id) == 0; }),
+              ids.end());
+    k = ids.empty() ? waiters_by_key_.erase(k) : std::next(k);
+  }
+}
+
+void StoreEngine::disconnect(ClientId client) {
+  cancelWaits(client);
+  auto w = watches_by_client_.find(client);
+  if (w != watches_by_client_.end()) {
+    for (const auto& key : w->second) {
+      auto& list = watchers_by_key_[key];
+      eraseValue(&list, client);
+      if (list.empty()) watchers_by_key_.erase(key);
+    }
+    watches_by_client_.erase(w);
+  }
+}
+
+bool StoreEngine::handle(ClientId client, Dialect dialect, const Request& r, std::string* error) {
+  ++counters_.requests;
+  Bytes& out = scratch_;
+  out.clear();
+  switch (r.type) {
+    case QueryType::VALIDATE:
+      if (r.u32 != wire::kValidationMagic) {
+        *error = "VALIDATE with wrong magic";
+        return false;
+      }
+      return true;
+
+    case QueryType::PING:
+      wire::appendU32(&out, r.u32);
+      reply(client, out);
+      return true;
+
+    case QueryType::SET:
+      store(r.keys[0], r.values[0]);
+      return true;
+
+    case QueryType::MULTI_SET:
+      for (size_t i = 0; i < r.keys.size(); ++i) store(r.keys[i], r.values[i]);
+      return true;
+
+    case QueryType::APPEND: {
+      auto it = data_.find(r.keys[0]);
+      if (it == data_.end()) {
+        store(r.keys[0], r.values[0]);
+      } else {
+        Bytes updated = it->second;
+        updated.insert(updated.end(), r.values[0].begin(), r.values[0].end());
+        store(r.keys[0], std::move(updated));
+      }
+      return true;
+    }
+
+    case QueryType::COMPARE_SET: {
+      const std::string& key = r.keys[0];
+      const Bytes& expected = r.values[0];
+      const Bytes& desired = r.values[1];
+      auto it = data_.find(key);
+      if (it == data_.end()) {
+        if (expected.empty()) {
+          store(key, desired);
+          wire::appendBytes(&out, desired);
+        } else {
+          wire::appendBytes(&out, expected);  // torch's documented "lie"
+        }
+      } else if (it->second == expected) {
+        store(key, desired);
+        wire::appendBytes(&out, desired);
+      } else {
+        wire::appendBytes(&out, it->second);
+      }
+      reply(client, out);
+      return true;
+    }
+
+    case QueryType::GET: {
+      auto it = data_.find(r.keys[0]);
+      if (it == data_.end()) {
+        if (dialect == Dialect::kLegacy) {
+          *error = "GET of missing key";
+          return false;
+        }
+        wire::appendU64(&out, 0);
+      } else {
+        wire::appendBytes(&out, it->second);
+      }
+      reply(client, out);
+      return true;
+    }
+
+    case QueryType::MULTI_GET:
+      for (const auto& k : r.keys) {
+        auto it = data_.find(k);
+        if (it == data_.end()) {
+          wire::appendU64(&out, 0);
+        } else {
+          wire::appendBytes(&out, it->second);
+        }
+      }
+      reply(client, out);
+      return true;
+
+    case QueryType::ADD: {
+      const std::string& key = r.keys[0];
+      int64_t value = r.integer;
+      auto it = data_.find(key);
+      if (it != data_.end()) {
+        int64_t current = 0;
+        if (!parseCounter(it->second, &current)) {
+          *error = "ADD on a value that is not a decimal integer";
+          return false;
+        }
+        value = static_cast<int64_t>(static_cast<uint64_t>(current) +
+                                     static_cast<uint64_t>(r.integer));
+      }
+      store(key, toBytes(std::to_string(value)));
+      wire::appendI64(&out, value);
+      reply(client, out);
+      return true;
+    }
+
+    case QueryType::CHECK: {
+      bool all = std::all_of(r.keys.begin(), r.keys.end(),
+                             [&](const std::string& k) { return exists(k); });
+      reply(client, Bytes{all ? wire::kCheckReady : wire::kCheckNotReady});
+      return true;
+    }
+
+    case QueryType::WAIT:
+      registerWait(client, r.keys, wire::kWaitStopWaiting);
+      return true;
+
+    case QueryType::CANCEL_WAIT:
+      cancelWaits(client);
+      reply(client, Bytes{wire::kWaitCanceled});
+      return true;
+
+    case QueryType::GETNUMKEYS:
+      wire::appendI64(&out, static_cast<int64_t>(data_.size()));
+      reply(client, out);
+      return true;
+
+    case QueryType::DELETE_KEY: {
+      auto it = data_.find(r.keys[0]);
+      int64_t erased = 0;
+      if (it != data_.end()) {
+        notifyWatchers(r.keys[0], wire::kWatchKeyDeleted, it->second, {});
+        data_.erase(it);
+        erased = 1;
+      }
+      wire::appendI64(&out, erased);
+      reply(client, out);
+      return true;
+    }
+
+    case QueryType::WATCH_KEY:
+      watchers_by_key_[r.keys[0]].push_back(client);
+      watches_by_client_[client].push_back(r.keys[0]);
+      reply(client, Bytes{wire::kWatchCallbackRegistered});
+      return true;
+
+    case QueryType::QUEUE_PUSH:
+      queues_[r.keys[0]].push_back(r.values[0]);
+      wake(r.keys[0], /*one_only=*/true);
+      return true;
+
+    case QueryType::QUEUE_POP: {
+      auto it = queues_.find(r.keys[0]);
+      int64_t len = it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size());
+      wire::appendI64(&out, len);
+      if (len > 0) {
+        wire::appendBytes(&out, it->second.front());
+        it->second.pop_front();
+        if (it->second.empty()) queues_.erase(it);
+      }
+      reply(client, out);
+      return true;
+    }
+
+    case QueryType::QUEUE_LEN: {
+      auto it = queues_.find(r.keys[0]);
+      wire::appendI64(&out, it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size()));
+      reply(client, out);
+      return true;
+    }
+
+    case QueryType::LIST_KEYS:
+      wire::appendU64(&out, data_.size());
+      for (const auto& kv : data_) wire::appendString(&out, kv.first);
+      reply(client, out);
+      return true;
+
+    case QueryType::BARRIER: {
+      const std::string& key = r.keys[0];
+      int64_t count = 1;
+      auto it = data_.find(key);
+      if (it != data_.end()) {
+        int64_t current = 0;
+        if (!parseCounter(it->second, &current)) {
+          *error = "BARRIER on a key whose value is not a decimal integer";
+          return false;
+        }
+        count = current + 1;
+      }
+      store(key, toBytes(std::to_string(count)));
+      if (count >= r.integer) {
+        reply(client, Bytes{wire::kWaitStopWaiting});
+        auto w = barrier_waiters_.find(key);
+        if (w != barrier_waiters_.end()) {
+          for (ClientId c : w->second) reply(c, Bytes{wire::kWaitStopWaiting});
+          barrier_waiters_.erase(w);
+        }
+      } else {
+        barrier_waiters_[key].push_back(client);
+      }
+      return true;
+    }
+  }
+  *error = "unhandled query type";
+  return false;
+}
+
+}  // namespace cpprun::rendezvous

@@ -1,0 +1,98 @@
+// StoreEngine: the key-value state and the semantics of every TCPStore request, without I/O.
+//
+// The TCP server decodes requests and hands them here together with the id of the connection
+// they came from; the engine answers through the Outbox, which may address any connection
+// (a SET wakes other connections' WAITs, a legacy WATCH_KEY gets change notifications).
+// Keeping this free of sockets lets the semantics be tested byte for byte without a network.
+//
+// Semantics follow torch (see docs/protocol.md): ADD stores decimal text; COMPARE_SET's
+// "missing key, non-empty expected" returns expected; a legacy client's GET of a missing key
+// or ADD on a non-numeric value closes its connection, a V2 client's GET of a missing key gets
+// an empty value (as torch's libuv server does). WAIT registers on the keys missing now and is
+// answered when the last of them is written; a closed connection or CANCEL_WAIT forgets it.
+// One deliberate improvement over the legacy server: a COMPARE_SET that leaves the key present
+// wakes its waiters, as the libuv server does, so no waiter sleeps on a key that exists.
+//
+// Thread safety: none. One event-loop thread owns an engine.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "rendezvous/wire.h"
+
+namespace cpprun::rendezvous {
+
+using ClientId = uint64_t;
+
+// Where the engine's replies go. send() appends bytes to a connection's output in order.
+class Outbox {
+ public:
+  virtual ~Outbox() = default;
+  virtual void send(ClientId client, const wire::Bytes& bytes) = 0;
+};
+
+struct EngineCounters {
+  uint64_t requests = 0;
+  uint64_t waits_deferred = 0;
+  uint64_t waits_woken = 0;
+};
+
+class StoreEngine {
+ public:
+  explicit StoreEngine(Outbox* outbox) : outbox_(outbox) {}
+  StoreEngine(const StoreEngine&) = delete;
+  StoreEngine& operator=(const StoreEngine&) = delete;
+
+  // Applies one request from `client`. Returns false when the connection must be closed (the
+  // request is one torch's server answers by dropping the client); *error then says why.
+  bool handle(ClientId client, wire::Dialect dialect, const wire::Request& request,
+              std::string* error);
+
+  // Forgets everything the connection registered (waits, watches, barrier waits).
+  void disconnect(ClientId client);
+
+  size_t numKeys() const { return data_.size(); }
+  size_t pendingWaits() const { return waits_.size(); }
+  const EngineCounters& counters() const { return counters_; }
+
+ private:
+  struct PendingWait {
+    ClientId client;
+    size_t missing;  // keys still absent; the reply goes out when this reaches 0
+    uint8_t reply;   // kWaitStopWaiting for WAIT and BARRIER
+  };
+  using WaitId = uint64_t;
+
+  bool exists(const std::string& key) const;
+  void store(const std::string& key, wire::Bytes value);  // set + notify watchers + wake
+  void wake(const std::string& key, bool one_only = false);
+  void notifyWatchers(const std::string& key, uint8_t event, const wire::Bytes& old_value,
+                      const wire::Bytes& new_value);
+  void registerWait(ClientId client, const std::vector<std::string>& keys, uint8_t reply);
+  void cancelWaits(ClientId client);
+  void reply(ClientId client, const wire::Bytes& bytes) { outbox_->send(client, bytes); }
+
+  Outbox* outbox_;
+  std::unordered_map<std::string, wire::Bytes> data_;
+  std::unordered_map<std::string, std::deque<wire::Bytes>> queues_;
+  // Waits: each key lists the waits that need it; each client lists its waits for cleanup.
+  std::unordered_map<WaitId, PendingWait> waits_;
+  std::unordered_map<std::string, std::vector<WaitId>> waiters_by_key_;
+  std::unordered_map<ClientId, std::vector<WaitId>> waits_by_client_;
+  WaitId next_wait_id_ = 1;
+  // Legacy WATCH_KEY registrations.
+  std::unordered_map<std::string, std::vector<ClientId>> watchers_by_key_;
+  std::unordered_map<ClientId, std::vector<std::string>> watches_by_client_;
+  // BARRIER waiters per barrier key.
+  std::unordered_map<std::string, std::vector<ClientId>> barrier_waiters_;
+  EngineCounters counters_;
+  wire::Bytes scratch_;
+};
+
+}  // namespace cpprun::rendezvous

@@ -1,0 +1,529 @@
+#include "rendezvous/tcp_store_client.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+#include <thread>
+
+namespace cpprun::rendezvous {
+
+using wire::Dialect;
+using wire::QueryType;
+using wire::Request;
+
+namespace {
+
+int remainingMs(std::chrono::steady_clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+  if (left.count() <= 0) return 0;
+  return static_cast<int>(std::min<int64_t>(left.count(), 1 << 30));
+}
+
+std::string errnoText(int err) { return std::strerror(err); }
+
+// One non-blocking connect attempt to one address, bounded by `deadline`. Returns the fd or -1
+// with *err set.
+int connectOnce(const addrinfo* ai, std::chrono::steady_clock::time_point deadline, int* err) {
+  int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                    ai->ai_protocol);
+  if (fd < 0) {
+    *err = errno;
+    return -1;
+  }
+  if (::connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+    if (errno != EINPROGRESS) {
+      *err = errno;
+      ::close(fd);
+      return -1;
+    }
+    pollfd p{fd, POLLOUT, 0};
+    int rc;
+    do {
+      rc = ::poll(&p, 1, remainingMs(deadline));
+    } while (rc < 0 && errno == EINTR);
+    if (rc <= 0) {
+      *err = rc == 0 ? ETIMEDOUT : errno;
+      ::close(fd);
+      return -1;
+    }
+    int so_error = 0;
+    socklen_t len = sizeof(so_error);
+    ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_error, &len);
+    if (so_error != 0) {
+      *err = so_error;
+      ::close(fd);
+      return -1;
+    }
+  }
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return fd;
+}
+
+}  // namespace
+
+TcpStoreClient::TcpStoreClient(TcpStoreClientOptions options) : options_(std::move(options)) {
+  setTimeout(options_.timeout);
+  std::lock_guard<std::mutex> lock(mutex_);
+  connectWithRetry();
+}
+
+TcpStoreClient::~TcpStoreClient() { closeConnection(); }
+
+void TcpStoreClient::closeConnection() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  in_.clear();
+  in_pos_ = 0;
+}
+
+void TcpStoreClient::fail(const std::string& what) {
+  closeConnection();
+  throw StoreError("store " + options_.host + ":" + std::to_string(options_.port) + ": " + what);
+}
+
+void TcpStoreClient::ensureConnected() {
+  if (fd_ < 0) connectWithRetry();
+}
+
+void TcpStoreClient::connectWithRetry() {
+  auto start = Clock::now();
+  auto give_up = start + options_.connect_timeout;
+  auto backoff = options_.initial_backoff;
+  std::mt19937 rng(static_cast<uint32_t>(::getpid()) ^
+                   static_cast<uint32_t>(start.time_since_epoch().count()));
+  std::string last_error = "no attempt";
+  int attempts = 0;
+  while (true) {
+    ++attempts;
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    std::string port = std::to_string(options_.port);
+    int gai = ::getaddrinfo(options_.host.c_str(), port.c_str(), &hints, &res);
+    if (gai != 0) {
+      last_error = std::string("cannot resolve host: ") + ::gai_strerror(gai);
+    } else {
+      for (addrinfo* ai = res; ai != nullptr && fd_ < 0; ai = ai->ai_next) {
+        int err = 0;
+        // A single attempt may not use up the whole budget: a dropped SYN must be retried.
+        auto attempt_deadline = std::min(give_up, Clock::now() + std::chrono::seconds(5));
+        fd_ = connectOnce(ai, attempt_deadline, &err);
+        if (fd_ < 0) last_error = errnoText(err);
+      }
+      ::freeaddrinfo(res);
+    }
+    if (fd_ >= 0) {
+      try {
+        handshake(std::min(Clock::now() + timeout(), Clock::now() + options_.connect_timeout));
+        return;
+      } catch (const StoreError& e) {
+        last_error = e.what();
+        closeConnection();
+      }
+    }
+    auto now = Clock::now();
+    if (now >= give_up) break;
+    // Exponential backoff with jitter in [backoff/2, backoff], never past the deadline.
+    std::uniform_int_distribution<int64_t> jitter(backoff.count() / 2, backoff.count());
+    auto pause = std::chrono::milliseconds(std::max<int64_t>(1, jitter(rng)));
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(give_up - now);
+    std::this_thread::sleep_for(std::min(pause, left));
+    backoff = std::min(backoff * 2, options_.max_backoff);
+  }
+  throw StoreTimeout("cannot connect to store " + options_.host + ":" +
+                     std::to_string(options_.port) + " within " +
+                     std::to_string(options_.connect_timeout.count()) + " ms (" +
+                     std::to_string(attempts) + " attempts): " + last_error);
+}
+
+void TcpStoreClient::handshake(Clock::time_point deadline) {
+  if (options_.dialect != Dialect::kV2) return;
+  Request validate;
+  validate.type = QueryType::VALIDATE;
+  validate.u32 = wire::kValidationMagic;
+  Request ping;
+  ping.type = QueryType::PING;
+  ping.u32 = static_cast<uint32_t>(::getpid());
+  out_.clear();
+  wire::encodeRequest(Dialect::kV2, validate, &out_);
+  wire::encodeRequest(Dialect::kV2, ping, &out_);
+  sendAll(out_.data(), out_.size(), deadline);
+  uint32_t echo = readU32(deadline);
+  if (echo != ping.u32) {
+    fail("handshake: PING echoed " + std::to_string(echo) + ", expected " +
+         std::to_string(ping.u32) + " (not a torch>=2.2-compatible store?)");
+  }
+}
+
+void TcpStoreClient::sendAll(const uint8_t* data, size_t size, Clock::time_point deadline) {
+  while (size > 0) {
+    ssize_t n = ::send(fd_, data, size, MSG_NOSIGNAL);
+    if (n > 0) {
+      data += n;
+      size -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd p{fd_, POLLOUT, 0};
+      int rc = ::poll(&p, 1, remainingMs(deadline));
+      if (rc == 0) {
+        closeConnection();
+        throw StoreTimeout("store " + options_.host + ":" + std::to_string(options_.port) +
+                           ": send timed out");
+      }
+      continue;
+    }
+    fail("send: " + errnoText(errno));
+  }
+}
+
+bool TcpStoreClient::fill(size_t need, Clock::time_point deadline, bool allow_timeout) {
+  if (in_pos_ > 0 && in_pos_ == in_.size()) {
+    in_.clear();
+    in_pos_ = 0;
+  }
+  while (in_.size() - in_pos_ < need) {
+    // Wait for readability first: a reply is rarely there the instant the request left.
+    pollfd p{fd_, POLLIN, 0};
+    int rc;
+    do {
+      rc = ::poll(&p, 1, remainingMs(deadline));
+    } while (rc < 0 && errno == EINTR);
+    if (rc == 0) {
+      if (allow_timeout && in_.size() == in_pos_) return false;
+      closeConnection();
+      throw StoreTimeout("store " + options_.host + ":" + std::to_string(options_.port) +
+                         ": no reply within the " + std::to_string(timeout().count()) +
+                         " ms timeout");
+    }
+    size_t old = in_.size();
+    size_t want = std::max<size_t>(need - (old - in_pos_), 64 * 1024);
+    in_.resize(old + want);
+    ssize_t n = ::recv(fd_, in_.data() + old, want, 0);
+    if (n > 0) {
+      in_.resize(old + static_cast<size_t>(n));
+      continue;
+    }
+    in_.resize(old);
+    if (n == 0) fail("connection closed by the server");
+    if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
+      fail("recv: " + errnoText(errno));
+    }
+  }
+  return true;
+}
+
+uint8_t TcpStoreClient::readU8(Clock::time_point deadline) {
+  fill(1, deadline);
+  return in_[in_pos_++];
+}
+
+uint32_t TcpStoreClient::readU32(Clock::time_point deadline) {
+  fill(4, deadline);
+  uint32_t v = wire::loadU32(in_.data() + in_pos_);
+  in_pos_ += 4;
+  return v;
+}
+
+int64_t TcpStoreClient::readI64(Clock::time_point deadline) {
+  fill(8, deadline);
+  auto v = static_cast<int64_t>(wire::loadU64(in_.data() + in_pos_));
+  in_pos_ += 8;
+  return v;
+}
+
+Bytes TcpStoreClient::readBytes(Clock::time_point deadline) {
+  uint64_t len = static_cast<uint64_t>(readI64(deadline));
+  if (len > (1ULL << 32)) fail("reply announces a value of " + std::to_string(len) + " bytes");
+  fill(static_cast<size_t>(len), deadline);
+  Bytes v(in_.begin() + static_cast<std::ptrdiff_t>(in_pos_),
+          in_.begin() + static_cast<std::ptrdiff_t>(in_pos_ + len));
+  in_pos_ += static_cast<size_t>(len);
+  return v;
+}
+
+void TcpStoreClient::sendRequest(const Request& r, Clock::time_point deadline) {
+  ensureConnected();
+  out_.clear();
+  if (!wire::encodeRequest(options_.dialect, r, &out_)) {
+    throw StoreError(std::string(wire::queryTypeName(r.type)) + " is not available with a " +
+                     wire::dialectName(options_.dialect) + " server");
+  }
+  sendAll(out_.data(), out_.size(), deadline);
+}
+
+void TcpStoreClient::requireV2(const char* op) const {
+  if (options_.dialect != Dialect::kV2) {
+    throw StoreError(std::string(op) + " needs a torch>=2.2 store; this client speaks " +
+                     wire::dialectName(options_.dialect));
+  }
+}
+
+void TcpStoreClient::set(const std::string& key, const Bytes& value) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Request r;
+  r.type = QueryType::SET;
+  r.keys = {key};
+  r.values = {value};
+  sendRequest(r, deadline());
+}
+
+Bytes TcpStoreClient::compareSet(const std::string& key, const Bytes& expected,
+                                 const Bytes& desired) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Request r;
+  r.type = QueryType::COMPARE_SET;
+  r.keys = {key};
+  r.values = {expected, desired};
+  auto d = deadline();
+  sendRequest(r, d);
+  return readBytes(d);
+}
+
+Bytes TcpStoreClient::getLocked(const std::string& key) {
+  waitLocked({key}, timeout());
+  Request r;
+  r.type = QueryType::GET;
+  r.keys = {key};
+  auto d = deadline();
+  sendRequest(r, d);
+  return readBytes(d);
+}
+
+Bytes TcpStoreClient::get(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return getLocked(key);
+}
+
+int64_t TcpStoreClient::add(const std::string& key, int64_t delta) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Request r;
+  r.type = QueryType::ADD;
+  r.keys = {key};
+  r.integer = delta;
+  auto d = deadline();
+  sendRequest(r, d);
+  return readI64(d);
+}
+
+bool TcpStoreClient::deleteKey(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Request r;
+  r.type = QueryType::DELETE_KEY;
+  r.keys = {key};
+  auto d = deadline();
+  sendRequest(r, d);
+  return readI64(d) > 0;
+}
+
+bool TcpStoreClient::check(const std::vector<std::string>& keys) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Request r;
+  r.type = QueryType::CHECK;
+  r.keys = keys;
+  auto d = deadline();
+  sendRequest(r, d);
+  uint8_t reply = readU8(d);
+  if (reply != wire::kCheckReady && reply != wire::kCheckNotReady) {
+    fail("CHECK reply " + std::to_string(reply) + " is neither READY nor NOT_READY");
+  }
+  return reply == wire::kCheckReady;
+}
+
+int64_t TcpStoreClient::numKeys() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Request r;
+  r.type = QueryType::GETNUMKEYS;
+  auto d = deadline();
+  sendRequest(r, d);
+  return readI64(d);
+}
+
+void TcpStoreClient::waitLocked(const std::vector<std::string>& keys,
+                                std::chrono::milliseconds wait_timeout, QueryType type,
+                                const std::string& barrier_key, int64_t world_size) {
+  Request r;
+  r.type = type;
+  if (type == QueryType::BARRIER) {
+    r.keys = {barrier_key};
+    r.integer = world_size;
+  } else {
+    r.keys = keys;
+  }
+  auto d = Clock::now() + wait_timeout;
+  sendRequest(r, Clock::now() + timeout());
+  if (fill(1, d, /*allow_timeout=*/true)) {
+    uint8_t reply = in_[in_pos_++];
+    if (reply != wire::kWaitStopWaiting) fail("WAIT reply " + std::to_string(reply));
+    return;
+  }
+  std::string what = std::string(wire::queryTypeName(type)) + " for " +
+                     (type == QueryType::BARRIER ? "barrier '" + barrier_key + "'"
+                                                 : std::to_string(keys.size()) + " key(s)") +
+                     " timed out after " + std::to_string(wait_timeout.count()) + " ms";
+  if (options_.dialect == Dialect::kLegacy) {
+    // A legacy server answers this wait later; that byte would be read as the next reply.
+    closeConnection();
+    throw StoreTimeout(what);
+  }
+  Request cancel;
+  cancel.type = QueryType::CANCEL_WAIT;
+  auto cd = Clock::now() + timeout();
+  sendRequest(cancel, cd);
+  uint8_t reply = readU8(cd);
+  if (reply == wire::kWaitStopWaiting) reply = readU8(cd);  // the wake-up raced the cancel
+  if (reply != wire::kWaitCanceled) fail("CANCEL_WAIT reply " + std::to_string(reply));
+  throw StoreTimeout(what);
+}
+
+void TcpStoreClient::wait(const std::vector<std::string>& keys,
+                          std::chrono::milliseconds wait_timeout) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  waitLocked(keys, wait_timeout);
+}
+
+std::vector<Bytes> TcpStoreClient::multiGet(const std::vector<std::string>& keys) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<Bytes> values;
+  if (options_.dialect == Dialect::kLegacy) {
+    for (const auto& k : keys) values.push_back(getLocked(k));
+    return values;
+  }
+  waitLocked(keys, timeout());
+  Request r;
+  r.type = QueryType::MULTI_GET;
+  r.keys = keys;
+  auto d = deadline();
+  sendRequest(r, d);
+  values.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) values.push_back(readBytes(d));
+  return values;
+}
+
+void TcpStoreClient::multiSet(const std::vector<std::string>& keys,
+                              const std::vector<Bytes>& values) {
+  if (keys.size() != values.size()) {
+    throw StoreError("multiSet: " + std::to_string(keys.size()) + " keys but " +
+                     std::to_string(values.size()) + " values");
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto d = deadline();
+  if (options_.dialect == Dialect::kLegacy) {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      Request r;
+      r.type = QueryType::SET;
+      r.keys = {keys[i]};
+      r.values = {values[i]};
+      sendRequest(r, d);
+    }
+    return;
+  }
+  Request r;
+  r.type = QueryType::MULTI_SET;
+  r.keys = keys;
+  r.values = values;
+  sendRequest(r, d);
+}
+
+void TcpStoreClient::append(const std::string& key, const Bytes& value) {
+  if (options_.dialect == Dialect::kLegacy) {
+    // No APPEND before torch 2.1: an atomic compareSet loop does the same.
+    for (int attempt = 0;; ++attempt) {
+      Bytes current;
+      if (check({key})) current = get(key);
+      Bytes desired = current;
+      desired.insert(desired.end(), value.begin(), value.end());
+      if (compareSet(key, current, desired) == desired) return;
+      if (attempt > 1000) throw StoreError("append to '" + key + "': too much contention");
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  Request r;
+  r.type = QueryType::APPEND;
+  r.keys = {key};
+  r.values = {value};
+  sendRequest(r, deadline());
+}
+
+uint32_t TcpStoreClient::ping(uint32_t nonce) {
+  requireV2("PING");
+  std::lock_guard<std::mutex> lock(mutex_);
+  Request r;
+  r.type = QueryType::PING;
+  r.u32 = nonce;
+  auto d = deadline();
+  sendRequest(r, d);
+  return readU32(d);
+}
+
+void TcpStoreClient::queuePush(const std::string& key, const Bytes& value) {
+  requireV2("QUEUE_PUSH");
+  std::lock_guard<std::mutex> lock(mutex_);
+  Request r;
+  r.type = QueryType::QUEUE_PUSH;
+  r.keys = {key};
+  r.values = {value};
+  sendRequest(r, deadline());
+}
+
+Bytes TcpStoreClient::queuePop(const std::string& key) {
+  requireV2("QUEUE_POP");
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto give_up = deadline();
+  while (true) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(give_up - Clock::now());
+    waitLocked({key}, std::max(left, std::chrono::milliseconds(0)));
+    Request r;
+    r.type = QueryType::QUEUE_POP;
+    r.keys = {key};
+    auto d = deadline();
+    sendRequest(r, d);
+    if (readI64(d) > 0) return readBytes(d);
+    // Another client popped the item between our wake-up and our pop: wait again.
+  }
+}
+
+int64_t TcpStoreClient::queueLength(const std::string& key) {
+  requireV2("QUEUE_LEN");
+  std::lock_guard<std::mutex> lock(mutex_);
+  Request r;
+  r.type = QueryType::QUEUE_LEN;
+  r.keys = {key};
+  auto d = deadline();
+  sendRequest(r, d);
+  return readI64(d);
+}
+
+std::vector<std::string> TcpStoreClient::listKeys() {
+  requireV2("LIST_KEYS");
+  std::lock_guard<std::mutex> lock(mutex_);
+  Request r;
+  r.type = QueryType::LIST_KEYS;
+  auto d = deadline();
+  sendRequest(r, d);
+  int64_t n = readI64(d);
+  if (n < 0) fail("LIST_KEYS count " + std::to_string(n));
+  std::vector<std::string> keys;
+  for (int64_t i = 0; i < n; ++i) keys.push_back(toString(readBytes(d)));
+  return keys;
+}
+
+void TcpStoreClient::barrier(const std::string& key, int64_t world_size,
+                             std::chrono::milliseconds barrier_timeout) {
+  requireV2("BARRIER");
+  std::lock_guard<std::mutex> lock(mutex_);
+  waitLocked({}, barrier_timeout, QueryType::BARRIER, key, world_size);
+}
+
+}  // namespace cpprun::rendezvous

@@ -1,0 +1,351 @@
+#include "rendezvous/tcp_store_server.h"
+
+#include <array>
+#include <future>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/asio.h"
+#include "common/logging.h"
+#include "rendezvous/store_engine.h"
+
+namespace cpprun::rendezvous {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+namespace {
+
+std::string describe(const tcp::endpoint& ep) {
+  auto addr = ep.address();
+  std::string a = addr.is_v6() ? "[" + addr.to_string() + "]" : addr.to_string();
+  return a + ":" + std::to_string(ep.port());
+}
+
+}  // namespace
+
+class Connection;
+
+// Owns the acceptor, the connections and the engine. Shared with in-flight handlers, so it
+// outlives the TcpStoreServer object until the loop has drained them.
+class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer::Impl>,
+                             public Outbox {
+ public:
+  Impl(asio::io_context& io, TcpStoreServerOptions options)
+      : io_(io), options_(std::move(options)), acceptor_(io), retry_timer_(io), engine_(this) {}
+
+  Status listen();
+  void startAccepting();
+  void stop();
+
+  void send(ClientId client, const wire::Bytes& bytes) override;
+  void flush();
+  void closeConnection(ClientId id, const std::string& warning);
+  void connectionFinished(ClientId id);
+
+  asio::io_context& io_;
+  TcpStoreServerOptions options_;
+  tcp::acceptor acceptor_;
+  asio::steady_timer retry_timer_;
+  StoreEngine engine_;
+  std::unordered_map<ClientId, std::shared_ptr<Connection>> connections_;
+  std::vector<std::shared_ptr<Connection>> dirty_;
+  ClientId next_id_ = 1;
+  std::string bound_host_;
+  uint16_t bound_port_ = 0;
+  bool stopped_ = false;
+  TcpStoreServerStats stats_;
+};
+
+// One client connection: reads, decodes, dispatches, and writes replies in order.
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(std::shared_ptr<TcpStoreServer::Impl> server, ClientId id, tcp::socket socket)
+      : server_(std::move(server)),
+        id_(id),
+        socket_(std::move(socket)),
+        decoder_(server_->options_.limits) {
+    boost::system::error_code ec;
+    peer_ = describe(socket_.remote_endpoint(ec));
+    if (ec) peer_ = "unknown peer";
+    socket_.set_option(tcp::no_delay(true), ec);
+  }
+
+  ClientId id() const { return id_; }
+  const std::string& peer() const { return peer_; }
+
+  void start() { read(); }
+
+  // Queues bytes; written once the current batch of requests has been handled.
+  void queue(const wire::Bytes& bytes) {
+    if (closed_) return;
+    pending_.insert(pending_.end(), bytes.begin(), bytes.end());
+    if (!dirty_) {
+      dirty_ = true;
+      server_->dirty_.push_back(shared_from_this());
+    }
+  }
+
+  void flush() {
+    dirty_ = false;
+    if (closed_ || writing_ || pending_.empty()) return;
+    if (pending_.size() > server_->options_.max_pending_output_bytes) {
+      server_->closeConnection(id_, "more than " +
+                                        std::to_string(server_->options_.max_pending_output_bytes) +
+                                        " bytes of replies unread");
+      return;
+    }
+    writing_ = true;
+    in_flight_.swap(pending_);
+    auto self = shared_from_this();
+    asio::async_write(socket_, asio::buffer(in_flight_),
+                      [self](const boost::system::error_code& ec, size_t n) {
+                        self->writing_ = false;
+                        self->in_flight_.clear();
+                        if (self->closed_) return;
+                        self->server_->stats_.bytes_sent += n;
+                        if (ec) {
+                          self->server_->connectionFinished(self->id_);
+                          return;
+                        }
+                        self->flush();
+                      });
+  }
+
+  void close() {
+    if (closed_) return;
+    closed_ = true;
+    boost::system::error_code ec;
+    socket_.shutdown(tcp::socket::shutdown_both, ec);
+    socket_.close(ec);
+  }
+
+ private:
+  void read() {
+    auto self = shared_from_this();
+    socket_.async_read_some(asio::buffer(buffer_),
+                            [self](const boost::system::error_code& ec, size_t n) {
+                              self->onRead(ec, n);
+                            });
+  }
+
+  void onRead(const boost::system::error_code& ec, size_t n) {
+    if (closed_) return;
+    if (ec) {
+      server_->connectionFinished(id_);
+      return;
+    }
+    server_->stats_.bytes_received += n;
+    decoder_.feed(buffer_.data(), n);
+    wire::Request request;
+    std::string error;
+    while (true) {
+      wire::ParseStatus status = decoder_.next(&request, &error);
+      if (status == wire::ParseStatus::kNeedMore) break;
+      if (status == wire::ParseStatus::kError) {
+        server_->closeConnection(id_, error);
+        server_->flush();
+        return;
+      }
+      ++server_->stats_.requests;
+      if (!server_->engine_.handle(id_, *decoder_.dialect(), request, &error)) {
+        server_->closeConnection(id_, std::string(wire::queryTypeName(request.type)) + ": " +
+                                          error);
+        server_->flush();
+        return;
+      }
+    }
+    server_->flush();
+    read();
+  }
+
+  std::shared_ptr<TcpStoreServer::Impl> server_;
+  ClientId id_;
+  tcp::socket socket_;
+  std::string peer_;
+  wire::RequestDecoder decoder_;
+  std::array<uint8_t, 64 * 1024> buffer_{};
+  wire::Bytes pending_;
+  wire::Bytes in_flight_;
+  bool writing_ = false;
+  bool dirty_ = false;
+  bool closed_ = false;
+};
+
+Status TcpStoreServer::Impl::listen() {
+  boost::system::error_code ec;
+  std::string where = options_.host + ":" + std::to_string(options_.port);
+  tcp::endpoint endpoint;
+  auto addr = asio::ip::make_address(options_.host, ec);
+  if (!ec) {
+    endpoint = tcp::endpoint(addr, options_.port);
+  } else {
+    tcp::resolver resolver(io_);
+    auto results = resolver.resolve(options_.host, std::to_string(options_.port),
+                                    tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+    if (ec || results.empty()) {
+      return Status(StatusCode::kInvalidArgument,
+                    "cannot resolve store host '" + options_.host + "': " + ec.message());
+    }
+    endpoint = results.begin()->endpoint();
+  }
+  acceptor_.open(endpoint.protocol(), ec);
+  if (ec) return unavailable("socket for " + where + ": " + ec.message());
+  acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (endpoint.address().is_v6() && endpoint.address().is_unspecified()) {
+    acceptor_.set_option(asio::ip::v6_only(false), ec);  // "::" serves IPv4 too
+  }
+  acceptor_.bind(endpoint, ec);
+  if (ec) return unavailable("bind " + describe(endpoint) + ": " + ec.message());
+  acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return unavailable("listen on " + describe(endpoint) + ": " + ec.message());
+  auto local = acceptor_.local_endpoint(ec);
+  bound_host_ = local.address().to_string();
+  bound_port_ = local.port();
+  return Status::ok();
+}
+
+void TcpStoreServer::Impl::startAccepting() {
+  if (stopped_) return;
+  auto self = shared_from_this();
+  acceptor_.async_accept([self](const boost::system::error_code& ec, tcp::socket socket) {
+    if (self->stopped_) return;
+    if (ec) {
+      if (ec == asio::error::operation_aborted) return;
+      // Typically EMFILE: out of descriptors. Retry shortly instead of spinning.
+      CPPRUN_LOG(kWarn) << "store accept failed: " << ec.message() << "; retrying in 50 ms";
+      self->retry_timer_.expires_after(std::chrono::milliseconds(50));
+      self->retry_timer_.async_wait([self](const boost::system::error_code& tec) {
+        if (!tec) self->startAccepting();
+      });
+      return;
+    }
+    if (self->connections_.size() >= self->options_.max_connections) {
+      ++self->stats_.connections_rejected;
+      boost::system::error_code ignored;
+      CPPRUN_LOG(kWarn) << "store: refusing connection from "
+                        << describe(socket.remote_endpoint(ignored)) << ": "
+                        << self->options_.max_connections << " connections already open";
+      socket.close(ignored);
+    } else {
+      ++self->stats_.connections_accepted;
+      ClientId id = self->next_id_++;
+      auto conn = std::make_shared<Connection>(self, id, std::move(socket));
+      self->connections_.emplace(id, conn);
+      conn->start();
+    }
+    self->startAccepting();
+  });
+}
+
+void TcpStoreServer::Impl::send(ClientId client, const wire::Bytes& bytes) {
+  auto it = connections_.find(client);
+  if (it != connections_.end()) it->second->queue(bytes);
+}
+
+void TcpStoreServer::Impl::flush() {
+  // flush() may close connections, which must not disturb this iteration.
+  auto batch = std::move(dirty_);
+  dirty_.clear();
+  for (auto& c : batch) c->flush();
+}
+
+void TcpStoreServer::Impl::closeConnection(ClientId id, const std::string& warning) {
+  auto it = connections_.find(id);
+  if (it == connections_.end()) return;
+  ++stats_.connections_dropped;
+  CPPRUN_LOG(kWarn) << "store: closing connection from " << it->second->peer() << ": "
+                    << warning;
+  connectionFinished(id);
+}
+
+void TcpStoreServer::Impl::connectionFinished(ClientId id) {
+  auto it = connections_.find(id);
+  if (it == connections_.end()) return;
+  auto conn = it->second;
+  connections_.erase(it);
+  engine_.disconnect(id);
+  conn->close();
+}
+
+void TcpStoreServer::Impl::stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  boost::system::error_code ec;
+  acceptor_.close(ec);
+  retry_timer_.cancel();
+  auto conns = std::move(connections_);
+  connections_.clear();
+  for (auto& kv : conns) kv.second->close();
+  dirty_.clear();
+}
+
+Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::create(asio::io_context& io,
+                                                               TcpStoreServerOptions options) {
+  auto impl = std::make_shared<Impl>(io, std::move(options));
+  Status s = impl->listen();
+  if (!s.isOk()) return s;
+  impl->startAccepting();
+  return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(std::move(impl)));
+}
+
+TcpStoreServer::TcpStoreServer(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TcpStoreServer::~TcpStoreServer() { impl_->stop(); }
+const std::string& TcpStoreServer::host() const { return impl_->bound_host_; }
+uint16_t TcpStoreServer::port() const { return impl_->bound_port_; }
+void TcpStoreServer::stop() { impl_->stop(); }
+
+TcpStoreServerStats TcpStoreServer::stats() const {
+  TcpStoreServerStats s = impl_->stats_;
+  s.connections_open = impl_->connections_.size();
+  s.keys = impl_->engine_.numKeys();
+  s.pending_waits = impl_->engine_.pendingWaits();
+  return s;
+}
+
+struct BackgroundTcpStoreServer::State {
+  asio::io_context io{1};
+  std::unique_ptr<TcpStoreServer> server;
+  std::thread thread;
+};
+
+Result<std::unique_ptr<BackgroundTcpStoreServer>> BackgroundTcpStoreServer::start(
+    TcpStoreServerOptions options) {
+  auto state = std::make_unique<State>();
+  auto server = TcpStoreServer::create(state->io, std::move(options));
+  if (!server.isOk()) return server.status();
+  state->server = std::move(server).value();
+  State* raw = state.get();
+  state->thread = std::thread([raw] {
+    auto guard = asio::make_work_guard(raw->io);
+    raw->io.run();
+  });
+  return std::unique_ptr<BackgroundTcpStoreServer>(new BackgroundTcpStoreServer(std::move(state)));
+}
+
+BackgroundTcpStoreServer::BackgroundTcpStoreServer(std::unique_ptr<State> state)
+    : state_(std::move(state)) {}
+
+BackgroundTcpStoreServer::~BackgroundTcpStoreServer() {
+  State* s = state_.get();
+  asio::post(s->io, [s] {
+    s->server->stop();
+    s->io.stop();
+  });
+  s->thread.join();
+  s->server.reset();
+}
+
+const std::string& BackgroundTcpStoreServer::host() const { return state_->server->host(); }
+uint16_t BackgroundTcpStoreServer::port() const { return state_->server->port(); }
+
+TcpStoreServerStats BackgroundTcpStoreServer::stats() const {
+  std::promise<TcpStoreServerStats> done;
+  auto result = done.get_future();
+  State* s = state_.get();
+  asio::post(s->io, [s, &done] { done.set_value(s->server->stats()); });
+  return result.get();
+}
+
+}  // namespace cpprun::rendezvous

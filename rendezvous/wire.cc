@@ -1,0 +1,356 @@
+#include "rendezvous/wire.h"
+
+#include <cstring>
+
+namespace cpprun::rendezvous::wire {
+namespace {
+
+// Wire numbers, index = wire byte. kNone marks a hole.
+constexpr int kNone = -1;
+#define Q(x) static_cast<int>(QueryType::x)
+constexpr int kLegacyTable[] = {Q(SET),        Q(COMPARE_SET), Q(GET),        Q(ADD),
+                                Q(CHECK),      Q(WAIT),        Q(GETNUMKEYS), Q(WATCH_KEY),
+                                Q(DELETE_KEY)};
+constexpr int kV2Table[] = {Q(VALIDATE),   Q(SET),        Q(COMPARE_SET), Q(GET),
+                            Q(ADD),        Q(CHECK),      Q(WAIT),        Q(GETNUMKEYS),
+                            Q(DELETE_KEY), Q(APPEND),     Q(MULTI_GET),   Q(MULTI_SET),
+                            Q(CANCEL_WAIT), Q(PING),      Q(QUEUE_PUSH),  Q(QUEUE_POP),
+                            Q(QUEUE_LEN),  Q(LIST_KEYS),  Q(BARRIER)};
+#undef Q
+
+template <size_t N>
+std::optional<QueryType> lookup(const int (&table)[N], uint8_t byte) {
+  if (byte >= N || table[byte] == kNone) return std::nullopt;
+  return static_cast<QueryType>(table[byte]);
+}
+
+template <size_t N>
+std::optional<uint8_t> reverseLookup(const int (&table)[N], QueryType t) {
+  for (size_t i = 0; i < N; ++i) {
+    if (table[i] == static_cast<int>(t)) return static_cast<uint8_t>(i);
+  }
+  return std::nullopt;
+}
+
+// Reads fields from a byte range; every read says whether the bytes were there.
+class Cursor {
+ public:
+  Cursor(const uint8_t* data, size_t size) : data_(data), size_(size) {}
+  size_t position() const { return pos_; }
+
+  bool u32(uint32_t* v) {
+    if (size_ - pos_ < 4) return false;
+    *v = loadU32(data_ + pos_);
+    pos_ += 4;
+    return true;
+  }
+  bool u64(uint64_t* v) {
+    if (size_ - pos_ < 8) return false;
+    *v = loadU64(data_ + pos_);
+    pos_ += 8;
+    return true;
+  }
+  // Length-prefixed field. *status becomes kError if the length exceeds `limit`.
+  template <typename T>
+  bool lengthPrefixed(T* out, size_t limit, const char* what, ParseStatus* status,
+                      std::string* error) {
+    uint64_t len = 0;
+    if (!u64(&len)) return false;
+    if (len > limit) {
+      *status = ParseStatus::kError;
+      *error = std::string(what) + " of " + std::to_string(len) + " bytes exceeds the limit of " +
+               std::to_string(limit);
+      return false;
+    }
+    if (size_ - pos_ < len) return false;
+    out->assign(data_ + pos_, data_ + pos_ + len);
+    pos_ += static_cast<size_t>(len);
+    return true;
+  }
+
+ private:
+  const uint8_t* data_;
+  size_t size_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+const char* dialectName(Dialect d) {
+  return d == Dialect::kLegacy ? "torch<=2.0" : "torch>=2.2";
+}
+
+const char* queryTypeName(QueryType t) {
+  switch (t) {
+    case QueryType::VALIDATE: return "VALIDATE";
+    case QueryType::SET: return "SET";
+    case QueryType::COMPARE_SET: return "COMPARE_SET";
+    case QueryType::GET: return "GET";
+    case QueryType::ADD: return "ADD";
+    case QueryType::CHECK: return "CHECK";
+    case QueryType::WAIT: return "WAIT";
+    case QueryType::GETNUMKEYS: return "GETNUMKEYS";
+    case QueryType::WATCH_KEY: return "WATCH_KEY";
+    case QueryType::DELETE_KEY: return "DELETE_KEY";
+    case QueryType::APPEND: return "APPEND";
+    case QueryType::MULTI_GET: return "MULTI_GET";
+    case QueryType::MULTI_SET: return "MULTI_SET";
+    case QueryType::CANCEL_WAIT: return "CANCEL_WAIT";
+    case QueryType::PING: return "PING";
+    case QueryType::QUEUE_PUSH: return "QUEUE_PUSH";
+    case QueryType::QUEUE_POP: return "QUEUE_POP";
+    case QueryType::QUEUE_LEN: return "QUEUE_LEN";
+    case QueryType::LIST_KEYS: return "LIST_KEYS";
+    case QueryType::BARRIER: return "BARRIER";
+  }
+  return "?";
+}
+
+std::optional<QueryType> queryTypeFromWire(Dialect d, uint8_t byte) {
+  return d == Dialect::kLegacy ? lookup(kLegacyTable, byte) : lookup(kV2Table, byte);
+}
+
+std::optional<uint8_t> queryTypeToWire(Dialect d, QueryType t) {
+  return d == Dialect::kLegacy ? reverseLookup(kLegacyTable, t) : reverseLookup(kV2Table, t);
+}
+
+uint64_t loadU64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, sizeof(v));  // host order = little-endian on every supported platform
+  return v;
+}
+
+uint32_t loadU32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+void appendU8(Bytes* out, uint8_t v) { out->push_back(v); }
+
+void appendU32(Bytes* out, uint32_t v) {
+  const auto* p = reinterpret_cast<const uint8_t*>(&v);
+  out->insert(out->end(), p, p + sizeof(v));
+}
+
+void appendU64(Bytes* out, uint64_t v) {
+  const auto* p = reinterpret_cast<const uint8_t*>(&v);
+  out->insert(out->end(), p, p + sizeof(v));
+}
+
+void appendI64(Bytes* out, int64_t v) { appendU64(out, static_cast<uint64_t>(v)); }
+
+void appendBytes(Bytes* out, const uint8_t* data, size_t size) {
+  appendU64(out, size);
+  out->insert(out->end(), data, data + size);
+}
+
+void appendString(Bytes* out, const std::string& s) {
+  appendBytes(out, reinterpret_cast<const uint8_t*>(s.data()), s.size());
+}
+
+void appendBytes(Bytes* out, const Bytes& b) { appendBytes(out, b.data(), b.size()); }
+
+ParseStatus parseRequest(Dialect d, const Limits& limits, const uint8_t* data, size_t size,
+                         Request* out, size_t* consumed, std::string* error) {
+  if (size == 0) return ParseStatus::kNeedMore;
+  auto type = queryTypeFromWire(d, data[0]);
+  if (!type) {
+    *error = "unknown query type " + std::to_string(data[0]) + " for a " + dialectName(d) +
+             " client";
+    return ParseStatus::kError;
+  }
+  Cursor c(data + 1, size - 1);
+  ParseStatus status = ParseStatus::kNeedMore;
+  Request r;
+  r.type = *type;
+
+  auto key = [&](std::string* k) {
+    return c.lengthPrefixed(k, limits.max_key_bytes, "key", &status, error);
+  };
+  auto value = [&](Bytes* v) {
+    return c.lengthPrefixed(v, limits.max_value_bytes, "value", &status, error);
+  };
+  auto keyCount = [&](uint64_t* n) {
+    if (!c.u64(n)) return false;
+    if (*n > limits.max_keys_per_request) {
+      status = ParseStatus::kError;
+      *error = std::to_string(*n) + " keys in one " + queryTypeName(r.type) +
+               " exceed the limit of " + std::to_string(limits.max_keys_per_request);
+      return false;
+    }
+    return true;
+  };
+  auto oneKey = [&]() {
+    r.keys.resize(1);
+    return key(&r.keys[0]);
+  };
+  auto oneKeyOneValue = [&]() {
+    r.keys.resize(1);
+    r.values.resize(1);
+    return key(&r.keys[0]) && value(&r.values[0]);
+  };
+  auto keyList = [&]() {
+    uint64_t n = 0;
+    if (!keyCount(&n)) return false;
+    // Reserve only what the bytes present can hold: a forged count must not allocate.
+    r.keys.reserve(std::min<uint64_t>(n, (size - 1) / 8 + 1));
+    for (uint64_t i = 0; i < n; ++i) {
+      r.keys.emplace_back();
+      if (!key(&r.keys.back())) return false;
+    }
+    return true;
+  };
+
+  bool complete = false;
+  uint64_t u = 0;
+  switch (r.type) {
+    case QueryType::SET:
+    case QueryType::APPEND:
+    case QueryType::QUEUE_PUSH:
+      complete = oneKeyOneValue();
+      break;
+    case QueryType::COMPARE_SET:
+      r.keys.resize(1);
+      r.values.resize(2);
+      complete = key(&r.keys[0]) && value(&r.values[0]) && value(&r.values[1]);
+      break;
+    case QueryType::GET:
+    case QueryType::DELETE_KEY:
+    case QueryType::WATCH_KEY:
+    case QueryType::QUEUE_POP:
+    case QueryType::QUEUE_LEN:
+      complete = oneKey();
+      break;
+    case QueryType::ADD:
+      complete = oneKey() && c.u64(&u);
+      r.integer = static_cast<int64_t>(u);
+      break;
+    case QueryType::BARRIER:
+      complete = oneKey() && c.u64(&u);
+      r.integer = static_cast<int64_t>(u);
+      break;
+    case QueryType::CHECK:
+    case QueryType::WAIT:
+    case QueryType::MULTI_GET:
+      complete = keyList();
+      break;
+    case QueryType::MULTI_SET: {
+      uint64_t n = 0;
+      complete = keyCount(&n);
+      for (uint64_t i = 0; complete && i < n; ++i) {
+        r.keys.emplace_back();
+        r.values.emplace_back();
+        complete = key(&r.keys.back()) && value(&r.values.back());
+      }
+      break;
+    }
+    case QueryType::GETNUMKEYS:
+    case QueryType::CANCEL_WAIT:
+    case QueryType::LIST_KEYS:
+      complete = true;
+      break;
+    case QueryType::VALIDATE:
+    case QueryType::PING:
+      complete = c.u32(&r.u32);
+      break;
+  }
+  if (status == ParseStatus::kError) return status;
+  if (!complete) return ParseStatus::kNeedMore;
+  *consumed = 1 + c.position();
+  *out = std::move(r);
+  return ParseStatus::kRequest;
+}
+
+bool encodeRequest(Dialect d, const Request& r, Bytes* out) {
+  auto type = queryTypeToWire(d, r.type);
+  if (!type) return false;
+  appendU8(out, *type);
+  switch (r.type) {
+    case QueryType::SET:
+    case QueryType::APPEND:
+    case QueryType::QUEUE_PUSH:
+      appendString(out, r.keys.at(0));
+      appendBytes(out, r.values.at(0));
+      break;
+    case QueryType::COMPARE_SET:
+      appendString(out, r.keys.at(0));
+      appendBytes(out, r.values.at(0));
+      appendBytes(out, r.values.at(1));
+      break;
+    case QueryType::GET:
+    case QueryType::DELETE_KEY:
+    case QueryType::WATCH_KEY:
+    case QueryType::QUEUE_POP:
+    case QueryType::QUEUE_LEN:
+      appendString(out, r.keys.at(0));
+      break;
+    case QueryType::ADD:
+    case QueryType::BARRIER:
+      appendString(out, r.keys.at(0));
+      appendI64(out, r.integer);
+      break;
+    case QueryType::CHECK:
+    case QueryType::WAIT:
+    case QueryType::MULTI_GET:
+      appendU64(out, r.keys.size());
+      for (const auto& k : r.keys) appendString(out, k);
+      break;
+    case QueryType::MULTI_SET:
+      appendU64(out, r.keys.size());
+      for (size_t i = 0; i < r.keys.size(); ++i) {
+        appendString(out, r.keys[i]);
+        appendBytes(out, r.values.at(i));
+      }
+      break;
+    case QueryType::GETNUMKEYS:
+    case QueryType::CANCEL_WAIT:
+    case QueryType::LIST_KEYS:
+      break;
+    case QueryType::VALIDATE:
+    case QueryType::PING:
+      appendU32(out, r.u32);
+      break;
+  }
+  return true;
+}
+
+void RequestDecoder::feed(const uint8_t* data, size_t size) {
+  // Compact before growing so a long-lived connection's buffer stays small.
+  if (read_pos_ > 0 && read_pos_ == buffer_.size()) {
+    buffer_.clear();
+    read_pos_ = 0;
+  } else if (read_pos_ > 64 * 1024 && read_pos_ > buffer_.size() / 2) {
+    buffer_.erase(buffer_.begin(), buffer_.begin() + static_cast<std::ptrdiff_t>(read_pos_));
+    read_pos_ = 0;
+  }
+  buffer_.insert(buffer_.end(), data, data + size);
+}
+
+ParseStatus RequestDecoder::next(Request* out, std::string* error) {
+  const uint8_t* data = buffer_.data() + read_pos_;
+  size_t size = buffer_.size() - read_pos_;
+  if (!dialect_) {
+    if (size == 0) return ParseStatus::kNeedMore;
+    if (data[0] != 0) {
+      dialect_ = Dialect::kLegacy;
+    } else {
+      // A legacy SET is 17+ bytes and its key length could only equal the magic with a ~1 GB
+      // key, so waiting for five bytes is safe for both kinds of client.
+      if (size < 5) return ParseStatus::kNeedMore;
+      dialect_ = loadU32(data + 1) == kValidationMagic ? Dialect::kV2 : Dialect::kLegacy;
+    }
+  }
+  size_t consumed = 0;
+  ParseStatus status = parseRequest(*dialect_, limits_, data, size, out, &consumed, error);
+  if (status == ParseStatus::kRequest) {
+    read_pos_ += consumed;
+    if (read_pos_ == buffer_.size()) {
+      buffer_.clear();
+      read_pos_ = 0;
+    }
+  }
+  return status;
+}
+
+}  // namespace cpprun::rendezvous::wire

@@ -1,0 +1,147 @@
+// The c10d TCPStore wire codec: bytes to requests and requests/replies to bytes.
+//
+// Pure: no I/O, no clocks, no global state. The server feeds whatever recv() returned into a
+// RequestDecoder, which copes with requests split anywhere and several requests in one chunk,
+// picks the dialect of the connection from its first bytes, and enforces the size limits.
+// See docs/protocol.md and ../shared/reference/tcpstore-protocol.md.
+//
+// Integers are little-endian (host order on every platform torch ships for), lengths u64.
+// Thread safety: functions are reentrant; a RequestDecoder belongs to one connection and must
+// not be used from two threads at once.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace cpprun::rendezvous::wire {
+
+using Bytes = std::vector<uint8_t>;
+
+// Which numbering of the query types a connection speaks.
+enum class Dialect : uint8_t {
+  kLegacy,  // torch <= 2.0 (1.13 included): no handshake, WATCH_KEY = 7, DELETE_KEY = 8
+  kV2,      // torch >= 2.2: VALIDATE first, then SET = 1 ... BARRIER = 18
+};
+const char* dialectName(Dialect d);
+
+// Logical operations, spelled as in PyTorch's QueryType so they can be diffed against it.
+// The numeric values here are ours; the wire numbers depend on the dialect.
+enum class QueryType : uint8_t {
+  VALIDATE,
+  SET,
+  COMPARE_SET,
+  GET,
+  ADD,
+  CHECK,
+  WAIT,
+  GETNUMKEYS,
+  WATCH_KEY,  // legacy only
+  DELETE_KEY,
+  APPEND,  // V2 only from here on
+  MULTI_GET,
+  MULTI_SET,
+  CANCEL_WAIT,
+  PING,
+  QUEUE_PUSH,
+  QUEUE_POP,
+  QUEUE_LEN,
+  LIST_KEYS,
+  BARRIER,
+};
+const char* queryTypeName(QueryType t);
+
+std::optional<QueryType> queryTypeFromWire(Dialect d, uint8_t byte);
+std::optional<uint8_t> queryTypeToWire(Dialect d, QueryType t);
+
+// Reply enums (unchanged across versions).
+constexpr uint8_t kCheckReady = 0;
+constexpr uint8_t kCheckNotReady = 1;
+constexpr uint8_t kWaitStopWaiting = 0;
+constexpr uint8_t kWaitCanceled = 1;
+constexpr uint8_t kWatchKeyUpdated = 0;
+constexpr uint8_t kWatchKeyCreated = 1;
+constexpr uint8_t kWatchKeyDeleted = 2;
+constexpr uint8_t kWatchCallbackRegistered = 3;
+
+// VALIDATE's magic, sent by torch >= 2.2 clients right after connecting.
+constexpr uint32_t kValidationMagic = 0x3C85F7CE;
+
+// Per-request limits. The defaults are PyTorch's (libuv server).
+struct Limits {
+  size_t max_key_bytes = 8 * 1024;
+  size_t max_value_bytes = 8 * 1024 * 1024;
+  size_t max_keys_per_request = 128 * 1024;
+};
+
+// One decoded request. Which fields are meaningful depends on `type`:
+//   SET/APPEND/QUEUE_PUSH: keys[0], values[0]      GET/ADD/DELETE_KEY/WATCH_KEY/QUEUE_*: keys[0]
+//   COMPARE_SET: keys[0], values = {expected, desired}   ADD: integer = delta
+//   CHECK/WAIT/MULTI_GET: keys   MULTI_SET: keys, values (same count)
+//   VALIDATE: u32 = magic   PING: u32 = nonce   BARRIER: keys[0], integer = world size
+struct Request {
+  QueryType type = QueryType::GETNUMKEYS;
+  std::vector<std::string> keys;
+  std::vector<Bytes> values;
+  int64_t integer = 0;
+  uint32_t u32 = 0;
+
+  bool operator==(const Request& o) const {
+    return type == o.type && keys == o.keys && values == o.values && integer == o.integer &&
+           u32 == o.u32;
+  }
+};
+
+enum class ParseStatus {
+  kRequest,   // a whole request was decoded
+  kNeedMore,  // the bytes so far are a valid prefix; nothing was consumed
+  kError,     // malformed, unknown type, or over a limit; the connection must be closed
+};
+
+// Decodes one request of dialect `d` from the front of [data, data + size).
+// On kRequest sets *out and *consumed; on kError sets *error to a readable reason.
+ParseStatus parseRequest(Dialect d, const Limits& limits, const uint8_t* data, size_t size,
+                         Request* out, size_t* consumed, std::string* error);
+
+// Appends the wire form of `r` in dialect `d`. Returns false when `d` has no such query type
+// (e.g. APPEND in the legacy dialect) and appends nothing.
+bool encodeRequest(Dialect d, const Request& r, Bytes* out);
+
+// Incremental decoder for one connection: feed() what arrives, then call next() until it says
+// kNeedMore (wait for more bytes) or kError (close). Detects the dialect from the first bytes:
+// `00 ce f7 85 3c` (VALIDATE) means a torch >= 2.2 client, anything else a legacy client. The
+// VALIDATE request itself is returned like any other so the server can count it.
+class RequestDecoder {
+ public:
+  explicit RequestDecoder(Limits limits) : limits_(limits) {}
+
+  void feed(const uint8_t* data, size_t size);
+  ParseStatus next(Request* out, std::string* error);
+
+  // Empty until the first bytes decided it.
+  std::optional<Dialect> dialect() const { return dialect_; }
+  // Bytes received but not yet decoded (a partial request).
+  size_t bufferedBytes() const { return buffer_.size() - read_pos_; }
+
+ private:
+  Limits limits_;
+  std::optional<Dialect> dialect_;
+  Bytes buffer_;
+  size_t read_pos_ = 0;
+};
+
+// Encoding helpers shared by the server (replies) and the client (requests).
+void appendU8(Bytes* out, uint8_t v);
+void appendU32(Bytes* out, uint32_t v);
+void appendI64(Bytes* out, int64_t v);
+void appendU64(Bytes* out, uint64_t v);
+void appendString(Bytes* out, const std::string& s);  // u64 length + bytes
+void appendBytes(Bytes* out, const Bytes& b);         // u64 length + bytes
+void appendBytes(Bytes* out, const uint8_t* data, size_t size);
+
+uint64_t loadU64(const uint8_t* p);
+uint32_t loadU32(const uint8_t* p);
+
+}  // namespace cpprun::rendezvous::wire
