@@ -21,8 +21,9 @@ using wire::Request;
 namespace {
 
 int remainingMs(std::chrono::steady_clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-      deadline - std::chrono::steady_clock::now());
+  // Round up: poll() must not return before the deadline.
+  auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline -
+                                                           std::chrono::steady_clock::now());
   if (left.count() <= 0) return 0;
   return static_cast<int>(std::min<int64_t>(left.count(), 1 << 30));
 }

@@ -1,0 +1,190 @@
+// Hostile and broken clients: the server drops only the offender and keeps serving the others.
+#include <catch2/catch.hpp>
+
+#include <sys/resource.h>
+
+#include <random>
+#include <thread>
+
+#include "rendezvous/tcp_store_client.h"
+#include "rendezvous/tcp_store_server.h"
+#include "tests/support/test_support.h"
+
+namespace {
+
+using namespace cpprun::rendezvous;
+using namespace cpprun::testing;
+
+std::unique_ptr<TcpStoreClient> client(uint16_t port) {
+  TcpStoreClientOptions o;
+  o.port = port;
+  o.timeout = 5s;
+  o.connect_timeout = 5s;
+  return std::make_unique<TcpStoreClient>(o);
+}
+
+// A healthy client still gets correct answers.
+void expectServing(uint16_t port) {
+  auto c = client(port);
+  int64_t n = c->add("/healthy", 1);
+  CHECK(n >= 1);
+  c->set("/probe", std::string("alive"));
+  CHECK(toString(c->get("/probe")) == "alive");
+}
+
+}  // namespace
+
+TEST_CASE("random bytes close only that connection", "[integration]") {
+  auto server = BackgroundTcpStoreServer::start({});
+  REQUIRE(server.isOk());
+  uint16_t port = server.value()->port();
+  auto bystander = client(port);
+  bystander->set("/before", std::string("x"));
+  std::mt19937 rng(1234);
+  int closed = 0;
+  for (int round = 0; round < 200; ++round) {
+    RawConnection c("127.0.0.1", port);
+    Bytes junk(1 + rng() % 512);
+    for (auto& byte : junk) byte = static_cast<uint8_t>(rng());
+    c.send(junk);
+    // Either dropped, or parsed as something harmless / incomplete: never a crash.
+    if (c.closedByPeer(50ms)) ++closed;
+  }
+  CHECK(closed > 0);
+  CHECK(toString(bystander->get("/before")) == "x");
+  expectServing(port);
+  CHECK(server.value()->stats().connections_dropped >= static_cast<uint64_t>(closed));
+}
+
+TEST_CASE("unknown query types and oversized or malformed frames are dropped", "[integration]") {
+  TcpStoreServerOptions options;
+  options.limits.max_key_bytes = 64;
+  options.limits.max_value_bytes = 1024;
+  options.limits.max_keys_per_request = 10;
+  auto server = BackgroundTcpStoreServer::start(options);
+  REQUIRE(server.isOk());
+  uint16_t port = server.value()->port();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"unknown legacy type 9", "0901000000000000006b"},
+      {"unknown V2 type 19", "00cef7853c13"},
+      {"V2 VALIDATE with a wrong magic later", "00cef7853c0012345678"},
+      {"key over the limit", "024100000000000000"},
+      {"value over the limit", "0001000000000000006b0104000000000000"},
+      {"too many keys", "050b00000000000000"},
+      {"absurd key length", "02ffffffffffffffff"},
+      {"GET of a missing key (legacy)", "0205000000000000002f6e6f6e65"},
+      {"ADD on a non-numeric value", "0002000000000000002f74010000000000000078"
+                                     "0302000000000000002f740100000000000000"},
+  };
+  for (const auto& [what, hex] : cases) {
+    INFO(what);
+    RawConnection c("127.0.0.1", port);
+    c.sendHex(hex);
+    CHECK(c.closedByPeer(5s));
+  }
+  expectServing(port);
+}
+
+TEST_CASE("a truncated frame followed by EOF is discarded", "[integration]") {
+  auto server = BackgroundTcpStoreServer::start({});
+  REQUIRE(server.isOk());
+  uint16_t port = server.value()->port();
+  {
+    RawConnection c("127.0.0.1", port);
+    c.sendHex("0005000000000000002f6b65");  // SET, key cut short
+    c.shutdownWrite();
+    CHECK(c.closedByPeer(5s));
+  }
+  auto check = client(port);
+  CHECK_FALSE(check->check({"/ke"}));
+  CHECK(check->numKeys() == 0);
+}
+
+TEST_CASE("a client that sends half a request and goes silent stalls nobody",
+          "[integration]") {
+  auto server = BackgroundTcpStoreServer::start({});
+  REQUIRE(server.isOk());
+  uint16_t port = server.value()->port();
+  RawConnection slow("127.0.0.1", port);
+  slow.sendHex("0005000000000000002f");  // half a SET; torch's legacy server blocks on this
+  auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 50; ++i) expectServing(port);
+  CHECK(std::chrono::steady_clock::now() - start < 10s);
+  // The slow client finishes its request later and it is applied.
+  slow.sendHex("736c6f77010000000000000031");  // "slow" = "1"
+  auto c = client(port);
+  c->wait({"/slow"}, 5s);
+  CHECK(toString(c->get("/slow")) == "1");
+}
+
+TEST_CASE("a client vanishing mid-WAIT is forgotten and others are still woken",
+          "[integration]") {
+  auto server = BackgroundTcpStoreServer::start({});
+  REQUIRE(server.isOk());
+  uint16_t port = server.value()->port();
+  auto waiter = client(port);
+  {
+    RawConnection vanishing("127.0.0.1", port);
+    vanishing.sendHex("05010000000000000005000000000000002f676f6e65");  // WAIT ["/gone"]
+    // Make sure the server registered the wait before the client disappears.
+    auto c = client(port);
+    for (int i = 0; i < 1000 && server.value()->stats().pending_waits == 0; ++i) c->numKeys();
+    REQUIRE(server.value()->stats().pending_waits == 1);
+  }  // closed here with the wait pending
+  auto c = client(port);
+  for (int i = 0; i < 1000 && server.value()->stats().pending_waits != 0; ++i) c->numKeys();
+  CHECK(server.value()->stats().pending_waits == 0);
+  std::thread t([&] { waiter->wait({"/gone"}, 5s); });
+  c->set("/gone", std::string("now"));
+  t.join();
+  expectServing(port);
+}
+
+TEST_CASE("thousands of idle connections do not slow the others down", "[integration]") {
+  rlimit lim{};
+  getrlimit(RLIMIT_NOFILE, &lim);
+  size_t want = 3000 * 2 + 200;  // both ends live in this process
+  if (lim.rlim_cur < want && lim.rlim_max >= want) {
+    lim.rlim_cur = want;
+    setrlimit(RLIMIT_NOFILE, &lim);
+  }
+  getrlimit(RLIMIT_NOFILE, &lim);
+  size_t idle_count = std::min<size_t>(3000, (lim.rlim_cur - 200) / 2);
+  INFO("open-file limit " << lim.rlim_cur << ", idle connections " << idle_count);
+  REQUIRE(idle_count >= 1000);
+
+  auto server = BackgroundTcpStoreServer::start({});
+  REQUIRE(server.isOk());
+  uint16_t port = server.value()->port();
+  std::vector<RawConnection> idle;
+  idle.reserve(idle_count);
+  for (size_t i = 0; i < idle_count; ++i) idle.emplace_back("127.0.0.1", port);
+  // Half of them are 1.13-style silent callback connections, half sent part of a request.
+  for (size_t i = 0; i < idle_count; i += 2) idle[i].sendHex("03");
+  auto c = client(port);
+  for (int i = 0; i < 1000 && server.value()->stats().connections_open < idle_count + 1; ++i) {
+    c->numKeys();
+  }
+  CHECK(server.value()->stats().connections_open == idle_count + 1);
+  auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 200; ++i) c->add("/busy", 1);
+  auto took = std::chrono::steady_clock::now() - start;
+  CHECK(took < 5s);
+  CHECK(c->add("/busy", 0) == 200);
+}
+
+TEST_CASE("the connection cap refuses extra clients with a warning and serves the rest",
+          "[integration]") {
+  TcpStoreServerOptions options;
+  options.max_connections = 3;
+  auto server = BackgroundTcpStoreServer::start(options);
+  REQUIRE(server.isOk());
+  uint16_t port = server.value()->port();
+  auto a = client(port);
+  RawConnection b("127.0.0.1", port);
+  RawConnection c("127.0.0.1", port);
+  RawConnection over("127.0.0.1", port);
+  CHECK(over.closedByPeer(5s));
+  CHECK(a->add("/n", 1) == 1);
+  CHECK(server.value()->stats().connections_rejected >= 1);
+}

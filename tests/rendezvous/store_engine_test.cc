@@ -1,0 +1,204 @@
+// StoreEngine semantics without sockets: what each request answers, to whom, and when.
+#include <catch2/catch.hpp>
+
+#include <map>
+
+#include "rendezvous/store_engine.h"
+#include "tests/support/test_support.h"
+
+namespace {
+
+using namespace cpprun::rendezvous;
+using namespace cpprun::rendezvous::wire;
+using cpprun::testing::toHex;
+
+class RecordingOutbox : public Outbox {
+ public:
+  void send(ClientId client, const Bytes& bytes) override {
+    auto& q = sent[client];
+    q.insert(q.end(), bytes.begin(), bytes.end());
+  }
+  // Everything sent to `client` since the last take, as hex.
+  std::string take(ClientId client) {
+    std::string hex = toHex(sent[client]);
+    sent[client].clear();
+    return hex;
+  }
+  std::map<ClientId, Bytes> sent;
+};
+
+Bytes b(const std::string& s) { return Bytes(s.begin(), s.end()); }
+
+struct Fixture {
+  RecordingOutbox out;
+  StoreEngine engine{&out};
+
+  bool run(ClientId c, Dialect d, QueryType t, std::vector<std::string> keys = {},
+           std::vector<Bytes> values = {}, int64_t integer = 0, uint32_t u32 = 0) {
+    Request r;
+    r.type = t;
+    r.keys = std::move(keys);
+    r.values = std::move(values);
+    r.integer = integer;
+    r.u32 = u32;
+    std::string error;
+    return engine.handle(c, d, r, &error);
+  }
+  bool legacy(ClientId c, QueryType t, std::vector<std::string> keys = {},
+              std::vector<Bytes> values = {}, int64_t integer = 0) {
+    return run(c, Dialect::kLegacy, t, std::move(keys), std::move(values), integer);
+  }
+  bool v2(ClientId c, QueryType t, std::vector<std::string> keys = {},
+          std::vector<Bytes> values = {}, int64_t integer = 0, uint32_t u32 = 0) {
+    return run(c, Dialect::kV2, t, std::move(keys), std::move(values), integer, u32);
+  }
+};
+
+}  // namespace
+
+TEST_CASE_METHOD(Fixture, "ADD keeps a decimal text counter", "[unit]") {
+  REQUIRE(legacy(1, QueryType::ADD, {"/c"}, {}, 5));
+  CHECK(out.take(1) == "0500000000000000");
+  REQUIRE(legacy(1, QueryType::ADD, {"/c"}, {}, -2));
+  CHECK(out.take(1) == "0300000000000000");
+  REQUIRE(legacy(1, QueryType::GET, {"/c"}));
+  CHECK(out.take(1) == "010000000000000033");  // b"3"
+  REQUIRE(legacy(1, QueryType::SET, {"/t"}, {b("abc")}));
+  CHECK_FALSE(legacy(1, QueryType::ADD, {"/t"}, {}, 1));  // non-numeric: drop the client
+}
+
+TEST_CASE_METHOD(Fixture, "COMPARE_SET follows c10d including its 'lie'", "[unit]") {
+  REQUIRE(legacy(1, QueryType::COMPARE_SET, {"/k"}, {b(""), b("first")}));
+  CHECK(out.take(1) == toHex(Bytes{5, 0, 0, 0, 0, 0, 0, 0, 'f', 'i', 'r', 's', 't'}));
+  REQUIRE(legacy(1, QueryType::COMPARE_SET, {"/missing"}, {b("x"), b("y")}));
+  CHECK(out.take(1) == "010000000000000078");  // returns expected, stores nothing
+  CHECK(engine.numKeys() == 1);
+  REQUIRE(legacy(1, QueryType::COMPARE_SET, {"/k"}, {b("first"), b("2")}));
+  CHECK(out.take(1) == "010000000000000032");
+  REQUIRE(legacy(1, QueryType::COMPARE_SET, {"/k"}, {b("nomatch"), b("3")}));
+  CHECK(out.take(1) == "010000000000000032");  // current value
+}
+
+TEST_CASE_METHOD(Fixture, "GET of a missing key - legacy drops and V2 answers empty", "[unit]") {
+  CHECK_FALSE(legacy(1, QueryType::GET, {"/nope"}));
+  CHECK(out.take(1).empty());
+  CHECK(v2(2, QueryType::GET, {"/nope"}));
+  CHECK(out.take(2) == "0000000000000000");
+}
+
+TEST_CASE_METHOD(Fixture, "WAIT is answered when the last missing key is written", "[unit]") {
+  REQUIRE(legacy(1, QueryType::SET, {"/a"}, {b("1")}));
+  REQUIRE(legacy(1, QueryType::WAIT, {"/a"}));
+  CHECK(out.take(1) == "00");  // present: at once
+  REQUIRE(legacy(1, QueryType::WAIT, {"/a", "/b", "/c"}));
+  CHECK(out.take(1).empty());
+  CHECK(engine.pendingWaits() == 1);
+  REQUIRE(legacy(2, QueryType::SET, {"/b"}, {b("x")}));
+  CHECK(out.take(1).empty());
+  REQUIRE(legacy(2, QueryType::DELETE_KEY, {"/a"}));  // deleting wakes nobody
+  CHECK(out.take(1).empty());
+  REQUIRE(legacy(2, QueryType::ADD, {"/c"}, {}, 1));
+  CHECK(out.take(1) == "00");
+  CHECK(out.take(2) == "01000000000000000100000000000000");  // DELETE_KEY 1, ADD 1
+  CHECK(engine.pendingWaits() == 0);
+}
+
+TEST_CASE_METHOD(Fixture, "APPEND and MULTI_SET and COMPARE_SET wake waiters", "[unit]") {
+  REQUIRE(v2(1, QueryType::WAIT, {"/x", "/y", "/z"}));
+  REQUIRE(v2(2, QueryType::APPEND, {"/x"}, {b("a")}));
+  REQUIRE(v2(2, QueryType::MULTI_SET, {"/y"}, {b("b")}));
+  CHECK(out.take(1).empty());
+  REQUIRE(v2(2, QueryType::COMPARE_SET, {"/z"}, {b(""), b("c")}));
+  CHECK(out.take(1) == "00");
+}
+
+TEST_CASE_METHOD(Fixture, "CANCEL_WAIT forgets the wait and answers 01", "[unit]") {
+  REQUIRE(v2(1, QueryType::WAIT, {"/late"}));
+  REQUIRE(v2(1, QueryType::CANCEL_WAIT));
+  CHECK(out.take(1) == "01");
+  REQUIRE(v2(2, QueryType::SET, {"/late"}, {b("v")}));
+  CHECK(out.take(1).empty());  // nothing stale after the cancel
+  REQUIRE(v2(1, QueryType::CANCEL_WAIT));  // nothing pending: still 01
+  CHECK(out.take(1) == "01");
+}
+
+TEST_CASE_METHOD(Fixture, "a disconnected client's waits are forgotten", "[unit]") {
+  REQUIRE(legacy(1, QueryType::WAIT, {"/k"}));
+  REQUIRE(legacy(2, QueryType::WAIT, {"/k"}));
+  engine.disconnect(1);
+  REQUIRE(legacy(3, QueryType::SET, {"/k"}, {b("v")}));
+  CHECK(out.take(1).empty());
+  CHECK(out.take(2) == "00");
+  CHECK(engine.pendingWaits() == 0);
+}
+
+TEST_CASE_METHOD(Fixture, "WATCH_KEY pushes created and updated and deleted events", "[unit]") {
+  REQUIRE(legacy(1, QueryType::WATCH_KEY, {"/w"}));
+  CHECK(out.take(1) == "03");
+  REQUIRE(legacy(2, QueryType::SET, {"/w"}, {b("v1")}));
+  CHECK(out.take(1) == "0102000000000000002f77000000000000000002000000000000007631");
+  REQUIRE(legacy(2, QueryType::SET, {"/w"}, {b("v2")}));
+  CHECK(out.take(1) ==
+        "0002000000000000002f7702000000000000007631020000000000000076" "32");
+  REQUIRE(legacy(2, QueryType::DELETE_KEY, {"/w"}));
+  CHECK(out.take(1) == "0202000000000000002f77020000000000000076320000000000000000");
+  engine.disconnect(1);
+  REQUIRE(legacy(2, QueryType::SET, {"/w"}, {b("v3")}));
+  CHECK(out.take(1).empty());
+}
+
+TEST_CASE_METHOD(Fixture, "GETNUMKEYS DELETE_KEY CHECK MULTI_GET LIST_KEYS", "[unit]") {
+  REQUIRE(v2(1, QueryType::MULTI_SET, {"/a", "/b"}, {b("1"), b("22")}));
+  REQUIRE(v2(1, QueryType::GETNUMKEYS));
+  CHECK(out.take(1) == "0200000000000000");
+  REQUIRE(v2(1, QueryType::CHECK, {"/a", "/b"}));
+  REQUIRE(v2(1, QueryType::CHECK, {"/a", "/zz"}));
+  CHECK(out.take(1) == "0001");
+  REQUIRE(v2(1, QueryType::MULTI_GET, {"/b", "/a"}));
+  CHECK(out.take(1) == "020000000000000032320100000000000000" "31");
+  REQUIRE(v2(1, QueryType::LIST_KEYS));
+  std::string listed = out.take(1);
+  CHECK(listed.substr(0, 16) == "0200000000000000");
+  CHECK(listed.size() == 2 * (8 + 2 * (8 + 2)));
+  REQUIRE(v2(1, QueryType::DELETE_KEY, {"/a"}));
+  REQUIRE(v2(1, QueryType::DELETE_KEY, {"/a"}));
+  CHECK(out.take(1) == "01000000000000000000000000000000");
+}
+
+TEST_CASE_METHOD(Fixture, "PING echoes and VALIDATE with a wrong magic drops", "[unit]") {
+  REQUIRE(v2(1, QueryType::VALIDATE, {}, {}, 0, kValidationMagic));
+  CHECK(out.take(1).empty());
+  REQUIRE(v2(1, QueryType::PING, {}, {}, 0, 0xdeadbeef));
+  CHECK(out.take(1) == "efbeadde");
+  CHECK_FALSE(v2(1, QueryType::VALIDATE, {}, {}, 0, 0x12345678));
+}
+
+TEST_CASE_METHOD(Fixture, "queues - push pop length and a push wakes one waiter", "[unit]") {
+  REQUIRE(v2(1, QueryType::QUEUE_POP, {"/q"}));
+  CHECK(out.take(1) == "0000000000000000");
+  REQUIRE(v2(2, QueryType::WAIT, {"/q"}));
+  REQUIRE(v2(3, QueryType::WAIT, {"/q"}));
+  REQUIRE(v2(1, QueryType::QUEUE_PUSH, {"/q"}, {b("i1")}));
+  CHECK(out.take(2) == "00");
+  CHECK(out.take(3).empty());
+  REQUIRE(v2(1, QueryType::QUEUE_PUSH, {"/q"}, {b("i2")}));
+  CHECK(out.take(3) == "00");
+  REQUIRE(v2(1, QueryType::QUEUE_LEN, {"/q"}));
+  CHECK(out.take(1) == "0200000000000000");
+  REQUIRE(v2(1, QueryType::QUEUE_POP, {"/q"}));
+  CHECK(out.take(1) == "0200000000000000" "02000000000000006931");
+  REQUIRE(v2(1, QueryType::CHECK, {"/q"}));  // non-empty queue counts as present
+  CHECK(out.take(1) == "00");
+  CHECK(engine.numKeys() == 0);  // queues are not keys
+}
+
+TEST_CASE_METHOD(Fixture, "BARRIER releases everyone when the count is reached", "[unit]") {
+  REQUIRE(v2(1, QueryType::BARRIER, {"/bar"}, {}, 3));
+  REQUIRE(v2(2, QueryType::BARRIER, {"/bar"}, {}, 3));
+  CHECK(out.take(1).empty());
+  CHECK(out.take(2).empty());
+  REQUIRE(v2(3, QueryType::BARRIER, {"/bar"}, {}, 3));
+  CHECK(out.take(1) == "00");
+  CHECK(out.take(2) == "00");
+  CHECK(out.take(3) == "00");
+}

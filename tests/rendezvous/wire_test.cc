@@ -1,0 +1,290 @@
+// The codec: every query type in both dialects, exact bytes, split and pipelined input, limits,
+// and dialect detection.
+#include <catch2/catch.hpp>
+
+#include <random>
+
+#include "rendezvous/wire.h"
+#include "tests/support/test_support.h"
+
+namespace {
+
+using namespace cpprun::rendezvous::wire;
+using cpprun::testing::fromHex;
+using cpprun::testing::toHex;
+
+Bytes b(const std::string& s) { return Bytes(s.begin(), s.end()); }
+
+// One representative request of every type.
+std::vector<Request> sampleRequests() {
+  std::vector<Request> v;
+  auto make = [&](QueryType t, std::vector<std::string> keys, std::vector<Bytes> values,
+                  int64_t integer = 0, uint32_t u32 = 0) {
+    Request r;
+    r.type = t;
+    r.keys = std::move(keys);
+    r.values = std::move(values);
+    r.integer = integer;
+    r.u32 = u32;
+    v.push_back(r);
+  };
+  make(QueryType::VALIDATE, {}, {}, 0, kValidationMagic);
+  make(QueryType::SET, {"/key1"}, {b("value1")});
+  make(QueryType::SET, {"/empty"}, {Bytes{}});
+  make(QueryType::COMPARE_SET, {"/cas"}, {b("old"), b("new")});
+  make(QueryType::GET, {"/key1"}, {});
+  make(QueryType::ADD, {"init/"}, {}, -2);
+  make(QueryType::CHECK, {"/a", "/b"}, {});
+  make(QueryType::WAIT, {"/a"}, {});
+  make(QueryType::WAIT, {}, {});
+  make(QueryType::GETNUMKEYS, {}, {});
+  make(QueryType::WATCH_KEY, {"/watched"}, {});
+  make(QueryType::DELETE_KEY, {"/key1"}, {});
+  make(QueryType::APPEND, {"/log"}, {b("line\n")});
+  make(QueryType::MULTI_GET, {"/a", "/b", "/c"}, {});
+  make(QueryType::MULTI_SET, {"/a", "/b"}, {b("1"), b("22")});
+  make(QueryType::CANCEL_WAIT, {}, {});
+  make(QueryType::PING, {}, {}, 0, 0x1092d);
+  make(QueryType::QUEUE_PUSH, {"/q"}, {b("item")});
+  make(QueryType::QUEUE_POP, {"/q"}, {});
+  make(QueryType::QUEUE_LEN, {"/q"}, {});
+  make(QueryType::LIST_KEYS, {}, {});
+  make(QueryType::BARRIER, {"/barrier"}, {}, 8);
+  return v;
+}
+
+std::vector<Request> samplesFor(Dialect d) {
+  std::vector<Request> out;
+  for (auto& r : sampleRequests()) {
+    if (queryTypeToWire(d, r.type)) out.push_back(r);
+  }
+  return out;
+}
+
+Bytes encode(Dialect d, const Request& r) {
+  Bytes out;
+  REQUIRE(encodeRequest(d, r, &out));
+  return out;
+}
+
+// Decodes everything in `bytes`, feeding it in pieces cut at `cuts`.
+std::vector<Request> decodeAll(const Bytes& bytes, const std::vector<size_t>& cuts,
+                               std::optional<Dialect>* dialect = nullptr) {
+  RequestDecoder decoder{Limits{}};
+  std::vector<Request> out;
+  size_t start = 0;
+  auto drain = [&] {
+    Request r;
+    std::string error;
+    while (true) {
+      auto s = decoder.next(&r, &error);
+      REQUIRE(s != ParseStatus::kError);
+      if (s == ParseStatus::kNeedMore) break;
+      out.push_back(r);
+    }
+  };
+  for (size_t cut : cuts) {
+    decoder.feed(bytes.data() + start, cut - start);
+    drain();
+    start = cut;
+  }
+  decoder.feed(bytes.data() + start, bytes.size() - start);
+  drain();
+  CHECK(decoder.bufferedBytes() == 0);
+  if (dialect) *dialect = decoder.dialect();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("wire numbers follow torch's tables", "[unit]") {
+  // torch <= 2.0
+  CHECK(queryTypeFromWire(Dialect::kLegacy, 0) == QueryType::SET);
+  CHECK(queryTypeFromWire(Dialect::kLegacy, 6) == QueryType::GETNUMKEYS);
+  CHECK(queryTypeFromWire(Dialect::kLegacy, 7) == QueryType::WATCH_KEY);
+  CHECK(queryTypeFromWire(Dialect::kLegacy, 8) == QueryType::DELETE_KEY);
+  CHECK_FALSE(queryTypeFromWire(Dialect::kLegacy, 9));
+  CHECK_FALSE(queryTypeToWire(Dialect::kLegacy, QueryType::APPEND));
+  CHECK_FALSE(queryTypeToWire(Dialect::kLegacy, QueryType::VALIDATE));
+  // torch >= 2.2
+  const QueryType v2[] = {QueryType::VALIDATE,   QueryType::SET,        QueryType::COMPARE_SET,
+                          QueryType::GET,        QueryType::ADD,        QueryType::CHECK,
+                          QueryType::WAIT,       QueryType::GETNUMKEYS, QueryType::DELETE_KEY,
+                          QueryType::APPEND,     QueryType::MULTI_GET,  QueryType::MULTI_SET,
+                          QueryType::CANCEL_WAIT, QueryType::PING,      QueryType::QUEUE_PUSH,
+                          QueryType::QUEUE_POP,  QueryType::QUEUE_LEN,  QueryType::LIST_KEYS,
+                          QueryType::BARRIER};
+  for (uint8_t i = 0; i < 19; ++i) {
+    CHECK(queryTypeFromWire(Dialect::kV2, i) == v2[i]);
+    CHECK(queryTypeToWire(Dialect::kV2, v2[i]) == i);
+  }
+  CHECK_FALSE(queryTypeFromWire(Dialect::kV2, 19));
+  CHECK_FALSE(queryTypeToWire(Dialect::kV2, QueryType::WATCH_KEY));
+}
+
+TEST_CASE("legacy requests encode to the bytes torch 1.13 sent", "[unit]") {
+  Request set;
+  set.type = QueryType::SET;
+  set.keys = {"/key1"};
+  set.values = {b("value1")};
+  CHECK(toHex(encode(Dialect::kLegacy, set)) ==
+        "0005000000000000002f6b657931060000000000000076616c756531");
+  Request add;
+  add.type = QueryType::ADD;
+  add.keys = {"/counter"};
+  add.integer = -2;
+  CHECK(toHex(encode(Dialect::kLegacy, add)) ==
+        "0308000000000000002f636f756e746572feffffffffffffff");
+  Request wait;
+  wait.type = QueryType::WAIT;
+  wait.keys = {"/key1", "/counter"};
+  CHECK(toHex(encode(Dialect::kLegacy, wait)) ==
+        "05020000000000000005000000000000002f6b6579310800000000000000"
+        "2f636f756e746572");
+}
+
+TEST_CASE("torch >= 2.2 requests encode to the reference's bytes", "[unit]") {
+  Request validate;
+  validate.type = QueryType::VALIDATE;
+  validate.u32 = kValidationMagic;
+  CHECK(toHex(encode(Dialect::kV2, validate)) == "00cef7853c");
+  Request ping;
+  ping.type = QueryType::PING;
+  ping.u32 = 0x1092d;
+  CHECK(toHex(encode(Dialect::kV2, ping)) == "0d2d090100");
+  Request set;
+  set.type = QueryType::SET;
+  set.keys = {"/k"};
+  set.values = {b("v")};
+  CHECK(toHex(encode(Dialect::kV2, set)) == "0102000000000000002f6b010000000000000076");
+  Request del;
+  del.type = QueryType::DELETE_KEY;
+  del.keys = {"/k"};
+  CHECK(toHex(encode(Dialect::kV2, del)) == "0802000000000000002f6b");
+  Request multi_set;
+  multi_set.type = QueryType::MULTI_SET;
+  multi_set.keys = {"a"};
+  multi_set.values = {b("b")};
+  CHECK(toHex(encode(Dialect::kV2, multi_set)) ==
+        "0b" "0100000000000000" "0100000000000000" "61" "0100000000000000" "62");
+  Request cancel;
+  cancel.type = QueryType::CANCEL_WAIT;
+  CHECK(toHex(encode(Dialect::kV2, cancel)) == "0c");
+  Request barrier;
+  barrier.type = QueryType::BARRIER;
+  barrier.keys = {"b"};
+  barrier.integer = 2;
+  CHECK(toHex(encode(Dialect::kV2, barrier)) == "120100000000000000620200000000000000");
+}
+
+TEST_CASE("every query type round-trips in both dialects", "[unit]") {
+  for (Dialect d : {Dialect::kLegacy, Dialect::kV2}) {
+    for (const auto& r : samplesFor(d)) {
+      INFO(dialectName(d) << " " << queryTypeName(r.type));
+      Bytes bytes = encode(d, r);
+      Request out;
+      size_t consumed = 0;
+      std::string error;
+      REQUIRE(parseRequest(d, Limits{}, bytes.data(), bytes.size(), &out, &consumed, &error) ==
+              ParseStatus::kRequest);
+      CHECK(consumed == bytes.size());
+      CHECK(out == r);
+      // Every strict prefix is incomplete, never an error, and consumes nothing.
+      for (size_t n = 0; n < bytes.size(); ++n) {
+        consumed = 0;
+        CHECK(parseRequest(d, Limits{}, bytes.data(), n, &out, &consumed, &error) ==
+              ParseStatus::kNeedMore);
+        CHECK(consumed == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("the decoder handles byte-by-byte and random splits and pipelined input", "[unit]") {
+  for (Dialect d : {Dialect::kLegacy, Dialect::kV2}) {
+    auto requests = samplesFor(d);
+    if (d == Dialect::kLegacy) {
+      // A legacy stream cannot begin with 00 + the magic; make it start with ADD as torch does.
+      std::rotate(requests.begin(), requests.begin() + 4, requests.end());
+    }
+    Bytes stream;
+    for (const auto& r : requests) {
+      Bytes one = encode(d, r);
+      stream.insert(stream.end(), one.begin(), one.end());
+    }
+    INFO(dialectName(d));
+    std::optional<Dialect> detected;
+    // All in one chunk (pipelined).
+    CHECK(decodeAll(stream, {}, &detected) == requests);
+    CHECK(detected == d);
+    // One byte at a time.
+    {
+      std::vector<size_t> cuts;
+      for (size_t i = 1; i < stream.size(); ++i) cuts.push_back(i);
+      CHECK(decodeAll(stream, cuts, &detected) == requests);
+    }
+    // Random splits.
+    {
+      std::mt19937 rng(42);
+      for (int round = 0; round < 50; ++round) {
+        std::vector<size_t> cuts;
+        std::uniform_int_distribution<size_t> pick(1, stream.size() - 1);
+        for (int i = 0; i < 6; ++i) cuts.push_back(pick(rng));
+        std::sort(cuts.begin(), cuts.end());
+        cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+        REQUIRE(decodeAll(stream, cuts, &detected) == requests);
+      }
+    }
+    CHECK(detected == d);
+  }
+}
+
+TEST_CASE("the dialect comes from the first bytes", "[unit]") {
+  auto detect = [](const std::string& hex) {
+    RequestDecoder decoder{Limits{}};
+    Bytes bytes = fromHex(hex);
+    decoder.feed(bytes.data(), bytes.size());
+    Request r;
+    std::string error;
+    decoder.next(&r, &error);
+    return decoder.dialect();
+  };
+  CHECK(detect("00cef7853c") == Dialect::kV2);
+  CHECK(detect("00cef785") == std::nullopt);  // not enough bytes to tell yet
+  CHECK(detect("00") == std::nullopt);
+  CHECK(detect("0005000000000000002f6b657931") == Dialect::kLegacy);  // a 1.13 SET
+  CHECK(detect("030500000000000000696e69742f") == Dialect::kLegacy);  // a 1.13 ADD init/
+  CHECK(detect("06") == Dialect::kLegacy);
+}
+
+TEST_CASE("malformed input and limits are errors with a reason", "[unit]") {
+  Limits limits;
+  limits.max_key_bytes = 16;
+  limits.max_value_bytes = 32;
+  limits.max_keys_per_request = 4;
+  auto parse = [&](Dialect d, const std::string& hex, std::string* error) {
+    Bytes bytes = fromHex(hex);
+    Request r;
+    size_t consumed = 0;
+    return parseRequest(d, limits, bytes.data(), bytes.size(), &r, &consumed, error);
+  };
+  std::string error;
+  CHECK(parse(Dialect::kLegacy, "09", &error) == ParseStatus::kError);
+  CHECK_THAT(error, Catch::Contains("unknown query type 9"));
+  CHECK(parse(Dialect::kV2, "13", &error) == ParseStatus::kError);
+  // key of 17 bytes > 16: rejected as soon as the length is known, before the bytes arrive
+  CHECK(parse(Dialect::kLegacy, "021100000000000000", &error) == ParseStatus::kError);
+  CHECK_THAT(error, Catch::Contains("key of 17 bytes"));
+  // value of 33 bytes
+  CHECK(parse(Dialect::kLegacy, "0001000000000000006b2100000000000000", &error) ==
+        ParseStatus::kError);
+  CHECK_THAT(error, Catch::Contains("value of 33 bytes"));
+  // 5 keys in a WAIT
+  CHECK(parse(Dialect::kLegacy, "050500000000000000", &error) == ParseStatus::kError);
+  CHECK_THAT(error, Catch::Contains("5 keys"));
+  // the 2.2 handshake read as a legacy SET: an absurd key length (what torch 1.13 sees)
+  CHECK(parse(Dialect::kLegacy, "00cef7853c0d92100000", &error) == ParseStatus::kError);
+  // a huge forged key count within the limit but without the bytes: just incomplete
+  limits.max_keys_per_request = 1u << 30;
+  CHECK(parse(Dialect::kLegacy, "05ffffff3f00000000", &error) == ParseStatus::kNeedMore);
+}
