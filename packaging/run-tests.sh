@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds cpprun and runs every test. This is the README's test
+# command and what CI runs.
+#
+# With CI=true it also: treats warnings as errors (always on here), checks formatting, runs the
+# whole suite once more under ASan+UBSan, and fuzzes the wire codec for a bounded time
+# (CPPRUN_FUZZ_SECONDS, default 60).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packaging/setup.sh
+
+echo "== build (preset ci: RelWithDebInfo, -Werror)"
+cmake --preset ci
+cmake --build --preset ci
+
+echo "== tests"
+ctest --preset ci -j2
+
+if [ "${CI:-}" = "true" ]; then
+  echo "== clang-format check"
+  git ls-files '*.h' '*.cc' | xargs clang-format --dry-run --Werror
+
+  echo "== fuzz the wire codec (${CPPRUN_FUZZ_SECONDS:-60} s)"
+  cmake --preset fuzz
+  cmake --build --preset fuzz
+  corpus=$(mktemp -d)
+  trap 'rm -rf "$corpus"' EXIT
+  /usr/bin/python3 tests/fuzz/make_seed_corpus.py tests/rendezvous/data/torch-1.13.json "$corpus"
+  build-fuzz/tests/fuzz/wire_fuzz -max_total_time="${CPPRUN_FUZZ_SECONDS:-60}" \
+    -print_final_stats=1 "$corpus" 2>&1 | tail -n 12
+
+  echo "== tests under ASan + UBSan"
+  cmake --preset asan
+  cmake --build --preset asan
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --preset asan -j2
+fi
