@@ -61,9 +61,14 @@ void StoreEngine::wake(const std::string& key, bool one_only) {
   auto it = waiters_by_key_.find(key);
   if (it == waiters_by_key_.end()) return;
   std::vector<WaitId> ids;
-  if (one_only && it->second.size() > 1) {
-    ids.push_back(it->second.front());
-    it->second.erase(it->second.begin());
+  if (one_only) {
+    // The first wait that is still live (cancelled ones linger until pruned).
+    auto& list = it->second;
+    while (!list.empty() && ids.empty()) {
+      if (waits_.count(list.front()) != 0) ids.push_back(list.front());
+      list.erase(list.begin());
+    }
+    if (list.empty()) waiters_by_key_.erase(it);
   } else {
     ids = std::move(it->second);
     waiters_by_key_.erase(it);

@@ -110,6 +110,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
                           return;
                         }
                         self->flush();
+                        if (self->peer_done_ && !self->writing_) {
+                          self->server_->connectionFinished(self->id_);
+                        }
                       });
   }
 
@@ -133,6 +136,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void onRead(const boost::system::error_code& ec, size_t n) {
     if (closed_) return;
     if (ec) {
+      if (ec == asio::error::eof && (writing_ || !pending_.empty())) {
+        // The client finished sending but replies are still on their way: deliver them,
+        // then close. Its pending waits can never be answered usefully, so forget them now.
+        peer_done_ = true;
+        server_->engine_.disconnect(id_);
+        return;
+      }
       server_->connectionFinished(id_);
       return;
     }
@@ -170,6 +180,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   wire::Bytes in_flight_;
   bool writing_ = false;
   bool dirty_ = false;
+  bool peer_done_ = false;  // the client half-closed; close once the replies are written
   bool closed_ = false;
 };
 

@@ -212,3 +212,17 @@ TEST_CASE("a blocking queue pop waits for a push", "[integration]") {
   CHECK(toString(consumer.queuePop("/jobs")) == "job-1");
   producer.join();
 }
+
+TEST_CASE("replies to requests sent just before a half-close are still delivered",
+          "[integration]") {
+  auto server = BackgroundTcpStoreServer::start({});
+  REQUIRE(server.isOk());
+  RawConnection c("127.0.0.1", server.value()->port());
+  // ADD /n 5, then GETNUMKEYS, then EOF from the client (like `printf ... | nc`).
+  c.sendHex("0302000000000000002f6e0500000000000000" "06");
+  c.shutdownWrite();
+  auto reply = c.read(16, 5s);
+  REQUIRE(reply.has_value());
+  CHECK(toHex(*reply) == "0500000000000000" "0100000000000000");
+  CHECK(c.closedByPeer(5s));
+}
