@@ -3,7 +3,7 @@
 # command and what CI runs.
 #
 # With CI=true it also: treats warnings as errors (always on here), checks formatting, runs the
-# whole suite once more under ASan+UBSan, and fuzzes the wire codec for a bounded time
+# whole suite once more under ASan+UBSan and once under TSan, and fuzzes the wire codec for a bounded time
 # (CPPRUN_FUZZ_SECONDS, default 60).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,4 +34,9 @@ if [ "${CI:-}" = "true" ]; then
   cmake --preset asan
   cmake --build --preset asan
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --preset asan -j2
+
+  echo "== tests under ThreadSanitizer"
+  cmake --preset tsan
+  cmake --build --preset tsan
+  TSAN_OPTIONS=halt_on_error=1 ctest --preset tsan -j2
 fi
