@@ -439,15 +439,19 @@ void TcpStoreClient::multiSet(const std::vector<std::string>& keys,
 
 void TcpStoreClient::append(const std::string& key, const Bytes& value) {
   if (options_.dialect == Dialect::kLegacy) {
-    // No APPEND before torch 2.1: an atomic compareSet loop does the same.
-    for (int attempt = 0;; ++attempt) {
-      Bytes current;
-      if (check({key})) current = get(key);
+    // No APPEND before torch 2.1: an atomic compareSet loop does the same. Start by assuming
+    // the key is absent (expected empty creates it); each failed attempt returns the current
+    // value to build on. A reply equal to `expected` (not `desired`) means the key is absent.
+    if (value.empty()) return;
+    Bytes current;
+    for (int attempt = 0; attempt < 1000; ++attempt) {
       Bytes desired = current;
       desired.insert(desired.end(), value.begin(), value.end());
-      if (compareSet(key, current, desired) == desired) return;
-      if (attempt > 1000) throw StoreError("append to '" + key + "': too much contention");
+      Bytes result = compareSet(key, current, desired);
+      if (result == desired) return;
+      current = result == current ? Bytes{} : std::move(result);
     }
+    throw StoreError("append to '" + key + "': gave up after 1000 contended attempts");
   }
   std::lock_guard<std::mutex> lock(mutex_);
   Request r;
