@@ -82,8 +82,7 @@ TcpStoreClient::~TcpStoreClient() { closeConnection(); }
 void TcpStoreClient::closeConnection() {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
-  in_.clear();
-  in_pos_ = 0;
+  in_pos_ = in_end_ = 0;
 }
 
 void TcpStoreClient::fail(const std::string& what) {
@@ -190,11 +189,8 @@ void TcpStoreClient::sendAll(const uint8_t* data, size_t size, Clock::time_point
 }
 
 bool TcpStoreClient::fill(size_t need, Clock::time_point deadline, bool allow_timeout) {
-  if (in_pos_ > 0 && in_pos_ == in_.size()) {
-    in_.clear();
-    in_pos_ = 0;
-  }
-  while (in_.size() - in_pos_ < need) {
+  if (in_pos_ == in_end_) in_pos_ = in_end_ = 0;
+  while (in_end_ - in_pos_ < need) {
     // Wait for readability first: a reply is rarely there the instant the request left.
     pollfd p{fd_, POLLIN, 0};
     int rc;
@@ -202,21 +198,26 @@ bool TcpStoreClient::fill(size_t need, Clock::time_point deadline, bool allow_ti
       rc = ::poll(&p, 1, remainingMs(deadline));
     } while (rc < 0 && errno == EINTR);
     if (rc == 0) {
-      if (allow_timeout && in_.size() == in_pos_) return false;
+      if (allow_timeout && in_end_ == in_pos_) return false;
       closeConnection();
       throw StoreTimeout("store " + options_.host + ":" + std::to_string(options_.port) +
                          ": no reply within the " + std::to_string(timeout().count()) +
                          " ms timeout");
     }
-    size_t old = in_.size();
-    size_t want = std::max<size_t>(need - (old - in_pos_), 64 * 1024);
-    in_.resize(old + want);
-    ssize_t n = ::recv(fd_, in_.data() + old, want, 0);
+    // in_ is [consumed | unread | free]; in_end_ marks the end of the unread bytes. Its
+    // capacity only grows (never zero-filled again per read).
+    size_t unread = in_end_ - in_pos_;
+    if (in_.size() - in_pos_ < need) {
+      std::memmove(in_.data(), in_.data() + in_pos_, unread);
+      in_pos_ = 0;
+      in_end_ = unread;
+      if (in_.size() < need) in_.resize(std::max(need, 2 * in_.size()));
+    }
+    ssize_t n = ::recv(fd_, in_.data() + in_end_, in_.size() - in_end_, 0);
     if (n > 0) {
-      in_.resize(old + static_cast<size_t>(n));
+      in_end_ += static_cast<size_t>(n);
       continue;
     }
-    in_.resize(old);
     if (n == 0) fail("connection closed by the server");
     if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
       fail("recv: " + errnoText(errno));

@@ -101,8 +101,9 @@ class TcpStoreClient : public Store {
   std::mutex mutex_;
   int fd_ = -1;
   Bytes out_;
-  Bytes in_;
+  Bytes in_ = Bytes(64 * 1024);  // received bytes: [in_pos_, in_end_) are unread
   size_t in_pos_ = 0;
+  size_t in_end_ = 0;
 };
 
 }  // namespace cpprun::rendezvous
