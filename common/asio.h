@@ -5,6 +5,5 @@
 // agent's event loop; headers forward-declare boost::asio::io_context instead.
 #pragma once
 
-#include <utility>
-
 #include <boost/asio.hpp>
+#include <utility>

@@ -7,11 +7,11 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define CPPRUN_CHECK(cond)                                                              \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
+#define CPPRUN_CHECK(cond)                                                                  \
+  do {                                                                                      \
+    if (!(cond)) {                                                                          \
       std::fprintf(stderr, "cpprun: invariant violated at %s:%d: %s\n", __FILE__, __LINE__, \
-                   #cond);                                                              \
-      std::abort();                                                                     \
-    }                                                                                   \
+                   #cond);                                                                  \
+      std::abort();                                                                         \
+    }                                                                                       \
   } while (false)

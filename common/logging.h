@@ -35,7 +35,7 @@ class LogMessage {
 }  // namespace cpprun
 
 // CPPRUN_LOG(kWarn) << "closing connection from " << peer << ": " << why;
-#define CPPRUN_LOG(level)                                   \
-  if (!::cpprun::logEnabled(::cpprun::LogLevel::level)) {   \
-  } else                                                    \
+#define CPPRUN_LOG(level)                                 \
+  if (!::cpprun::logEnabled(::cpprun::LogLevel::level)) { \
+  } else                                                  \
     ::cpprun::detail::LogMessage(::cpprun::LogLevel::level).stream()

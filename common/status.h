@@ -56,7 +56,7 @@ inline Status internalError(std::string m) { return Status(StatusCode::kInternal
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : value_(std::move(value)) {}         // NOLINT: implicit by design
   Result(Status status) : status_(std::move(status)) {  // NOLINT: implicit by design
     CPPRUN_CHECK(!status_.isOk());
   }

@@ -136,7 +136,8 @@ int main(int argc, char** argv) {
       } else if (level == "error") {
         cpprun::setLogLevel(cpprun::LogLevel::kError);
       } else {
-        usageError("invalid value '" + level + "' for --log-level: expected debug, info, warn "
+        usageError("invalid value '" + level +
+                   "' for --log-level: expected debug, info, warn "
                    "or error");
       }
     } else {

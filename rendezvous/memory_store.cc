@@ -13,8 +13,7 @@ void MemoryStore::set(const std::string& key, const Bytes& value) {
   changed_.notify_all();
 }
 
-Bytes MemoryStore::compareSet(const std::string& key, const Bytes& expected,
-                              const Bytes& desired) {
+Bytes MemoryStore::compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) {
   std::unique_lock<std::mutex> lock(mutex_);
   auto it = data_.find(key);
   if (it == data_.end()) {
@@ -104,8 +103,7 @@ std::vector<Bytes> MemoryStore::multiGet(const std::vector<std::string>& keys) {
   return values;
 }
 
-void MemoryStore::multiSet(const std::vector<std::string>& keys,
-                           const std::vector<Bytes>& values) {
+void MemoryStore::multiSet(const std::vector<std::string>& keys, const std::vector<Bytes>& values) {
   if (keys.size() != values.size()) {
     throw StoreError("multiSet: " + std::to_string(keys.size()) + " keys but " +
                      std::to_string(values.size()) + " values");

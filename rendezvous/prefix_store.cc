@@ -19,8 +19,7 @@ std::vector<std::string> PrefixStore::join(const std::vector<std::string>& keys)
 
 void PrefixStore::set(const std::string& key, const Bytes& value) { inner_->set(join(key), value); }
 
-Bytes PrefixStore::compareSet(const std::string& key, const Bytes& expected,
-                              const Bytes& desired) {
+Bytes PrefixStore::compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) {
   return inner_->compareSet(join(key), expected, desired);
 }
 
@@ -50,8 +49,7 @@ std::vector<Bytes> PrefixStore::multiGet(const std::vector<std::string>& keys) {
   return inner_->multiGet(joined);
 }
 
-void PrefixStore::multiSet(const std::vector<std::string>& keys,
-                           const std::vector<Bytes>& values) {
+void PrefixStore::multiSet(const std::vector<std::string>& keys, const std::vector<Bytes>& values) {
   inner_->multiSet(join(keys), values);
 }
 

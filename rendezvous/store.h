@@ -45,8 +45,7 @@ class Store {
   // Atomically: if the key holds `expected` (or is missing and `expected` is empty), store
   // `desired`. Returns the value now stored; for a missing key with a non-empty `expected`,
   // returns `expected` and stores nothing (c10d's behaviour). Success = result == desired.
-  virtual Bytes compareSet(const std::string& key, const Bytes& expected,
-                           const Bytes& desired) = 0;
+  virtual Bytes compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) = 0;
   // Waits up to timeout() for the key, then returns its value.
   virtual Bytes get(const std::string& key) = 0;
   // Adds to a decimal counter (created at 0) and returns the new value.
@@ -69,7 +68,9 @@ class Store {
   // Convenience for text values.
   void set(const std::string& key, const std::string& value) { set(key, toBytes(value)); }
 
-  std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(timeout_ms_.load()); }
+  std::chrono::milliseconds timeout() const {
+    return std::chrono::milliseconds(timeout_ms_.load());
+  }
   void setTimeout(std::chrono::milliseconds t) { timeout_ms_.store(t.count()); }
 
  private:

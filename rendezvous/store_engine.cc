@@ -131,9 +131,9 @@ void StoreEngine::cancelWaits(ClientId client) {
   waits_by_client_.erase(it);
   for (auto k = waiters_by_key_.begin(); k != waiters_by_key_.end();) {
     auto& ids = k->second;
-    ids.erase(std::remove_if(ids.begin(), ids.end(),
-                             [&](WaitId id) { return waits_.count(id) == 0; }),
-              ids.end());
+    ids.erase(
+        std::remove_if(ids.begin(), ids.end(), [&](WaitId id) { return waits_.count(id) == 0; }),
+        ids.end());
     k = ids.empty() ? waiters_by_key_.erase(k) : std::next(k);
   }
 }
@@ -247,8 +247,8 @@ bool StoreEngine::handle(ClientId client, Dialect dialect, const Request& r, std
           *error = "ADD on a value that is not a decimal integer";
           return false;
         }
-        value = static_cast<int64_t>(static_cast<uint64_t>(current) +
-                                     static_cast<uint64_t>(r.integer));
+        value =
+            static_cast<int64_t>(static_cast<uint64_t>(current) + static_cast<uint64_t>(r.integer));
       }
       store(key, toBytes(std::to_string(value)));
       wire::appendI64(&out, value);

@@ -22,8 +22,8 @@ namespace {
 
 int remainingMs(std::chrono::steady_clock::time_point deadline) {
   // Round up: poll() must not return before the deadline.
-  auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline -
-                                                           std::chrono::steady_clock::now());
+  auto left =
+      std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
   if (left.count() <= 0) return 0;
   return static_cast<int>(std::min<int64_t>(left.count(), 1 << 30));
 }
@@ -33,8 +33,7 @@ std::string errnoText(int err) { return std::strerror(err); }
 // One non-blocking connect attempt to one address, bounded by `deadline`. Returns the fd or -1
 // with *err set.
 int connectOnce(const addrinfo* ai, std::chrono::steady_clock::time_point deadline, int* err) {
-  int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                    ai->ai_protocol);
+  int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
   if (fd < 0) {
     *err = errno;
     return -1;

@@ -177,8 +177,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       }
       ++server_->stats_.requests;
       if (!server_->engine_.handle(id_, *decoder_.dialect(), request, &error)) {
-        server_->closeConnection(id_, std::string(wire::queryTypeName(request.type)) + ": " +
-                                          error);
+        server_->closeConnection(id_,
+                                 std::string(wire::queryTypeName(request.type)) + ": " + error);
         server_->flush();
         return;
       }
@@ -282,8 +282,7 @@ void TcpStoreServer::Impl::closeConnection(ClientId id, const std::string& warni
   auto it = connections_.find(id);
   if (it == connections_.end()) return;
   ++stats_.connections_dropped;
-  CPPRUN_LOG(kWarn) << "store: closing connection from " << it->second->peer() << ": "
-                    << warning;
+  CPPRUN_LOG(kWarn) << "store: closing connection from " << it->second->peer() << ": " << warning;
   connectionFinished(id);
 }
 

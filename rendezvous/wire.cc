@@ -8,14 +8,13 @@ namespace {
 // Wire numbers, index = wire byte. kNone marks a hole.
 constexpr int kNone = -1;
 #define Q(x) static_cast<int>(QueryType::x)
-constexpr int kLegacyTable[] = {Q(SET),        Q(COMPARE_SET), Q(GET),        Q(ADD),
-                                Q(CHECK),      Q(WAIT),        Q(GETNUMKEYS), Q(WATCH_KEY),
-                                Q(DELETE_KEY)};
-constexpr int kV2Table[] = {Q(VALIDATE),   Q(SET),        Q(COMPARE_SET), Q(GET),
-                            Q(ADD),        Q(CHECK),      Q(WAIT),        Q(GETNUMKEYS),
-                            Q(DELETE_KEY), Q(APPEND),     Q(MULTI_GET),   Q(MULTI_SET),
+constexpr int kLegacyTable[] = {Q(SET),  Q(COMPARE_SET), Q(GET),       Q(ADD),       Q(CHECK),
+                                Q(WAIT), Q(GETNUMKEYS),  Q(WATCH_KEY), Q(DELETE_KEY)};
+constexpr int kV2Table[] = {Q(VALIDATE),    Q(SET),       Q(COMPARE_SET), Q(GET),
+                            Q(ADD),         Q(CHECK),     Q(WAIT),        Q(GETNUMKEYS),
+                            Q(DELETE_KEY),  Q(APPEND),    Q(MULTI_GET),   Q(MULTI_SET),
                             Q(CANCEL_WAIT), Q(PING),      Q(QUEUE_PUSH),  Q(QUEUE_POP),
-                            Q(QUEUE_LEN),  Q(LIST_KEYS),  Q(BARRIER)};
+                            Q(QUEUE_LEN),   Q(LIST_KEYS), Q(BARRIER)};
 #undef Q
 
 template <size_t N>
@@ -76,32 +75,50 @@ class Cursor {
 
 }  // namespace
 
-const char* dialectName(Dialect d) {
-  return d == Dialect::kLegacy ? "torch<=2.0" : "torch>=2.2";
-}
+const char* dialectName(Dialect d) { return d == Dialect::kLegacy ? "torch<=2.0" : "torch>=2.2"; }
 
 const char* queryTypeName(QueryType t) {
   switch (t) {
-    case QueryType::VALIDATE: return "VALIDATE";
-    case QueryType::SET: return "SET";
-    case QueryType::COMPARE_SET: return "COMPARE_SET";
-    case QueryType::GET: return "GET";
-    case QueryType::ADD: return "ADD";
-    case QueryType::CHECK: return "CHECK";
-    case QueryType::WAIT: return "WAIT";
-    case QueryType::GETNUMKEYS: return "GETNUMKEYS";
-    case QueryType::WATCH_KEY: return "WATCH_KEY";
-    case QueryType::DELETE_KEY: return "DELETE_KEY";
-    case QueryType::APPEND: return "APPEND";
-    case QueryType::MULTI_GET: return "MULTI_GET";
-    case QueryType::MULTI_SET: return "MULTI_SET";
-    case QueryType::CANCEL_WAIT: return "CANCEL_WAIT";
-    case QueryType::PING: return "PING";
-    case QueryType::QUEUE_PUSH: return "QUEUE_PUSH";
-    case QueryType::QUEUE_POP: return "QUEUE_POP";
-    case QueryType::QUEUE_LEN: return "QUEUE_LEN";
-    case QueryType::LIST_KEYS: return "LIST_KEYS";
-    case QueryType::BARRIER: return "BARRIER";
+    case QueryType::VALIDATE:
+      return "VALIDATE";
+    case QueryType::SET:
+      return "SET";
+    case QueryType::COMPARE_SET:
+      return "COMPARE_SET";
+    case QueryType::GET:
+      return "GET";
+    case QueryType::ADD:
+      return "ADD";
+    case QueryType::CHECK:
+      return "CHECK";
+    case QueryType::WAIT:
+      return "WAIT";
+    case QueryType::GETNUMKEYS:
+      return "GETNUMKEYS";
+    case QueryType::WATCH_KEY:
+      return "WATCH_KEY";
+    case QueryType::DELETE_KEY:
+      return "DELETE_KEY";
+    case QueryType::APPEND:
+      return "APPEND";
+    case QueryType::MULTI_GET:
+      return "MULTI_GET";
+    case QueryType::MULTI_SET:
+      return "MULTI_SET";
+    case QueryType::CANCEL_WAIT:
+      return "CANCEL_WAIT";
+    case QueryType::PING:
+      return "PING";
+    case QueryType::QUEUE_PUSH:
+      return "QUEUE_PUSH";
+    case QueryType::QUEUE_POP:
+      return "QUEUE_POP";
+    case QueryType::QUEUE_LEN:
+      return "QUEUE_LEN";
+    case QueryType::LIST_KEYS:
+      return "LIST_KEYS";
+    case QueryType::BARRIER:
+      return "BARRIER";
   }
   return "?";
 }
@@ -156,8 +173,8 @@ ParseStatus parseRequest(Dialect d, const Limits& limits, const uint8_t* data, s
   if (size == 0) return ParseStatus::kNeedMore;
   auto type = queryTypeFromWire(d, data[0]);
   if (!type) {
-    *error = "unknown query type " + std::to_string(data[0]) + " for a " + dialectName(d) +
-             " client";
+    *error =
+        "unknown query type " + std::to_string(data[0]) + " for a " + dialectName(d) + " client";
     return ParseStatus::kError;
   }
   Cursor c(data + 1, size - 1);

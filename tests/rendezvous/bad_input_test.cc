@@ -1,8 +1,7 @@
 // Hostile and broken clients: the server drops only the offender and keeps serving the others.
-#include <catch2/catch.hpp>
-
 #include <sys/resource.h>
 
+#include <catch2/catch.hpp>
 #include <random>
 #include <thread>
 
@@ -73,8 +72,9 @@ TEST_CASE("unknown query types and oversized or malformed frames are dropped", "
       {"too many keys", "050b00000000000000"},
       {"absurd key length", "02ffffffffffffffff"},
       {"GET of a missing key (legacy)", "0205000000000000002f6e6f6e65"},
-      {"ADD on a non-numeric value", "0002000000000000002f74010000000000000078"
-                                     "0302000000000000002f740100000000000000"},
+      {"ADD on a non-numeric value",
+       "0002000000000000002f74010000000000000078"
+       "0302000000000000002f740100000000000000"},
   };
   for (const auto& [what, hex] : cases) {
     INFO(what);
@@ -100,8 +100,7 @@ TEST_CASE("a truncated frame followed by EOF is discarded", "[integration]") {
   CHECK(check->numKeys() == 0);
 }
 
-TEST_CASE("a client that sends half a request and goes silent stalls nobody",
-          "[integration]") {
+TEST_CASE("a client that sends half a request and goes silent stalls nobody", "[integration]") {
   auto server = BackgroundTcpStoreServer::start({});
   REQUIRE(server.isOk());
   uint16_t port = server.value()->port();
@@ -117,8 +116,7 @@ TEST_CASE("a client that sends half a request and goes silent stalls nobody",
   CHECK(toString(c->get("/slow")) == "1");
 }
 
-TEST_CASE("a client vanishing mid-WAIT is forgotten and others are still woken",
-          "[integration]") {
+TEST_CASE("a client vanishing mid-WAIT is forgotten and others are still woken", "[integration]") {
   auto server = BackgroundTcpStoreServer::start({});
   REQUIRE(server.isOk());
   uint16_t port = server.value()->port();

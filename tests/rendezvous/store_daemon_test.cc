@@ -1,7 +1,7 @@
 // The cpprun-store daemon as users run it: flags, the printed address, clean shutdown.
-#include <catch2/catch.hpp>
-
 #include <signal.h>
+
+#include <catch2/catch.hpp>
 
 #include "rendezvous/tcp_store_client.h"
 #include "tests/support/test_support.h"

@@ -1,9 +1,9 @@
 // StoreEngine semantics without sockets: what each request answers, to whom, and when.
-#include <catch2/catch.hpp>
+#include "rendezvous/store_engine.h"
 
+#include <catch2/catch.hpp>
 #include <map>
 
-#include "rendezvous/store_engine.h"
 #include "tests/support/test_support.h"
 
 namespace {
@@ -117,7 +117,7 @@ TEST_CASE_METHOD(Fixture, "CANCEL_WAIT forgets the wait and answers 01", "[unit]
   REQUIRE(v2(1, QueryType::CANCEL_WAIT));
   CHECK(out.take(1) == "01");
   REQUIRE(v2(2, QueryType::SET, {"/late"}, {b("v")}));
-  CHECK(out.take(1).empty());  // nothing stale after the cancel
+  CHECK(out.take(1).empty());              // nothing stale after the cancel
   REQUIRE(v2(1, QueryType::CANCEL_WAIT));  // nothing pending: still 01
   CHECK(out.take(1) == "01");
 }
@@ -139,7 +139,8 @@ TEST_CASE_METHOD(Fixture, "WATCH_KEY pushes created and updated and deleted even
   CHECK(out.take(1) == "0102000000000000002f77000000000000000002000000000000007631");
   REQUIRE(legacy(2, QueryType::SET, {"/w"}, {b("v2")}));
   CHECK(out.take(1) ==
-        "0002000000000000002f7702000000000000007631020000000000000076" "32");
+        "0002000000000000002f7702000000000000007631020000000000000076"
+        "32");
   REQUIRE(legacy(2, QueryType::DELETE_KEY, {"/w"}));
   CHECK(out.take(1) == "0202000000000000002f77020000000000000076320000000000000000");
   engine.disconnect(1);
@@ -155,7 +156,9 @@ TEST_CASE_METHOD(Fixture, "GETNUMKEYS DELETE_KEY CHECK MULTI_GET LIST_KEYS", "[u
   REQUIRE(v2(1, QueryType::CHECK, {"/a", "/zz"}));
   CHECK(out.take(1) == "0001");
   REQUIRE(v2(1, QueryType::MULTI_GET, {"/b", "/a"}));
-  CHECK(out.take(1) == "020000000000000032320100000000000000" "31");
+  CHECK(out.take(1) ==
+        "020000000000000032320100000000000000"
+        "31");
   REQUIRE(v2(1, QueryType::LIST_KEYS));
   std::string listed = out.take(1);
   CHECK(listed.substr(0, 16) == "0200000000000000");
@@ -186,7 +189,9 @@ TEST_CASE_METHOD(Fixture, "queues - push pop length and a push wakes one waiter"
   REQUIRE(v2(1, QueryType::QUEUE_LEN, {"/q"}));
   CHECK(out.take(1) == "0200000000000000");
   REQUIRE(v2(1, QueryType::QUEUE_POP, {"/q"}));
-  CHECK(out.take(1) == "0200000000000000" "02000000000000006931");
+  CHECK(out.take(1) ==
+        "0200000000000000"
+        "02000000000000006931");
   REQUIRE(v2(1, QueryType::CHECK, {"/q"}));  // non-empty queue counts as present
   CHECK(out.take(1) == "00");
   CHECK(engine.numKeys() == 0);  // queues are not keys

@@ -1,7 +1,6 @@
 // One behaviour, every Store: MemoryStore, PrefixStore, and TcpStoreClient in both dialects
 // against our real TCP server.
 #include <catch2/catch.hpp>
-
 #include <functional>
 #include <thread>
 

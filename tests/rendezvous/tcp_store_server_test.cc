@@ -1,11 +1,11 @@
 // The TCP server itself: binding, many concurrent clients, deferred WAIT replies, shutdown.
-#include <catch2/catch.hpp>
+#include "rendezvous/tcp_store_server.h"
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <thread>
 
 #include "rendezvous/tcp_store_client.h"
-#include "rendezvous/tcp_store_server.h"
 #include "tests/support/test_support.h"
 
 namespace {
@@ -44,8 +44,8 @@ TEST_CASE("a port in use and a bad host are clear errors", "[integration]") {
   options.port = first.value()->port();
   auto second = BackgroundTcpStoreServer::start(options);
   REQUIRE_FALSE(second.isOk());
-  CHECK_THAT(second.status().message(), Catch::Contains("bind 127.0.0.1:" +
-                                                        std::to_string(options.port)));
+  CHECK_THAT(second.status().message(),
+             Catch::Contains("bind 127.0.0.1:" + std::to_string(options.port)));
   CHECK_THAT(second.status().message(), Catch::Contains("in use"));
   options.port = 0;
   options.host = "no-such-host.invalid";
@@ -124,9 +124,8 @@ TEST_CASE("many clients wait on one key and are all woken by one set", "[integra
       ++woken;
     });
   }
-  CHECK(eventually(*server.value(), [](const TcpStoreServerStats& s) {
-    return s.pending_waits == kWaiters;
-  }));
+  CHECK(eventually(*server.value(),
+                   [](const TcpStoreServerStats& s) { return s.pending_waits == kWaiters; }));
   CHECK(woken == 0);
   TcpStoreClient leader(clientOptions(port));
   leader.set("/go", std::string("1"));
@@ -219,10 +218,14 @@ TEST_CASE("replies to requests sent just before a half-close are still delivered
   REQUIRE(server.isOk());
   RawConnection c("127.0.0.1", server.value()->port());
   // ADD /n 5, then GETNUMKEYS, then EOF from the client (like `printf ... | nc`).
-  c.sendHex("0302000000000000002f6e0500000000000000" "06");
+  c.sendHex(
+      "0302000000000000002f6e0500000000000000"
+      "06");
   c.shutdownWrite();
   auto reply = c.read(16, 5s);
   REQUIRE(reply.has_value());
-  CHECK(toHex(*reply) == "0500000000000000" "0100000000000000");
+  CHECK(toHex(*reply) ==
+        "0500000000000000"
+        "0100000000000000");
   CHECK(c.closedByPeer(5s));
 }

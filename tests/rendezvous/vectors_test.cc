@@ -11,7 +11,6 @@
 // One scenario differs on purpose: v2_validate_ping_against_1_13_server. torch 1.13's server
 // drops a torch >= 2.2 client; ours speaks that dialect and answers its PING.
 #include <catch2/catch.hpp>
-
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>

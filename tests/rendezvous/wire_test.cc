@@ -1,10 +1,10 @@
 // The codec: every query type in both dialects, exact bytes, split and pipelined input, limits,
 // and dialect detection.
-#include <catch2/catch.hpp>
+#include "rendezvous/wire.h"
 
+#include <catch2/catch.hpp>
 #include <random>
 
-#include "rendezvous/wire.h"
 #include "tests/support/test_support.h"
 
 namespace {
@@ -107,13 +107,12 @@ TEST_CASE("wire numbers follow torch's tables", "[unit]") {
   CHECK_FALSE(queryTypeToWire(Dialect::kLegacy, QueryType::APPEND));
   CHECK_FALSE(queryTypeToWire(Dialect::kLegacy, QueryType::VALIDATE));
   // torch >= 2.2
-  const QueryType v2[] = {QueryType::VALIDATE,   QueryType::SET,        QueryType::COMPARE_SET,
-                          QueryType::GET,        QueryType::ADD,        QueryType::CHECK,
-                          QueryType::WAIT,       QueryType::GETNUMKEYS, QueryType::DELETE_KEY,
-                          QueryType::APPEND,     QueryType::MULTI_GET,  QueryType::MULTI_SET,
-                          QueryType::CANCEL_WAIT, QueryType::PING,      QueryType::QUEUE_PUSH,
-                          QueryType::QUEUE_POP,  QueryType::QUEUE_LEN,  QueryType::LIST_KEYS,
-                          QueryType::BARRIER};
+  const QueryType v2[] = {
+      QueryType::VALIDATE,    QueryType::SET,       QueryType::COMPARE_SET, QueryType::GET,
+      QueryType::ADD,         QueryType::CHECK,     QueryType::WAIT,        QueryType::GETNUMKEYS,
+      QueryType::DELETE_KEY,  QueryType::APPEND,    QueryType::MULTI_GET,   QueryType::MULTI_SET,
+      QueryType::CANCEL_WAIT, QueryType::PING,      QueryType::QUEUE_PUSH,  QueryType::QUEUE_POP,
+      QueryType::QUEUE_LEN,   QueryType::LIST_KEYS, QueryType::BARRIER};
   for (uint8_t i = 0; i < 19; ++i) {
     CHECK(queryTypeFromWire(Dialect::kV2, i) == v2[i]);
     CHECK(queryTypeToWire(Dialect::kV2, v2[i]) == i);
@@ -166,7 +165,12 @@ TEST_CASE("torch >= 2.2 requests encode to the reference's bytes", "[unit]") {
   multi_set.keys = {"a"};
   multi_set.values = {b("b")};
   CHECK(toHex(encode(Dialect::kV2, multi_set)) ==
-        "0b" "0100000000000000" "0100000000000000" "61" "0100000000000000" "62");
+        "0b"
+        "0100000000000000"
+        "0100000000000000"
+        "61"
+        "0100000000000000"
+        "62");
   Request cancel;
   cancel.type = QueryType::CANCEL_WAIT;
   CHECK(toHex(encode(Dialect::kV2, cancel)) == "0c");
