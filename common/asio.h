@@ -5,5 +5,7 @@
 // agent's event loop; headers forward-declare boost::asio::io_context instead.
 #pragma once
 
+// clang-format off
+#include <utility>  // must come first, see above
 #include <boost/asio.hpp>
-#include <utility>
+// clang-format on
