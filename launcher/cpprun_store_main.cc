@@ -4,7 +4,6 @@
 //
 // Prints "cpprun-store listening on HOST:PORT" on stdout once it accepts connections (port 0
 // picks a free one), serves until SIGTERM or SIGINT, then closes every connection and exits 0.
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -14,7 +13,9 @@
 #include <vector>
 
 #include "common/asio.h"
+#include "common/command_line.h"
 #include "common/logging.h"
+#include "common/system.h"
 #include "rendezvous/tcp_store_server.h"
 
 #ifndef CPPRUN_VERSION
@@ -54,26 +55,16 @@ connection, with one warning line on stderr.
   std::exit(2);
 }
 
-uint64_t parseNumber(const std::string& flag, const std::string& value, uint64_t max) {
-  if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos) {
-    usageError("invalid value '" + value + "' for " + flag + ": expected a non-negative integer");
-  }
-  errno = 0;
-  unsigned long long v = std::strtoull(value.c_str(), nullptr, 10);
-  if (errno == ERANGE || v > max) {
-    usageError("value " + value + " for " + flag + " is out of range (at most " +
-               std::to_string(max) + ")");
-  }
-  return v;
+uint64_t number(const std::string& flag, cpprun::Result<std::string> text, uint64_t max) {
+  if (!text.isOk()) usageError(text.status().message());
+  auto n = cpprun::parseUnsigned(flag, text.value(), max);
+  if (!n.isOk()) usageError(n.status().message());
+  return n.value();
 }
 
-// Lets one process hold thousands of client connections.
-void raiseOpenFileLimit() {
-  rlimit lim{};
-  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
-    lim.rlim_cur = lim.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &lim);
-  }
+std::string text(cpprun::Result<std::string> value) {
+  if (!value.isOk()) usageError(value.status().message());
+  return std::move(value).value();
 }
 
 }  // namespace
@@ -83,50 +74,33 @@ int main(int argc, char** argv) {
   TcpStoreServerOptions options;
   options.port = 29500;
 
-  std::vector<std::string> args(argv + 1, argv + argc);
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string arg = args[i];
-    if (arg == "--help" || arg == "-h") {
+  cpprun::OptionCursor args(argc, argv);
+  while (args.next()) {
+    const std::string& name = args.name();
+    if (name == "--help" || name == "-h") {
       std::cout << kUsage;
       return 0;
     }
-    if (arg == "--version") {
+    if (name == "--version") {
       std::cout << "cpprun-store " << CPPRUN_VERSION << "\n";
       return 0;
     }
-    if (arg.rfind("--", 0) != 0) usageError("unexpected argument '" + arg + "'");
-    std::string name = arg;
-    std::string value;
-    bool has_value = false;
-    auto eq = arg.find('=');
-    if (eq != std::string::npos) {
-      name = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
-      has_value = true;
-    }
-    for (auto& c : name) {
-      if (c == '_') c = '-';
-    }
-    auto takeValue = [&]() {
-      if (has_value) return value;
-      if (i + 1 >= args.size()) usageError("option " + name + " needs a value");
-      return args[++i];
-    };
+    if (!args.isOption()) usageError("unexpected argument '" + name + "'");
     if (name == "--host") {
-      options.host = takeValue();
+      options.host = text(args.value());
       if (options.host.empty()) usageError("--host must not be empty");
     } else if (name == "--port") {
-      options.port = static_cast<uint16_t>(parseNumber(name, takeValue(), 65535));
+      options.port = static_cast<uint16_t>(number(name, args.value(), 65535));
     } else if (name == "--max-connections") {
-      options.max_connections = parseNumber(name, takeValue(), 1u << 24);
+      options.max_connections = number(name, args.value(), 1u << 24);
     } else if (name == "--max-key-bytes") {
-      options.limits.max_key_bytes = parseNumber(name, takeValue(), 1u << 30);
+      options.limits.max_key_bytes = number(name, args.value(), 1u << 30);
     } else if (name == "--max-value-bytes") {
-      options.limits.max_value_bytes = parseNumber(name, takeValue(), 1ull << 32);
+      options.limits.max_value_bytes = number(name, args.value(), 1ull << 32);
     } else if (name == "--max-keys-per-request") {
-      options.limits.max_keys_per_request = parseNumber(name, takeValue(), 1u << 30);
+      options.limits.max_keys_per_request = number(name, args.value(), 1u << 30);
     } else if (name == "--log-level") {
-      std::string level = takeValue();
+      std::string level = text(args.value());
       if (level == "debug") {
         cpprun::setLogLevel(cpprun::LogLevel::kDebug);
       } else if (level == "info") {
@@ -137,15 +111,14 @@ int main(int argc, char** argv) {
         cpprun::setLogLevel(cpprun::LogLevel::kError);
       } else {
         usageError("invalid value '" + level +
-                   "' for --log-level: expected debug, info, warn "
-                   "or error");
+                   "' for --log-level: expected debug, info, warn or error");
       }
     } else {
       usageError("unknown option '" + name + "'");
     }
   }
 
-  raiseOpenFileLimit();
+  cpprun::raiseOpenFileLimit();
   boost::asio::io_context io(1);
   auto server = TcpStoreServer::create(io, options);
   if (!server.isOk()) {

@@ -69,6 +69,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/command_line.h"
+#include "common/system.h"
 #include "rendezvous/store.h"
 #include "rendezvous/tcp_store_client.h"
 #include "rendezvous/wire.h"
@@ -200,26 +202,19 @@ Options parseFlags(int argc, char** argv) {
       o.storm = {1024};
     }
   }
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg == "--help" || arg == "-h") {
+  cpprun::OptionCursor cursor(args);
+  while (cursor.next()) {
+    const std::string& name = cursor.name();
+    if (name == "--help" || name == "-h") {
       std::fputs(kUsage, stdout);
       std::exit(0);
     }
-    if (arg.rfind("--", 0) != 0) usageError("unexpected argument '" + arg + "'");
-    std::string name = arg;
-    std::string value;
-    bool has_value = false;
-    auto eq = arg.find('=');
-    if (eq != std::string::npos) {
-      name = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
-      has_value = true;
-    }
+    if (!cursor.isOption()) usageError("unexpected argument '" + name + "'");
+    const bool has_value = cursor.hasInlineValue();
     auto take = [&]() -> std::string {
-      if (has_value) return value;
-      if (i + 1 >= args.size()) usageError("option " + name + " needs a value");
-      return args[++i];
+      auto v = cursor.value();
+      if (!v.isOk()) usageError(v.status().message());
+      return v.value();
     };
     if (name == "--quick") {
       if (has_value) usageError("--quick takes no value");
@@ -1100,13 +1095,9 @@ int benchMain(const Options& opt) {
   int max_storm = opt.storm.empty() ? 0 : *std::max_element(opt.storm.begin(), opt.storm.end());
   int max_clients =
       opt.clients.empty() ? 0 : *std::max_element(opt.clients.begin(), opt.clients.end());
+  cpprun::raiseOpenFileLimit();
   rlimit lim{};
   ::getrlimit(RLIMIT_NOFILE, &lim);
-  if (lim.rlim_cur < lim.rlim_max) {
-    lim.rlim_cur = lim.rlim_max;
-    ::setrlimit(RLIMIT_NOFILE, &lim);
-    ::getrlimit(RLIMIT_NOFILE, &lim);
-  }
   rlim_t need = static_cast<rlim_t>(std::max(max_storm, max_clients)) + 64;
   if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < need) {
     std::fprintf(stderr,

@@ -1,10 +1,9 @@
 // Hostile and broken clients: the server drops only the offender and keeps serving the others.
-#include <sys/resource.h>
-
 #include <catch2/catch.hpp>
 #include <random>
 #include <thread>
 
+#include "common/system.h"
 #include "rendezvous/tcp_store_client.h"
 #include "rendezvous/tcp_store_server.h"
 #include "tests/support/test_support.h"
@@ -139,16 +138,10 @@ TEST_CASE("a client vanishing mid-WAIT is forgotten and others are still woken",
 }
 
 TEST_CASE("thousands of idle connections do not slow the others down", "[integration]") {
-  rlimit lim{};
-  getrlimit(RLIMIT_NOFILE, &lim);
-  size_t want = 3000 * 2 + 200;  // both ends live in this process
-  if (lim.rlim_cur < want && lim.rlim_max >= want) {
-    lim.rlim_cur = want;
-    setrlimit(RLIMIT_NOFILE, &lim);
-  }
-  getrlimit(RLIMIT_NOFILE, &lim);
-  size_t idle_count = std::min<size_t>(3000, (lim.rlim_cur - 200) / 2);
-  INFO("open-file limit " << lim.rlim_cur << ", idle connections " << idle_count);
+  // Both ends of every connection live in this process.
+  uint64_t fd_limit = cpprun::raiseOpenFileLimit();
+  size_t idle_count = std::min<size_t>(3000, (fd_limit - 200) / 2);
+  INFO("open-file limit " << fd_limit << ", idle connections " << idle_count);
   REQUIRE(idle_count >= 1000);
 
   auto server = BackgroundTcpStoreServer::start({});

@@ -10,6 +10,7 @@ namespace {
 
 using namespace cpprun::rendezvous;
 using namespace cpprun::rendezvous::wire;
+using cpprun::testing::makeRequest;
 using cpprun::testing::toHex;
 
 class RecordingOutbox : public Outbox {
@@ -27,7 +28,7 @@ class RecordingOutbox : public Outbox {
   std::map<ClientId, Bytes> sent;
 };
 
-Bytes b(const std::string& s) { return Bytes(s.begin(), s.end()); }
+Bytes b(const std::string& s) { return cpprun::testing::bytesOf(s); }
 
 struct Fixture {
   RecordingOutbox out;
@@ -35,14 +36,9 @@ struct Fixture {
 
   bool run(ClientId c, Dialect d, QueryType t, std::vector<std::string> keys = {},
            std::vector<Bytes> values = {}, int64_t integer = 0, uint32_t u32 = 0) {
-    Request r;
-    r.type = t;
-    r.keys = std::move(keys);
-    r.values = std::move(values);
-    r.integer = integer;
-    r.u32 = u32;
     std::string error;
-    return engine.handle(c, d, r, &error);
+    return engine.handle(c, d, makeRequest(t, std::move(keys), std::move(values), integer, u32),
+                         &error);
   }
   bool legacy(ClientId c, QueryType t, std::vector<std::string> keys = {},
               std::vector<Bytes> values = {}, int64_t integer = 0) {

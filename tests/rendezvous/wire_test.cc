@@ -13,20 +13,14 @@ using namespace cpprun::rendezvous::wire;
 using cpprun::testing::fromHex;
 using cpprun::testing::toHex;
 
-Bytes b(const std::string& s) { return Bytes(s.begin(), s.end()); }
+Bytes b(const std::string& s) { return cpprun::testing::bytesOf(s); }
 
 // One representative request of every type.
 std::vector<Request> sampleRequests() {
   std::vector<Request> v;
   auto make = [&](QueryType t, std::vector<std::string> keys, std::vector<Bytes> values,
                   int64_t integer = 0, uint32_t u32 = 0) {
-    Request r;
-    r.type = t;
-    r.keys = std::move(keys);
-    r.values = std::move(values);
-    r.integer = integer;
-    r.u32 = u32;
-    v.push_back(r);
+    v.push_back(cpprun::testing::makeRequest(t, std::move(keys), std::move(values), integer, u32));
   };
   make(QueryType::VALIDATE, {}, {}, 0, kValidationMagic);
   make(QueryType::SET, {"/key1"}, {b("value1")});

@@ -38,6 +38,20 @@ Bytes fromHex(const std::string& hex) {
   return out;
 }
 
+Bytes bytesOf(const std::string& text) { return Bytes(text.begin(), text.end()); }
+
+rendezvous::wire::Request makeRequest(rendezvous::wire::QueryType type,
+                                      std::vector<std::string> keys, std::vector<Bytes> values,
+                                      int64_t integer, uint32_t u32) {
+  rendezvous::wire::Request r;
+  r.type = type;
+  r.keys = std::move(keys);
+  r.values = std::move(values);
+  r.integer = integer;
+  r.u32 = u32;
+  return r;
+}
+
 std::string toHex(const Bytes& bytes) {
   static const char* digits = "0123456789abcdef";
   std::string s;

@@ -22,6 +22,13 @@ using Bytes = rendezvous::wire::Bytes;
 using namespace std::chrono_literals;
 
 Bytes fromHex(const std::string& hex);
+// Bytes of a text.
+Bytes bytesOf(const std::string& text);
+// A request built field by field (see wire::Request for which fields each type uses).
+rendezvous::wire::Request makeRequest(rendezvous::wire::QueryType type,
+                                      std::vector<std::string> keys = {},
+                                      std::vector<Bytes> values = {}, int64_t integer = 0,
+                                      uint32_t u32 = 0);
 std::string toHex(const Bytes& bytes);
 
 // A plain blocking TCP connection for sending hand-made bytes.
