@@ -84,7 +84,7 @@ void StoreEngine::wake(const std::string& key, bool one_only) {
     eraseValue(&mine, id);
     if (mine.empty()) waits_by_client_.erase(client);
     ++counters_.waits_woken;
-    reply(client, Bytes{code});
+    replyByte(client, code);
   }
 }
 
@@ -111,7 +111,7 @@ void StoreEngine::registerWait(ClientId client, const std::vector<std::string>& 
     ++missing;
   }
   if (missing == 0) {
-    reply(client, Bytes{code});
+    replyByte(client, code);
     return;
   }
   waits_.emplace(id, PendingWait{client, missing, code});
@@ -259,7 +259,7 @@ bool StoreEngine::handle(ClientId client, Dialect dialect, const Request& r, std
     case QueryType::CHECK: {
       bool all = std::all_of(r.keys.begin(), r.keys.end(),
                              [&](const std::string& k) { return exists(k); });
-      reply(client, Bytes{all ? wire::kCheckReady : wire::kCheckNotReady});
+      replyByte(client, all ? wire::kCheckReady : wire::kCheckNotReady);
       return true;
     }
 
@@ -269,7 +269,7 @@ bool StoreEngine::handle(ClientId client, Dialect dialect, const Request& r, std
 
     case QueryType::CANCEL_WAIT:
       cancelWaits(client);
-      reply(client, Bytes{wire::kWaitCanceled});
+      replyByte(client, wire::kWaitCanceled);
       return true;
 
     case QueryType::GETNUMKEYS:
@@ -293,7 +293,7 @@ bool StoreEngine::handle(ClientId client, Dialect dialect, const Request& r, std
     case QueryType::WATCH_KEY:
       watchers_by_key_[r.keys[0]].push_back(client);
       watches_by_client_[client].push_back(r.keys[0]);
-      reply(client, Bytes{wire::kWatchCallbackRegistered});
+      replyByte(client, wire::kWatchCallbackRegistered);
       return true;
 
     case QueryType::QUEUE_PUSH:
@@ -341,10 +341,10 @@ bool StoreEngine::handle(ClientId client, Dialect dialect, const Request& r, std
       }
       store(key, toBytes(std::to_string(count)));
       if (count >= r.integer) {
-        reply(client, Bytes{wire::kWaitStopWaiting});
+        replyByte(client, wire::kWaitStopWaiting);
         auto w = barrier_waiters_.find(key);
         if (w != barrier_waiters_.end()) {
-          for (ClientId c : w->second) reply(c, Bytes{wire::kWaitStopWaiting});
+          for (ClientId c : w->second) replyByte(c, wire::kWaitStopWaiting);
           barrier_waiters_.erase(w);
         }
       } else {

@@ -34,7 +34,8 @@ using ClientId = uint64_t;
 class Outbox {
  public:
   virtual ~Outbox() = default;
-  virtual void send(ClientId client, const wire::Bytes& bytes) = 0;
+  virtual void send(ClientId client, const uint8_t* data, size_t size) = 0;
+  void send(ClientId client, const wire::Bytes& bytes) { send(client, bytes.data(), bytes.size()); }
 };
 
 struct EngineCounters {
@@ -77,6 +78,7 @@ class StoreEngine {
   void registerWait(ClientId client, const std::vector<std::string>& keys, uint8_t reply);
   void cancelWaits(ClientId client);
   void reply(ClientId client, const wire::Bytes& bytes) { outbox_->send(client, bytes); }
+  void replyByte(ClientId client, uint8_t code) { outbox_->send(client, &code, 1); }
 
   Outbox* outbox_;
   std::unordered_map<std::string, wire::Bytes> data_;

@@ -1,5 +1,6 @@
 #include "rendezvous/tcp_store_client.h"
 
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -8,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -65,6 +67,8 @@ int connectOnce(const addrinfo* ai, std::chrono::steady_clock::time_point deadli
   }
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  // Blocking from now on; every send and recv is bounded by SO_SNDTIMEO / SO_RCVTIMEO.
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   return fd;
 }
 
@@ -82,6 +86,7 @@ void TcpStoreClient::closeConnection() {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
   in_pos_ = in_end_ = 0;
+  recv_timeout_ms_ = send_timeout_ms_ = 0;
 }
 
 void TcpStoreClient::fail(const std::string& what) {
@@ -166,23 +171,20 @@ void TcpStoreClient::handshake(Clock::time_point deadline) {
 
 void TcpStoreClient::sendAll(const uint8_t* data, size_t size, Clock::time_point deadline) {
   while (size > 0) {
+    int left = remainingMs(deadline);
+    if (left == 0) {
+      closeConnection();
+      throw StoreTimeout("store " + options_.host + ":" + std::to_string(options_.port) +
+                         ": send timed out");
+    }
+    setSocketTimeout(SO_SNDTIMEO, left, &send_timeout_ms_);
     ssize_t n = ::send(fd_, data, size, MSG_NOSIGNAL);
     if (n > 0) {
       data += n;
       size -= static_cast<size_t>(n);
       continue;
     }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pollfd p{fd_, POLLOUT, 0};
-      int rc = ::poll(&p, 1, remainingMs(deadline));
-      if (rc == 0) {
-        closeConnection();
-        throw StoreTimeout("store " + options_.host + ":" + std::to_string(options_.port) +
-                           ": send timed out");
-      }
-      continue;
-    }
+    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     fail("send: " + errnoText(errno));
   }
 }
@@ -190,19 +192,15 @@ void TcpStoreClient::sendAll(const uint8_t* data, size_t size, Clock::time_point
 bool TcpStoreClient::fill(size_t need, Clock::time_point deadline, bool allow_timeout) {
   if (in_pos_ == in_end_) in_pos_ = in_end_ = 0;
   while (in_end_ - in_pos_ < need) {
-    // Wait for readability first: a reply is rarely there the instant the request left.
-    pollfd p{fd_, POLLIN, 0};
-    int rc;
-    do {
-      rc = ::poll(&p, 1, remainingMs(deadline));
-    } while (rc < 0 && errno == EINTR);
-    if (rc == 0) {
+    int left = remainingMs(deadline);
+    if (left == 0) {
       if (allow_timeout && in_end_ == in_pos_) return false;
       closeConnection();
       throw StoreTimeout("store " + options_.host + ":" + std::to_string(options_.port) +
                          ": no reply within the " + std::to_string(timeout().count()) +
                          " ms timeout");
     }
+    setSocketTimeout(SO_RCVTIMEO, left, &recv_timeout_ms_);
     // in_ is [consumed | unread | free]; in_end_ marks the end of the unread bytes. Its
     // capacity only grows (never zero-filled again per read).
     size_t unread = in_end_ - in_pos_;
@@ -212,6 +210,7 @@ bool TcpStoreClient::fill(size_t need, Clock::time_point deadline, bool allow_ti
       in_end_ = unread;
       if (in_.size() < need) in_.resize(std::max(need, 2 * in_.size()));
     }
+    // A blocking recv bounded by SO_RCVTIMEO: one system call per reply, not poll + recv.
     ssize_t n = ::recv(fd_, in_.data() + in_end_, in_.size() - in_end_, 0);
     if (n > 0) {
       in_end_ += static_cast<size_t>(n);
@@ -223,6 +222,19 @@ bool TcpStoreClient::fill(size_t need, Clock::time_point deadline, bool allow_ti
     }
   }
   return true;
+}
+
+void TcpStoreClient::setSocketTimeout(int option, int ms, int* current_ms) {
+  // Re-arm only when the bound moved by more than 1% (at least 2 ms): a blocking call may end
+  // that much past its deadline, and the common case (every call bounded by the same store
+  // timeout) costs no extra system call.
+  int slack = std::max(2, ms / 100);
+  if (*current_ms > 0 && std::abs(*current_ms - ms) <= slack) return;
+  timeval tv{};
+  tv.tv_sec = ms / 1000;
+  tv.tv_usec = (ms % 1000) * 1000;
+  ::setsockopt(fd_, SOL_SOCKET, option, &tv, sizeof(tv));
+  *current_ms = ms;
 }
 
 uint8_t TcpStoreClient::readU8(Clock::time_point deadline) {

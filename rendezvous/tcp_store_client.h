@@ -93,6 +93,8 @@ class TcpStoreClient : public Store {
                   wire::QueryType type = wire::QueryType::WAIT, const std::string& barrier_key = {},
                   int64_t world_size = 0);
   Bytes getLocked(const std::string& key);
+  // Sets SO_RCVTIMEO / SO_SNDTIMEO to `ms` unless *current_ms is already close to it.
+  void setSocketTimeout(int option, int ms, int* current_ms);
   void requireV2(const char* op) const;
   [[noreturn]] void fail(const std::string& what);
   Clock::time_point deadline() const { return Clock::now() + timeout(); }
@@ -104,6 +106,8 @@ class TcpStoreClient : public Store {
   Bytes in_ = Bytes(64 * 1024);  // received bytes: [in_pos_, in_end_) are unread
   size_t in_pos_ = 0;
   size_t in_end_ = 0;
+  int recv_timeout_ms_ = 0;  // what SO_RCVTIMEO is set to (0: not set)
+  int send_timeout_ms_ = 0;
 };
 
 }  // namespace cpprun::rendezvous

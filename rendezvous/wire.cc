@@ -179,8 +179,22 @@ ParseStatus parseRequest(Dialect d, const Limits& limits, const uint8_t* data, s
   }
   Cursor c(data + 1, size - 1);
   ParseStatus status = ParseStatus::kNeedMore;
-  Request r;
+  // Decode straight into *out, keeping the capacity of its strings and vectors: a connection
+  // reuses one Request, so steady-state decoding allocates nothing.
+  Request& r = *out;
   r.type = *type;
+  r.integer = 0;
+  r.u32 = 0;
+  size_t key_count = 0;
+  size_t value_count = 0;
+  auto nextKey = [&]() -> std::string& {
+    if (key_count == r.keys.size()) r.keys.emplace_back();
+    return r.keys[key_count++];
+  };
+  auto nextValue = [&]() -> Bytes& {
+    if (value_count == r.values.size()) r.values.emplace_back();
+    return r.values[value_count++];
+  };
 
   auto key = [&](std::string* k) {
     return c.lengthPrefixed(k, limits.max_key_bytes, "key", &status, error);
@@ -198,23 +212,13 @@ ParseStatus parseRequest(Dialect d, const Limits& limits, const uint8_t* data, s
     }
     return true;
   };
-  auto oneKey = [&]() {
-    r.keys.resize(1);
-    return key(&r.keys[0]);
-  };
-  auto oneKeyOneValue = [&]() {
-    r.keys.resize(1);
-    r.values.resize(1);
-    return key(&r.keys[0]) && value(&r.values[0]);
-  };
+  auto oneKey = [&]() { return key(&nextKey()); };
+  auto oneKeyOneValue = [&]() { return key(&nextKey()) && value(&nextValue()); };
   auto keyList = [&]() {
     uint64_t n = 0;
     if (!keyCount(&n)) return false;
-    // Reserve only what the bytes present can hold: a forged count must not allocate.
-    r.keys.reserve(std::min<uint64_t>(n, (size - 1) / 8 + 1));
     for (uint64_t i = 0; i < n; ++i) {
-      r.keys.emplace_back();
-      if (!key(&r.keys.back())) return false;
+      if (!key(&nextKey())) return false;
     }
     return true;
   };
@@ -228,9 +232,7 @@ ParseStatus parseRequest(Dialect d, const Limits& limits, const uint8_t* data, s
       complete = oneKeyOneValue();
       break;
     case QueryType::COMPARE_SET:
-      r.keys.resize(1);
-      r.values.resize(2);
-      complete = key(&r.keys[0]) && value(&r.values[0]) && value(&r.values[1]);
+      complete = key(&nextKey()) && value(&nextValue()) && value(&nextValue());
       break;
     case QueryType::GET:
     case QueryType::DELETE_KEY:
@@ -256,9 +258,7 @@ ParseStatus parseRequest(Dialect d, const Limits& limits, const uint8_t* data, s
       uint64_t n = 0;
       complete = keyCount(&n);
       for (uint64_t i = 0; complete && i < n; ++i) {
-        r.keys.emplace_back();
-        r.values.emplace_back();
-        complete = key(&r.keys.back()) && value(&r.values.back());
+        complete = key(&nextKey()) && value(&nextValue());
       }
       break;
     }
@@ -274,8 +274,9 @@ ParseStatus parseRequest(Dialect d, const Limits& limits, const uint8_t* data, s
   }
   if (status == ParseStatus::kError) return status;
   if (!complete) return ParseStatus::kNeedMore;
+  r.keys.resize(key_count);
+  r.values.resize(value_count);
   *consumed = 1 + c.position();
-  *out = std::move(r);
   return ParseStatus::kRequest;
 }
 

@@ -101,7 +101,9 @@ enum class ParseStatus {
 };
 
 // Decodes one request of dialect `d` from the front of [data, data + size).
-// On kRequest sets *out and *consumed; on kError sets *error to a readable reason.
+// On kRequest fills *out and sets *consumed; on kError sets *error to a readable reason; on
+// kNeedMore and kError *out holds partial contents. *out's buffers are reused, so decoding
+// into the same Request again allocates nothing once it has grown.
 ParseStatus parseRequest(Dialect d, const Limits& limits, const uint8_t* data, size_t size,
                          Request* out, size_t* consumed, std::string* error);
 

@@ -15,9 +15,9 @@ using cpprun::testing::toHex;
 
 class RecordingOutbox : public Outbox {
  public:
-  void send(ClientId client, const Bytes& bytes) override {
+  void send(ClientId client, const uint8_t* data, size_t size) override {
     auto& q = sent[client];
-    q.insert(q.end(), bytes.begin(), bytes.end());
+    q.insert(q.end(), data, data + size);
   }
   // Everything sent to `client` since the last take, as hex.
   std::string take(ClientId client) {
