@@ -31,6 +31,16 @@ std::optional<uint8_t> reverseLookup(const int (&table)[N], QueryType t) {
   return std::nullopt;
 }
 
+std::string overLimit(const char* what, uint64_t len, size_t limit) {
+  return std::string(what) + " of " + std::to_string(len) + " bytes exceeds the limit of " +
+         std::to_string(limit);
+}
+
+std::string tooManyKeys(uint64_t n, QueryType t, size_t limit) {
+  return std::to_string(n) + " keys in one " + queryTypeName(t) + " exceed the limit of " +
+         std::to_string(limit);
+}
+
 // Reads fields from a byte range; every read says whether the bytes were there.
 class Cursor {
  public:
@@ -57,8 +67,7 @@ class Cursor {
     if (!u64(&len)) return false;
     if (len > limit) {
       *status = ParseStatus::kError;
-      *error = std::string(what) + " of " + std::to_string(len) + " bytes exceeds the limit of " +
-               std::to_string(limit);
+      *error = overLimit(what, len, limit);
       return false;
     }
     if (size_ - pos_ < len) return false;
@@ -72,6 +81,7 @@ class Cursor {
   size_t size_;
   size_t pos_ = 0;
 };
+
 
 }  // namespace
 
@@ -206,8 +216,7 @@ ParseStatus parseRequest(Dialect d, const Limits& limits, const uint8_t* data, s
     if (!c.u64(n)) return false;
     if (*n > limits.max_keys_per_request) {
       status = ParseStatus::kError;
-      *error = std::to_string(*n) + " keys in one " + queryTypeName(r.type) +
-               " exceed the limit of " + std::to_string(limits.max_keys_per_request);
+      *error = tooManyKeys(*n, r.type, limits.max_keys_per_request);
       return false;
     }
     return true;
@@ -277,6 +286,129 @@ ParseStatus parseRequest(Dialect d, const Limits& limits, const uint8_t* data, s
   r.keys.resize(key_count);
   r.values.resize(value_count);
   *consumed = 1 + c.position();
+  return ParseStatus::kRequest;
+}
+
+namespace {
+
+// The fields of each request after its type byte, for the resumable scan: a fixed part, then
+// for list requests a count and that many items.
+enum class Field : uint8_t { kKey, kValue, kU64, kU32 };
+struct Layout {
+  Field fixed[3];
+  uint8_t fixed_count;
+  bool list;
+  Field item[2];
+  uint8_t item_count;
+};
+
+Layout layoutOf(QueryType t) {
+  using F = Field;
+  switch (t) {
+    case QueryType::SET:
+    case QueryType::APPEND:
+    case QueryType::QUEUE_PUSH:
+      return {{F::kKey, F::kValue}, 2, false, {}, 0};
+    case QueryType::COMPARE_SET:
+      return {{F::kKey, F::kValue, F::kValue}, 3, false, {}, 0};
+    case QueryType::GET:
+    case QueryType::DELETE_KEY:
+    case QueryType::WATCH_KEY:
+    case QueryType::QUEUE_POP:
+    case QueryType::QUEUE_LEN:
+      return {{F::kKey}, 1, false, {}, 0};
+    case QueryType::ADD:
+    case QueryType::BARRIER:
+      return {{F::kKey, F::kU64}, 2, false, {}, 0};
+    case QueryType::CHECK:
+    case QueryType::WAIT:
+    case QueryType::MULTI_GET:
+      return {{}, 0, true, {F::kKey}, 1};
+    case QueryType::MULTI_SET:
+      return {{}, 0, true, {F::kKey, F::kValue}, 2};
+    case QueryType::VALIDATE:
+    case QueryType::PING:
+      return {{F::kU32}, 1, false, {}, 0};
+    case QueryType::GETNUMKEYS:
+    case QueryType::CANCEL_WAIT:
+    case QueryType::LIST_KEYS:
+      break;
+  }
+  return {{}, 0, false, {}, 0};
+}
+
+}  // namespace
+
+ParseStatus scanRequest(Dialect d, const Limits& limits, const uint8_t* data, size_t size,
+                        ScanState* st, size_t* consumed, std::string* error) {
+  if (st->pos == 0) {
+    if (size == 0) return ParseStatus::kNeedMore;
+    auto type = queryTypeFromWire(d, data[0]);
+    if (!type) {
+      *error =
+          "unknown query type " + std::to_string(data[0]) + " for a " + dialectName(d) + " client";
+      return ParseStatus::kError;
+    }
+    st->type = *type;
+    st->pos = 1;
+  }
+  const Layout layout = layoutOf(st->type);
+  // Skips one field; 1 = done, 0 = needs more bytes, -1 = error.
+  auto skip = [&](Field f) -> int {
+    size_t left = size - st->pos;
+    switch (f) {
+      case Field::kU32:
+        if (left < 4) return 0;
+        st->pos += 4;
+        return 1;
+      case Field::kU64:
+        if (left < 8) return 0;
+        st->pos += 8;
+        return 1;
+      case Field::kKey:
+      case Field::kValue: {
+        if (left < 8) return 0;
+        uint64_t len = loadU64(data + st->pos);
+        size_t limit = f == Field::kKey ? limits.max_key_bytes : limits.max_value_bytes;
+        if (len > limit) {
+          *error = overLimit(f == Field::kKey ? "key" : "value", len, limit);
+          return -1;
+        }
+        if (left - 8 < len) return 0;
+        st->pos += 8 + static_cast<size_t>(len);
+        return 1;
+      }
+    }
+    return -1;
+  };
+  while (st->fields_done < layout.fixed_count) {
+    int r = skip(layout.fixed[st->fields_done]);
+    if (r <= 0) return r < 0 ? ParseStatus::kError : ParseStatus::kNeedMore;
+    ++st->fields_done;
+  }
+  if (layout.list) {
+    if (!st->counted) {
+      if (size - st->pos < 8) return ParseStatus::kNeedMore;
+      uint64_t n = loadU64(data + st->pos);
+      if (n > limits.max_keys_per_request) {
+        *error = tooManyKeys(n, st->type, limits.max_keys_per_request);
+        return ParseStatus::kError;
+      }
+      st->items_left = n;
+      st->counted = true;
+      st->pos += 8;
+    }
+    while (st->items_left > 0) {
+      while (st->item_fields_done < layout.item_count) {
+        int r = skip(layout.item[st->item_fields_done]);
+        if (r <= 0) return r < 0 ? ParseStatus::kError : ParseStatus::kNeedMore;
+        ++st->item_fields_done;
+      }
+      st->item_fields_done = 0;
+      --st->items_left;
+    }
+  }
+  *consumed = st->pos;
   return ParseStatus::kRequest;
 }
 
@@ -360,7 +492,20 @@ ParseStatus RequestDecoder::next(Request* out, std::string* error) {
     }
   }
   size_t consumed = 0;
+  if (partial_) {
+    // The request at the front was incomplete: resume scanning where the last attempt stopped,
+    // and decode only once it is whole, so a request arriving in many pieces costs linear time.
+    ParseStatus scan = scanRequest(*dialect_, limits_, data, size, &scan_, &consumed, error);
+    if (scan != ParseStatus::kRequest) return scan;
+  }
   ParseStatus status = parseRequest(*dialect_, limits_, data, size, out, &consumed, error);
+  if (status == ParseStatus::kNeedMore && !partial_) {
+    partial_ = true;
+    scan_ = ScanState{};
+    scanRequest(*dialect_, limits_, data, size, &scan_, &consumed, error);  // record progress
+  } else if (status == ParseStatus::kRequest) {
+    partial_ = false;
+  }
   if (status == ParseStatus::kRequest) {
     read_pos_ += consumed;
     if (read_pos_ == buffer_.size()) {

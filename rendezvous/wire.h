@@ -107,6 +107,22 @@ enum class ParseStatus {
 ParseStatus parseRequest(Dialect d, const Limits& limits, const uint8_t* data, size_t size,
                          Request* out, size_t* consumed, std::string* error);
 
+// Progress of a resumable scan over one request (see scanRequest).
+struct ScanState {
+  size_t pos = 0;  // bytes of the request fully scanned (0: not started)
+  QueryType type = QueryType::GETNUMKEYS;
+  uint8_t fields_done = 0;  // of the fixed fields
+  bool counted = false;     // list requests: the key count was read
+  uint64_t items_left = 0;
+  uint8_t item_fields_done = 0;
+};
+
+// Checks, without copying anything, whether [data, data + size) starts with a whole request,
+// resuming from *state (start with a default ScanState, and pass the same bytes plus any that
+// arrived since). kRequest sets *consumed to its length; kError says why it is malformed.
+ParseStatus scanRequest(Dialect d, const Limits& limits, const uint8_t* data, size_t size,
+                        ScanState* state, size_t* consumed, std::string* error);
+
 // Appends the wire form of `r` in dialect `d`. Returns false when `d` has no such query type
 // (e.g. APPEND in the legacy dialect) and appends nothing.
 bool encodeRequest(Dialect d, const Request& r, Bytes* out);
@@ -132,6 +148,8 @@ class RequestDecoder {
   std::optional<Dialect> dialect_;
   Bytes buffer_;
   size_t read_pos_ = 0;
+  bool partial_ = false;  // the request at read_pos_ was found incomplete
+  ScanState scan_;        // how far it has been scanned
 };
 
 // Encoding helpers shared by the server (replies) and the client (requests).

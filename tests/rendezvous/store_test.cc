@@ -74,7 +74,10 @@ TEST_CASE("set and get with binary and empty values", "[unit][integration]") {
     for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<uint8_t>(i * 7);
     s.set(p + "big", big);
     CHECK(other.get(p + "big") == big);
+    // SET has no reply, so only a round trip on the same handle orders it before what another
+    // connection reads next.
     s.set(p + "k", std::string("overwritten"));
+    CHECK(toString(s.get(p + "k")) == "overwritten");
     CHECK(toString(other.get(p + "k")) == "overwritten");
   });
 }
@@ -107,6 +110,7 @@ TEST_CASE("check and deleteKey and numKeys", "[unit][integration]") {
     CHECK_FALSE(s.check({p + "a"}));
     s.set(p + "a", std::string("1"));
     s.set(p + "b", std::string("2"));
+    CHECK(s.check({p + "a", p + "b"}));  // a round trip: both SETs were applied
     CHECK(other.check({p + "a", p + "b"}));
     CHECK_FALSE(other.check({p + "a", p + "nope"}));
     CHECK(s.numKeys() == before + 2);
@@ -160,6 +164,9 @@ TEST_CASE("multiGet and multiSet and append", "[unit][integration]") {
     CHECK(toString(values[0]) == "22");
     CHECK(toString(values[1]) == "1");
     s.append(p + "log", toBytes("a"));
+    // APPEND has no reply: a round trip on the same handle orders it before the next append
+    // from another connection.
+    CHECK(toString(s.get(p + "log")) == "a");
     other.append(p + "log", toBytes("bc"));
     CHECK(toString(s.get(p + "log")) == "abc");
     CHECK_THROWS_AS(s.multiSet({p + "only-key"}, {}), StoreError);

@@ -187,6 +187,20 @@ TEST_CASE("every query type round-trips in both dialects", "[unit]") {
               ParseStatus::kRequest);
       CHECK(consumed == bytes.size());
       CHECK(out == r);
+      size_t scanned = 0;
+      ScanState fresh;
+      CHECK(scanRequest(d, Limits{}, bytes.data(), bytes.size(), &fresh, &scanned, &error) ==
+            ParseStatus::kRequest);
+      CHECK(scanned == bytes.size());
+      // Resumed byte by byte, the scan finds the same end.
+      ScanState resumed;
+      for (size_t n = 0; n < bytes.size(); ++n) {
+        REQUIRE(scanRequest(d, Limits{}, bytes.data(), n, &resumed, &scanned, &error) ==
+                ParseStatus::kNeedMore);
+      }
+      CHECK(scanRequest(d, Limits{}, bytes.data(), bytes.size(), &resumed, &scanned, &error) ==
+            ParseStatus::kRequest);
+      CHECK(scanned == bytes.size());
       // Every strict prefix is incomplete, never an error, and consumes nothing.
       for (size_t n = 0; n < bytes.size(); ++n) {
         consumed = 0;
@@ -285,4 +299,32 @@ TEST_CASE("malformed input and limits are errors with a reason", "[unit]") {
   // a huge forged key count within the limit but without the bytes: just incomplete
   limits.max_keys_per_request = 1u << 30;
   CHECK(parse(Dialect::kLegacy, "05ffffff3f00000000", &error) == ParseStatus::kNeedMore);
+}
+
+TEST_CASE("a large request arriving in small pieces decodes once complete", "[unit]") {
+  Request big;
+  big.type = QueryType::MULTI_SET;
+  for (int i = 0; i < 5000; ++i) {
+    big.keys.push_back("/key/" + std::to_string(i));
+    big.values.push_back(b(std::string(static_cast<size_t>(i % 50), 'v')));
+  }
+  Bytes stream;
+  Request validate;
+  validate.type = QueryType::VALIDATE;
+  validate.u32 = kValidationMagic;
+  REQUIRE(encodeRequest(Dialect::kV2, validate, &stream));
+  REQUIRE(encodeRequest(Dialect::kV2, big, &stream));
+  RequestDecoder decoder{Limits{}};
+  std::vector<Request> decoded;
+  for (size_t off = 0; off < stream.size(); off += 7) {
+    decoder.feed(stream.data() + off, std::min<size_t>(7, stream.size() - off));
+    Request r;
+    std::string error;
+    ParseStatus st;
+    while ((st = decoder.next(&r, &error)) == ParseStatus::kRequest) decoded.push_back(r);
+    REQUIRE(st == ParseStatus::kNeedMore);
+  }
+  REQUIRE(decoded.size() == 2);
+  CHECK(decoded[1] == big);
+  CHECK(decoder.bufferedBytes() == 0);
 }
