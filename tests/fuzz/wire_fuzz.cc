@@ -2,7 +2,7 @@
 // the input itself) and every decoded request through the store engine.
 //
 // Checks: no crash, no sanitizer report; every decoded request re-encodes to bytes that decode
-// back to the same request; a rejected stream stays rejected.
+// back to the same request; input cut into pieces decodes exactly as the whole does.
 #include <cstdint>
 #include <cstdlib>
 
@@ -31,6 +31,29 @@ void checkRoundTrip(Dialect d, const Request& r, const Limits& limits) {
       consumed != encoded.size() || !(again == r)) {
     std::abort();
   }
+}
+
+// Decodes `data` fed in pieces of `chunk` bytes; stops at the first error.
+std::vector<Request> decodeInChunks(const uint8_t* data, size_t size, size_t chunk,
+                                    const Limits& limits, bool* failed) {
+  RequestDecoder decoder(limits);
+  std::vector<Request> out;
+  *failed = false;
+  for (size_t off = 0; off < size; off += chunk) {
+    decoder.feed(data + off, std::min(chunk, size - off));
+    while (true) {
+      Request r;
+      std::string error;
+      ParseStatus s = decoder.next(&r, &error);
+      if (s == ParseStatus::kNeedMore) break;
+      if (s == ParseStatus::kError) {
+        *failed = true;
+        return out;
+      }
+      out.push_back(r);
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -70,5 +93,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   engine.disconnect(1);
   engine.disconnect(2);
+
+  // However the bytes are cut, the decoder sees the same requests and the same error.
+  bool whole_failed = false;
+  bool split_failed = false;
+  auto whole = decodeInChunks(data, size, size + 1, limits, &whole_failed);
+  auto split = decodeInChunks(data, size, chunk, limits, &split_failed);
+  if (whole.size() != split.size() || whole_failed != split_failed) std::abort();
+  for (size_t i = 0; i < whole.size(); ++i) {
+    if (!(whole[i] == split[i])) std::abort();
+  }
   return 0;
 }
