@@ -92,13 +92,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void flush() {
     dirty_ = false;
-    if (closed_ || writing_ || pending_.empty()) return;
+    if (closed_ || pending_.empty()) return;
+    // Checked before anything else: a client that sends but never reads keeps the write in
+    // flight forever while its replies pile up here.
     if (pending_.size() > server_->options_.max_pending_output_bytes) {
       server_->closeConnection(id_, "more than " +
                                         std::to_string(server_->options_.max_pending_output_bytes) +
                                         " bytes of replies unread");
       return;
     }
+    if (writing_) return;
     // Usually the socket takes the whole reply at once: write it directly (one send, no
     // completion handler) and fall back to an asynchronous write only for what is left.
     boost::system::error_code write_ec;

@@ -179,3 +179,31 @@ TEST_CASE("the connection cap refuses extra clients with a warning and serves th
   CHECK(a->add("/n", 1) == 1);
   CHECK(server.value()->stats().connections_rejected >= 1);
 }
+
+TEST_CASE("a client that never reads its replies is dropped at the output cap", "[integration]") {
+  TcpStoreServerOptions options;
+  options.max_pending_output_bytes = 1 << 20;
+  auto server = BackgroundTcpStoreServer::start(options);
+  REQUIRE(server.isOk());
+  uint16_t port = server.value()->port();
+  auto c = client(port);
+  c->set("/big", Bytes(64 * 1024, 'x'));
+  REQUIRE(c->check({"/big"}));  // a round trip: the SET is applied
+  RawConnection greedy("127.0.0.1", port);
+  Bytes get = fromHex("0204000000000000002f626967");  // GET /big, 64 KiB reply each
+  Bytes burst;
+  for (int i = 0; i < 16; ++i) burst.insert(burst.end(), get.begin(), get.end());
+  // Up to 64 MiB of replies requested, none read: kernel buffers fill, then the cap trips.
+  bool dropped = false;
+  for (int round = 0; round < 64 && !dropped; ++round) {
+    try {
+      greedy.send(burst);
+    } catch (const std::exception&) {
+      dropped = true;  // reset by the server
+    }
+    dropped = dropped || server.value()->stats().connections_dropped > 0;
+  }
+  CHECK(dropped);
+  CHECK(server.value()->stats().connections_dropped == 1);
+  expectServing(port);
+}
