@@ -82,7 +82,6 @@ class Cursor {
   size_t pos_ = 0;
 };
 
-
 }  // namespace
 
 const char* dialectName(Dialect d) { return d == Dialect::kLegacy ? "torch<=2.0" : "torch>=2.2"; }
