@@ -8,7 +8,7 @@ set -euo pipefail
 
 packages=(
   # toolchain
-  build-essential cmake g++ clang libclang-rt-14-dev pkg-config git
+  build-essential cmake g++ clang clang-format libclang-rt-14-dev pkg-config git
   # libraries
   libboost-dev libboost-system-dev libboost-filesystem-dev nlohmann-json3-dev catch2
   # tests and benchmarks: the real PyTorch 1.13 (interop peer), process tools
