@@ -5,6 +5,8 @@
 // back to the same request; input cut into pieces decodes exactly as the whole does.
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
+#include <vector>
 
 #include "rendezvous/store_engine.h"
 #include "rendezvous/wire.h"
@@ -33,13 +35,17 @@ void checkRoundTrip(Dialect d, const Request& r, const Limits& limits) {
   }
 }
 
+struct Decoded {
+  std::vector<Request> requests;
+  std::optional<Dialect> dialect;
+  bool failed = false;  // stopped at a malformed request
+};
+
 // Decodes `data` fed in pieces of `chunk` bytes; stops at the first error.
-std::vector<Request> decodeInChunks(const uint8_t* data, size_t size, size_t chunk,
-                                    const Limits& limits, bool* failed) {
+Decoded decodeInChunks(const uint8_t* data, size_t size, size_t chunk, const Limits& limits) {
   RequestDecoder decoder(limits);
-  std::vector<Request> out;
-  *failed = false;
-  for (size_t off = 0; off < size; off += chunk) {
+  Decoded out;
+  for (size_t off = 0; off < size && !out.failed; off += chunk) {
     decoder.feed(data + off, std::min(chunk, size - off));
     while (true) {
       Request r;
@@ -47,12 +53,14 @@ std::vector<Request> decodeInChunks(const uint8_t* data, size_t size, size_t chu
       ParseStatus s = decoder.next(&r, &error);
       if (s == ParseStatus::kNeedMore) break;
       if (s == ParseStatus::kError) {
-        *failed = true;
-        return out;
+        if (error.empty()) std::abort();  // every rejection says why
+        out.failed = true;
+        break;
       }
-      out.push_back(r);
+      out.requests.push_back(r);
     }
   }
+  out.dialect = decoder.dialect();
   return out;
 }
 
@@ -69,39 +77,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   data += 1;
   size -= 1;
 
+  // However the bytes are cut, the decoder sees the same requests and the same error.
+  Decoded split = decodeInChunks(data, size, chunk, limits);
+  Decoded whole = decodeInChunks(data, size, size + 1, limits);
+  if (!(split.requests == whole.requests) || split.failed != whole.failed) std::abort();
+
   static DiscardingOutbox outbox;
   StoreEngine engine(&outbox);
-  RequestDecoder decoder(limits);
   ClientId client = 1;
-  for (size_t off = 0; off < size; off += chunk) {
-    decoder.feed(data + off, std::min(chunk, size - off));
-    while (true) {
-      Request r;
-      std::string error;
-      ParseStatus s = decoder.next(&r, &error);
-      if (s == ParseStatus::kNeedMore) break;
-      if (s == ParseStatus::kError) {
-        if (error.empty()) std::abort();
-        engine.disconnect(client);
-        return 0;
-      }
-      checkRoundTrip(*decoder.dialect(), r, limits);
-      // Alternate between two clients so wakes and watches cross connections.
-      client = client == 1 ? 2 : 1;
-      if (!engine.handle(client, *decoder.dialect(), r, &error)) engine.disconnect(client);
-    }
+  for (const Request& r : split.requests) {
+    checkRoundTrip(*split.dialect, r, limits);
+    // Alternate between two clients so wakes and watches cross connections.
+    client = client == 1 ? 2 : 1;
+    std::string error;
+    if (!engine.handle(client, *split.dialect, r, &error)) engine.disconnect(client);
   }
   engine.disconnect(1);
   engine.disconnect(2);
-
-  // However the bytes are cut, the decoder sees the same requests and the same error.
-  bool whole_failed = false;
-  bool split_failed = false;
-  auto whole = decodeInChunks(data, size, size + 1, limits, &whole_failed);
-  auto split = decodeInChunks(data, size, chunk, limits, &split_failed);
-  if (whole.size() != split.size() || whole_failed != split_failed) std::abort();
-  for (size_t i = 0; i < whole.size(); ++i) {
-    if (!(whole[i] == split[i])) std::abort();
-  }
   return 0;
 }
