@@ -102,19 +102,31 @@ void StoreEngine::notifyWatchers(const std::string& key, uint8_t event, const By
 
 void StoreEngine::registerWait(ClientId client, const std::vector<std::string>& keys,
                                uint8_t code) {
-  size_t missing = 0;
-  WaitId id = next_wait_id_++;
-  std::unordered_set<std::string> seen;
-  for (const auto& k : keys) {
-    if (exists(k) || !seen.insert(k).second) continue;
-    waiters_by_key_[k].push_back(id);
-    ++missing;
-  }
-  if (missing == 0) {
+  // Fast path, and the common one: every key exists, nothing is allocated.
+  size_t first_missing = 0;
+  while (first_missing < keys.size() && exists(keys[first_missing])) ++first_missing;
+  if (first_missing == keys.size()) {
     replyByte(client, code);
     return;
   }
-  waits_.emplace(id, PendingWait{client, missing, code});
+  PendingWait wait{client, 0, code, {}};
+  std::unordered_set<std::string> seen;  // only for long key lists
+  for (size_t i = first_missing; i < keys.size(); ++i) {
+    const std::string& k = keys[i];
+    if (exists(k)) continue;
+    bool duplicate;
+    if (wait.keys.size() < 16) {
+      duplicate = std::find(wait.keys.begin(), wait.keys.end(), k) != wait.keys.end();
+    } else {
+      if (seen.empty()) seen.insert(wait.keys.begin(), wait.keys.end());
+      duplicate = !seen.insert(k).second;
+    }
+    if (!duplicate) wait.keys.push_back(k);
+  }
+  WaitId id = next_wait_id_++;
+  for (const auto& k : wait.keys) waiters_by_key_[k].push_back(id);
+  wait.missing = wait.keys.size();
+  waits_.emplace(id, std::move(wait));
   waits_by_client_[client].push_back(id);
   ++counters_.waits_deferred;
 }
@@ -126,16 +138,18 @@ void StoreEngine::cancelWaits(ClientId client) {
   }
   auto it = waits_by_client_.find(client);
   if (it == waits_by_client_.end()) return;
-  for (WaitId id : it->second) waits_.erase(id);
-  // Stale ids left in waiters_by_key_ are skipped by wake(); prune the keys we know about.
-  waits_by_client_.erase(it);
-  for (auto k = waiters_by_key_.begin(); k != waiters_by_key_.end();) {
-    auto& ids = k->second;
-    ids.erase(
-        std::remove_if(ids.begin(), ids.end(), [&](WaitId id) { return waits_.count(id) == 0; }),
-        ids.end());
-    k = ids.empty() ? waiters_by_key_.erase(k) : std::next(k);
+  for (WaitId id : it->second) {
+    auto w = waits_.find(id);
+    if (w == waits_.end()) continue;
+    for (const auto& key : w->second.keys) {
+      auto list = waiters_by_key_.find(key);
+      if (list == waiters_by_key_.end()) continue;
+      eraseValue(&list->second, id);
+      if (list->second.empty()) waiters_by_key_.erase(list);
+    }
+    waits_.erase(w);
   }
+  waits_by_client_.erase(it);
 }
 
 void StoreEngine::disconnect(ClientId client) {

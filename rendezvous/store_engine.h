@@ -65,8 +65,9 @@ class StoreEngine {
  private:
   struct PendingWait {
     ClientId client;
-    size_t missing;  // keys still absent; the reply goes out when this reaches 0
-    uint8_t reply;   // kWaitStopWaiting for WAIT and BARRIER
+    size_t missing;                 // keys still absent; the reply goes out at 0
+    uint8_t reply;                  // kWaitStopWaiting
+    std::vector<std::string> keys;  // the keys it was registered on, for cancelling
   };
   using WaitId = uint64_t;
 

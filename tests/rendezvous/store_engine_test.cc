@@ -203,3 +203,31 @@ TEST_CASE_METHOD(Fixture, "BARRIER releases everyone when the count is reached",
   CHECK(out.take(2) == "00");
   CHECK(out.take(3) == "00");
 }
+
+TEST_CASE_METHOD(Fixture, "WAIT counts a repeated key once, in short and long key lists",
+                 "[unit]") {
+  REQUIRE(legacy(1, QueryType::WAIT, {"/a", "/a", "/b"}));
+  std::vector<std::string> many;
+  for (int i = 0; i < 40; ++i) many.push_back("/k" + std::to_string(i % 20));  // 20 distinct
+  REQUIRE(legacy(2, QueryType::WAIT, many));
+  REQUIRE(legacy(3, QueryType::SET, {"/a"}, {b("1")}));
+  REQUIRE(legacy(3, QueryType::SET, {"/b"}, {b("1")}));
+  CHECK(out.take(1) == "00");
+  for (int i = 0; i < 19; ++i)
+    REQUIRE(legacy(3, QueryType::SET, {"/k" + std::to_string(i)}, {b("v")}));
+  CHECK(out.take(2).empty());
+  REQUIRE(legacy(3, QueryType::SET, {"/k19"}, {b("v")}));
+  CHECK(out.take(2) == "00");
+  CHECK(engine.pendingWaits() == 0);
+}
+
+TEST_CASE_METHOD(Fixture, "a cancelled wait leaves no registration behind", "[unit]") {
+  REQUIRE(v2(1, QueryType::WAIT, {"/x", "/y"}));
+  REQUIRE(v2(2, QueryType::WAIT, {"/x"}));
+  REQUIRE(v2(1, QueryType::CANCEL_WAIT));
+  CHECK(out.take(1) == "01");
+  REQUIRE(v2(3, QueryType::QUEUE_PUSH, {"/x"}, {b("item")}));  // wakes one: must be client 2
+  CHECK(out.take(2) == "00");
+  CHECK(out.take(1).empty());
+  CHECK(engine.pendingWaits() == 0);
+}
