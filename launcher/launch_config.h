@@ -1,0 +1,64 @@
+// LaunchConfig: what the user asked cpprun to do, as parsed from the command line and the
+// PET_* environment (torchrun's flags; see docs/torchrun-compatibility.md). Plain data; the
+// launch plan (launch_plan.h) turns it into workers.
+// Thread safety: a value type.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace cpprun::launcher {
+
+// How many workers per node: a number, or resolved from the machine.
+enum class NprocKind { kNumber, kGpu, kCpu, kAuto };
+
+struct LaunchConfig {
+  // --nnodes N or MIN:MAX (0 < min <= max).
+  int min_nodes = 1;
+  int max_nodes = 1;
+  // --nproc-per-node: a number (nproc), or gpu / cpu / auto.
+  NprocKind nproc_kind = NprocKind::kNumber;
+  int nproc = 1;
+
+  std::string rdzv_backend = "static";           // --rdzv-backend: static | c10d
+  std::string rdzv_endpoint;                     // --rdzv-endpoint host[:port], IPv6 as [addr]:port
+  std::string rdzv_id = "none";                  // --rdzv-id
+  std::map<std::string, std::string> rdzv_conf;  // --rdzv-conf k=v,k=v
+  bool standalone = false;                       // --standalone
+
+  int max_restarts = 0;           // --max-restarts (>= 0)
+  double monitor_interval = 0.1;  // --monitor-interval, seconds (accepted; cpprun is event-driven)
+  std::string start_method = "spawn";  // --start-method (accepted for compatibility)
+  std::string role = "default";        // --role
+
+  bool module = false;     // -m / --module: python -m ENTRYPOINT
+  bool no_python = false;  // --no-python: exec ENTRYPOINT as given
+  bool run_path = false;   // --run-path (accepted; runs like the default)
+
+  std::string log_dir;  // --log-dir (empty: no per-rank log files)
+  // -r/--redirects and -t/--tee: per local rank, 0 none, 1 stdout, 2 stderr, 3 both.
+  // `redirects_default` applies to local ranks not listed in `redirects_by_rank`.
+  int redirects_default = 0;
+  std::map<int, int> redirects_by_rank;
+  int tee_default = 0;
+  std::map<int, int> tee_by_rank;
+  std::vector<int> local_ranks_filter;  // --local-ranks-filter; empty = all
+
+  int node_rank = 0;                      // --node-rank (static backend)
+  std::string master_addr = "127.0.0.1";  // --master-addr
+  int master_port = 29500;                // --master-port
+  bool master_port_given = false;         // true when set by flag or PET_MASTER_PORT
+  std::string local_addr;                 // --local-addr (empty: this host's name)
+
+  std::vector<int> signals_to_handle;  // --signals-to-handle, signal numbers
+  double shutdown_timeout = 30;        // --shutdown-timeout, seconds
+  bool virtual_local_rank = false;     // --virtual-local-rank
+  bool worker_hosts_store = false;     // --worker-hosts-store: rank 0 hosts its own store
+  bool dry_run = false;                // --dry-run
+
+  std::string entrypoint;  // the script, module or program
+  std::vector<std::string> entrypoint_args;
+};
+
+}  // namespace cpprun::launcher

@@ -1,0 +1,165 @@
+#include "launcher/launch_plan.h"
+
+#include <sstream>
+
+namespace cpprun::launcher {
+
+namespace {
+
+bool endsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string substituteLocalRank(std::string arg, int local_rank) {
+  static const std::string token = "${local_rank}";
+  for (size_t pos = arg.find(token); pos != std::string::npos; pos = arg.find(token, pos + 1)) {
+    arg.replace(pos, token.size(), std::to_string(local_rank));
+  }
+  return arg;
+}
+
+std::string envOr(const std::map<std::string, std::string>& env, const std::string& name,
+                  const std::string& fallback) {
+  auto it = env.find(name);
+  return it == env.end() ? fallback : it->second;
+}
+
+std::string joinList(const std::vector<std::string>& items) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? "," : "") + items[i];
+  return out;
+}
+
+}  // namespace
+
+Result<int> resolveNproc(const LaunchConfig& config, const NodeResources& node) {
+  int gpus = static_cast<int>(node.gpus.size());
+  switch (config.nproc_kind) {
+    case NprocKind::kNumber:
+      return config.nproc;
+    case NprocKind::kGpu:
+      if (gpus == 0) {
+        return invalidArgument("--nproc-per-node gpu: no GPU is visible on " + node.hostname +
+                               " (GPU list from " + node.gpu_source +
+                               " is empty); use a number or cpu");
+      }
+      return gpus;
+    case NprocKind::kCpu:
+      return node.usable_cpus;
+    case NprocKind::kAuto:
+      return gpus > 0 ? gpus : node.usable_cpus;
+  }
+  return internalError("unknown nproc kind");
+}
+
+std::vector<std::string> workerCommand(const LaunchConfig& config,
+                                       const std::map<std::string, std::string>& agent_env,
+                                       int local_rank) {
+  std::vector<std::string> argv;
+  bool python = !config.no_python && (config.module || endsWith(config.entrypoint, ".py"));
+  if (python) {
+    argv.push_back(envOr(agent_env, "PYTHON_EXEC", "python3"));
+    argv.push_back("-u");
+    if (config.module) argv.push_back("-m");
+  }
+  argv.push_back(config.entrypoint);
+  for (const auto& a : config.entrypoint_args) argv.push_back(substituteLocalRank(a, local_rank));
+  return argv;
+}
+
+Result<LaunchPlan> makeLaunchPlan(const LaunchConfig& config, const NodeResources& node,
+                                  const RendezvousOutcome& rdzv,
+                                  const std::map<std::string, std::string>& agent_env,
+                                  const std::string& run_dir) {
+  auto nproc = resolveNproc(config, node);
+  if (!nproc.isOk()) return nproc.status();
+  LaunchPlan plan;
+  plan.nproc = nproc.value();
+  if (config.virtual_local_rank && !node.gpus.empty() &&
+      plan.nproc > static_cast<int>(node.gpus.size())) {
+    return invalidArgument("--virtual-local-rank gives each worker one GPU, but " +
+                           std::to_string(plan.nproc) + " workers were asked for and " +
+                           node.hostname + " has " + std::to_string(node.gpus.size()) + " GPUs (" +
+                           joinList(node.gpus) + ")");
+  }
+
+  std::string omp_threads;
+  if (agent_env.count("OMP_NUM_THREADS") == 0) {
+    omp_threads = std::to_string(std::max(1, node.usable_cpus / std::max(1, plan.nproc)));
+    plan.notes.push_back("OMP_NUM_THREADS is unset: each worker gets " + omp_threads + " (" +
+                         std::to_string(node.usable_cpus) + " usable CPUs / " +
+                         std::to_string(plan.nproc) + " workers)");
+  }
+  if (rdzv.nccl_unique_id_hex.empty()) {
+    plan.notes.push_back("NCCL is not loadable here: CPPRUN_NCCL_UNIQUE_ID is not set");
+  }
+
+  for (int local_rank = 0; local_rank < plan.nproc; ++local_rank) {
+    WorkerPlan w;
+    w.local_rank = local_rank;
+    w.rank = rdzv.base_rank + local_rank;
+    w.argv = workerCommand(config, agent_env, local_rank);
+    auto& e = w.env;
+    e["LOCAL_RANK"] = std::to_string(config.virtual_local_rank ? 0 : local_rank);
+    e["RANK"] = std::to_string(w.rank);
+    e["GROUP_RANK"] = std::to_string(rdzv.group_rank);
+    e["GROUP_WORLD_SIZE"] = std::to_string(rdzv.group_world_size);
+    e["ROLE_NAME"] = config.role;
+    e["ROLE_RANK"] = std::to_string(w.rank);
+    e["ROLE_WORLD_SIZE"] = std::to_string(rdzv.world_size);
+    e["LOCAL_WORLD_SIZE"] = std::to_string(plan.nproc);
+    e["WORLD_SIZE"] = std::to_string(rdzv.world_size);
+    e["MASTER_ADDR"] = rdzv.master_addr;
+    e["MASTER_PORT"] = std::to_string(rdzv.master_port);
+    e["TORCHELASTIC_RESTART_COUNT"] = std::to_string(rdzv.restart_count);
+    e["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(config.max_restarts);
+    e["TORCHELASTIC_RUN_ID"] = rdzv.run_id;
+    e["TORCHELASTIC_USE_AGENT_STORE"] = config.worker_hosts_store ? "False" : "True";
+    e["TORCHELASTIC_ERROR_FILE"] = run_dir + "/attempt_" + std::to_string(rdzv.restart_count) +
+                                   "/" + std::to_string(local_rank) + "/error.json";
+    e["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = envOr(agent_env, "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+    e["NCCL_ASYNC_ERROR_HANDLING"] = envOr(agent_env, "NCCL_ASYNC_ERROR_HANDLING", "1");
+    if (!omp_threads.empty()) e["OMP_NUM_THREADS"] = omp_threads;
+    if (!node.gpus.empty()) {
+      // Default: every worker sees the node's list in order, so LOCAL_RANK indexes its GPU and
+      // NCCL keeps peer-to-peer between them. Virtual: only its own GPU.
+      e["CUDA_VISIBLE_DEVICES"] = config.virtual_local_rank
+                                      ? node.gpus[static_cast<size_t>(local_rank)]
+                                      : joinList(node.gpus);
+    }
+    if (!rdzv.nccl_unique_id_hex.empty()) e["CPPRUN_NCCL_UNIQUE_ID"] = rdzv.nccl_unique_id_hex;
+    plan.workers.push_back(std::move(w));
+  }
+  return plan;
+}
+
+std::string describeLaunchPlan(const LaunchConfig& config, const NodeResources& node,
+                               const RendezvousOutcome& rdzv, const LaunchPlan& plan) {
+  std::ostringstream out;
+  out << "cpprun launch plan (dry run: nothing is started)\n";
+  out << "  node        " << node.hostname << ": group rank " << rdzv.group_rank << " of "
+      << rdzv.group_world_size << " (nnodes " << config.min_nodes;
+  if (config.max_nodes != config.min_nodes) out << ":" << config.max_nodes;
+  out << ", rdzv backend " << config.rdzv_backend << ")\n";
+  out << "  run id      " << rdzv.run_id << ", attempt " << rdzv.restart_count << ", max restarts "
+      << config.max_restarts << "\n";
+  out << "  store       " << rdzv.master_addr << ":" << rdzv.master_port
+      << (config.worker_hosts_store ? " (hosted by worker rank 0)" : " (served by the agent)")
+      << "\n";
+  out << "  GPUs        " << (node.gpus.empty() ? "none" : joinList(node.gpus)) << " (from "
+      << node.gpu_source << ")\n";
+  out << "  CPUs        " << node.usable_cpus << " usable\n";
+  out << "  workers     " << plan.nproc << " here, ranks " << rdzv.base_rank << ".."
+      << rdzv.base_rank + plan.nproc - 1 << " of world size " << rdzv.world_size << "\n";
+  for (const auto& note : plan.notes) out << "  note        " << note << "\n";
+  for (const auto& w : plan.workers) {
+    out << "  worker local_rank " << w.local_rank << " rank " << w.rank << ":";
+    for (const auto& a : w.argv) out << " " << a;
+    out << "\n";
+    for (const auto& kv : w.env) out << "      " << kv.first << "=" << kv.second << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace cpprun::launcher

@@ -1,0 +1,73 @@
+// LaunchPlan: the workers one agent starts for one attempt — each worker's command line and
+// the environment torchrun would give it — computed from the LaunchConfig, this node's
+// resources and the outcome of the rendezvous. Pure: no processes, no network. `cpprun
+// --dry-run` prints it; the agent spawns it.
+//
+// The environment contract is torchrun's (docs/environment.md): RANK, LOCAL_RANK, WORLD_SIZE,
+// LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_NAME, ROLE_RANK, ROLE_WORLD_SIZE,
+// MASTER_ADDR, MASTER_PORT, TORCHELASTIC_* and the NCCL error-handling switches, plus
+// CUDA_VISIBLE_DEVICES, OMP_NUM_THREADS (when unset) and CPPRUN_NCCL_UNIQUE_ID (when known).
+// Thread safety: pure functions on values.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "launcher/launch_config.h"
+#include "launcher/node_resources.h"
+
+namespace cpprun::launcher {
+
+// What the rendezvous decided for this agent in this attempt.
+struct RendezvousOutcome {
+  int group_rank = 0;        // this node's rank among the agents
+  int group_world_size = 1;  // number of agents
+  int base_rank = 0;         // global rank of this node's local rank 0
+  int world_size = 1;        // workers in the whole job
+  std::string master_addr;   // the store the workers bootstrap from
+  int master_port = 0;
+  std::string run_id;
+  int restart_count = 0;           // attempt number, 0 first
+  std::string nccl_unique_id_hex;  // empty when NCCL is not available
+};
+
+struct WorkerPlan {
+  int local_rank = 0;
+  int rank = 0;
+  std::vector<std::string> argv;
+  // Variables cpprun sets or overrides; the worker inherits the rest of the agent's environment.
+  std::map<std::string, std::string> env;
+};
+
+struct LaunchPlan {
+  int nproc = 0;
+  std::vector<WorkerPlan> workers;
+  // Human-readable notes about choices made (e.g. OMP_NUM_THREADS), one per line.
+  std::vector<std::string> notes;
+};
+
+// Resolves --nproc-per-node against the node: a number, the GPU count (error when there is
+// none), the usable CPUs, or auto (GPUs if any, else CPUs).
+Result<int> resolveNproc(const LaunchConfig& config, const NodeResources& node);
+
+// The worker's command line for `local_rank`: python3 -u SCRIPT (PYTHON_EXEC overrides the
+// interpreter), python3 -u -m MODULE, or the entry point itself with --no-python or when it is
+// not a .py file. "${local_rank}" in arguments becomes the local rank.
+std::vector<std::string> workerCommand(const LaunchConfig& config,
+                                       const std::map<std::string, std::string>& agent_env,
+                                       int local_rank);
+
+// REQUIRES: the rendezvous outcome is consistent (base_rank + nproc <= world_size).
+// `run_dir` is the attempt's log directory root (error files live under it).
+Result<LaunchPlan> makeLaunchPlan(const LaunchConfig& config, const NodeResources& node,
+                                  const RendezvousOutcome& rdzv,
+                                  const std::map<std::string, std::string>& agent_env,
+                                  const std::string& run_dir);
+
+// The plan as `cpprun --dry-run` prints it.
+std::string describeLaunchPlan(const LaunchConfig& config, const NodeResources& node,
+                               const RendezvousOutcome& rdzv, const LaunchPlan& plan);
+
+}  // namespace cpprun::launcher

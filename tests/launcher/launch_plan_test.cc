@@ -1,0 +1,156 @@
+// The launch plan: nproc resolution, worker command lines and torchrun's environment contract.
+#include "launcher/launch_plan.h"
+
+#include <catch2/catch.hpp>
+
+namespace {
+
+using namespace cpprun::launcher;
+
+NodeResources node(std::vector<std::string> gpus, int cpus = 8) {
+  NodeResources n;
+  n.hostname = "n1";
+  n.gpus = std::move(gpus);
+  n.gpu_source = "test";
+  n.usable_cpus = cpus;
+  return n;
+}
+
+RendezvousOutcome singleNode(int world_size) {
+  RendezvousOutcome r;
+  r.world_size = world_size;
+  r.master_addr = "127.0.0.1";
+  r.master_port = 29500;
+  r.run_id = "job7";
+  return r;
+}
+
+LaunchConfig script(int nproc) {
+  LaunchConfig c;
+  c.nproc = nproc;
+  c.entrypoint = "train.py";
+  c.entrypoint_args = {"--lr", "0.1", "--out=ckpt-${local_rank}"};
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("nproc resolves from a number or the node's GPUs or CPUs", "[unit]") {
+  LaunchConfig c;
+  c.nproc = 3;
+  CHECK(resolveNproc(c, node({})).value() == 3);
+  c.nproc_kind = NprocKind::kGpu;
+  CHECK(resolveNproc(c, node({"0", "1"})).value() == 2);
+  auto none = resolveNproc(c, node({}));
+  REQUIRE_FALSE(none.isOk());
+  CHECK_THAT(none.status().message(), Catch::Contains("--nproc-per-node gpu: no GPU is visible"));
+  c.nproc_kind = NprocKind::kCpu;
+  CHECK(resolveNproc(c, node({"0"}, 6)).value() == 6);
+  c.nproc_kind = NprocKind::kAuto;
+  CHECK(resolveNproc(c, node({"0", "1", "2"}, 6)).value() == 3);
+  CHECK(resolveNproc(c, node({}, 6)).value() == 6);
+}
+
+TEST_CASE("worker command lines follow torchrun's entry point rules", "[unit]") {
+  LaunchConfig c = script(2);
+  CHECK(workerCommand(c, {}, 1) ==
+        std::vector<std::string>{"python3", "-u", "train.py", "--lr", "0.1", "--out=ckpt-1"});
+  CHECK(workerCommand(c, {{"PYTHON_EXEC", "/usr/bin/python3"}}, 0).front() == "/usr/bin/python3");
+  c.module = true;
+  c.entrypoint = "pkg.train";
+  CHECK(workerCommand(c, {}, 0) == std::vector<std::string>{"python3", "-u", "-m", "pkg.train",
+                                                            "--lr", "0.1", "--out=ckpt-0"});
+  c.module = false;
+  c.entrypoint = "/opt/bin/trainer";  // not a .py: executed directly
+  CHECK(workerCommand(c, {}, 0).front() == "/opt/bin/trainer");
+  c.entrypoint = "train.py";
+  c.no_python = true;
+  CHECK(workerCommand(c, {}, 0).front() == "train.py");
+}
+
+TEST_CASE("every worker gets torchrun's variables", "[unit]") {
+  LaunchConfig c = script(2);
+  c.max_restarts = 3;
+  c.role = "trainer";
+  RendezvousOutcome r = singleNode(4);
+  r.group_rank = 1;
+  r.group_world_size = 2;
+  r.base_rank = 2;
+  r.restart_count = 1;
+  r.nccl_unique_id_hex = "abcd";
+  auto plan = makeLaunchPlan(c, node({"0", "1"}, 8), r, {}, "/logs/job7");
+  REQUIRE(plan.isOk());
+  REQUIRE(plan.value().workers.size() == 2);
+  const auto& e = plan.value().workers[1].env;
+  CHECK(e.at("LOCAL_RANK") == "1");
+  CHECK(e.at("RANK") == "3");
+  CHECK(e.at("GROUP_RANK") == "1");
+  CHECK(e.at("GROUP_WORLD_SIZE") == "2");
+  CHECK(e.at("ROLE_NAME") == "trainer");
+  CHECK(e.at("ROLE_RANK") == "3");
+  CHECK(e.at("ROLE_WORLD_SIZE") == "4");
+  CHECK(e.at("LOCAL_WORLD_SIZE") == "2");
+  CHECK(e.at("WORLD_SIZE") == "4");
+  CHECK(e.at("MASTER_ADDR") == "127.0.0.1");
+  CHECK(e.at("MASTER_PORT") == "29500");
+  CHECK(e.at("TORCHELASTIC_RESTART_COUNT") == "1");
+  CHECK(e.at("TORCHELASTIC_MAX_RESTARTS") == "3");
+  CHECK(e.at("TORCHELASTIC_RUN_ID") == "job7");
+  CHECK(e.at("TORCHELASTIC_USE_AGENT_STORE") == "True");
+  CHECK(e.at("TORCHELASTIC_ERROR_FILE") == "/logs/job7/attempt_1/1/error.json");
+  CHECK(e.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "1");
+  CHECK(e.at("NCCL_ASYNC_ERROR_HANDLING") == "1");
+  CHECK(e.at("CUDA_VISIBLE_DEVICES") == "0,1");
+  CHECK(e.at("OMP_NUM_THREADS") == "4");
+  CHECK(e.at("CPPRUN_NCCL_UNIQUE_ID") == "abcd");
+}
+
+TEST_CASE("inherited settings win and absent ones stay absent", "[unit]") {
+  LaunchConfig c = script(2);
+  c.worker_hosts_store = true;
+  auto plan = makeLaunchPlan(c, node({}, 8), singleNode(2),
+                             {{"OMP_NUM_THREADS", "7"}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"}},
+                             "/tmp/run");
+  REQUIRE(plan.isOk());
+  const auto& e = plan.value().workers[0].env;
+  CHECK(e.count("OMP_NUM_THREADS") == 0);  // inherited as is
+  CHECK(e.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "0");
+  CHECK(e.count("CUDA_VISIBLE_DEVICES") == 0);  // no GPUs: not invented
+  CHECK(e.count("CPPRUN_NCCL_UNIQUE_ID") == 0);
+  CHECK(e.at("TORCHELASTIC_USE_AGENT_STORE") == "False");
+  bool nccl_note = false;
+  for (const auto& n : plan.value().notes) nccl_note |= n.find("NCCL") != std::string::npos;
+  CHECK(nccl_note);
+}
+
+TEST_CASE("OMP_NUM_THREADS divides the usable CPUs and is at least 1", "[unit]") {
+  auto plan = makeLaunchPlan(script(4), node({}, 2), singleNode(4), {}, "/tmp/run");
+  REQUIRE(plan.isOk());
+  CHECK(plan.value().workers[3].env.at("OMP_NUM_THREADS") == "1");
+  CHECK_THAT(plan.value().notes.front(), Catch::Contains("OMP_NUM_THREADS is unset"));
+}
+
+TEST_CASE("virtual local rank gives each worker its own GPU and LOCAL_RANK 0", "[unit]") {
+  LaunchConfig c = script(2);
+  c.virtual_local_rank = true;
+  auto plan = makeLaunchPlan(c, node({"GPU-a", "GPU-b"}), singleNode(2), {}, "/tmp/run");
+  REQUIRE(plan.isOk());
+  CHECK(plan.value().workers[1].env.at("LOCAL_RANK") == "0");
+  CHECK(plan.value().workers[1].env.at("RANK") == "1");
+  CHECK(plan.value().workers[1].env.at("CUDA_VISIBLE_DEVICES") == "GPU-b");
+  c.nproc = 3;
+  auto too_many = makeLaunchPlan(c, node({"GPU-a", "GPU-b"}), singleNode(3), {}, "/tmp/run");
+  REQUIRE_FALSE(too_many.isOk());
+  CHECK_THAT(too_many.status().message(), Catch::Contains("--virtual-local-rank"));
+}
+
+TEST_CASE("the dry-run description names the store and every worker", "[unit]") {
+  LaunchConfig c = script(2);
+  auto plan = makeLaunchPlan(c, node({"0", "1"}), singleNode(2), {}, "/tmp/run");
+  REQUIRE(plan.isOk());
+  std::string text = describeLaunchPlan(c, node({"0", "1"}), singleNode(2), plan.value());
+  CHECK_THAT(text, Catch::Contains("store       127.0.0.1:29500 (served by the agent)"));
+  CHECK_THAT(text, Catch::Contains("worker local_rank 1 rank 1: python3 -u train.py"));
+  CHECK_THAT(text, Catch::Contains("RANK=1"));
+  CHECK_THAT(text, Catch::Contains("GPUs        0,1 (from test)"));
+}
