@@ -1,0 +1,742 @@
+#include "launcher/cli.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <csignal>
+#include <cstdint>
+#include <cstdlib>
+#include <random>
+#include <set>
+
+namespace cpprun::launcher {
+namespace {
+
+using Env = std::map<std::string, std::string>;
+
+// How an option consumes arguments.
+enum class Arity {
+  kFlag,     // a boolean: present or not
+  kValue,    // takes exactly one value
+  kHelp,     // --help / -h: stop and show the usage
+  kVersion,  // --version: stop and show the version
+};
+
+// Stores `value` into the config. `source` names where it came from ("--nproc-per-node" or
+// "PET_NPROC_PER_NODE (--nproc-per-node)") so that errors can name it. For a flag, `value` is
+// "1" when given on the command line, else the text of its PET_ variable.
+using Applier = Status (*)(LaunchConfig& config, const std::string& value,
+                           const std::string& source);
+
+struct OptionSpec {
+  const char* name;  // canonical long spelling, "--nproc-per-node"
+  char short_name;   // 'r' for -r, or 0
+  Arity arity;
+  bool env;  // falls back to PET_<NAME> (torchrun's E / B options)
+  Applier apply;
+};
+
+Status badValue(const std::string& value, const std::string& source, const std::string& expected) {
+  return invalidArgument("invalid value '" + value + "' for " + source + ": expected " + expected);
+}
+
+Status notSupported(const std::string& value, const std::string& source, const std::string& why) {
+  return invalidArgument(source + " (value '" + value + "') is not supported by cpprun: " + why);
+}
+
+// A decimal integer with an optional sign (Python's int() without '_' or surrounding blanks).
+bool parseInteger(const std::string& text, long long& out) {
+  size_t digits = text.size() > 0 && (text[0] == '+' || text[0] == '-') ? 1 : 0;
+  if (text.size() == digits || text.find_first_not_of("0123456789", digits) != std::string::npos) {
+    return false;
+  }
+  errno = 0;
+  out = std::strtoll(text.c_str(), nullptr, 10);
+  return errno != ERANGE;
+}
+
+// An integer in [lo, hi].
+bool parseIntIn(const std::string& text, long long lo, long long hi, int& out) {
+  long long v = 0;
+  if (!parseInteger(text, v) || v < lo || v > hi) return false;
+  out = static_cast<int>(v);
+  return true;
+}
+
+// A finite number >= 0 (Python's float(): "1", "0.5", "2e1").
+bool parseSeconds(const std::string& text, double& out) {
+  if (text.empty() || text.find_first_of(" \t\n") != std::string::npos) return false;
+  char* end = nullptr;
+  errno = 0;
+  double v = std::strtod(text.c_str(), &end);
+  if (end != text.c_str() + text.size() || errno == ERANGE || !std::isfinite(v) || v < 0) {
+    return false;
+  }
+  out = v;
+  return true;
+}
+
+std::vector<std::string> splitOn(const std::string& text, char sep) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  while (true) {
+    size_t pos = text.find(sep, start);
+    parts.push_back(text.substr(start, pos == std::string::npos ? std::string::npos : pos - start));
+    if (pos == std::string::npos) return parts;
+    start = pos + 1;
+  }
+}
+
+std::string strip(const std::string& text) {
+  size_t b = text.find_first_not_of(" \t");
+  if (b == std::string::npos) return "";
+  size_t e = text.find_last_not_of(" \t");
+  return text.substr(b, e - b + 1);
+}
+
+// "1" -> true; Python's int(PET_X) != 0 (blanks around the number allowed, as int() does).
+Status parseEnvBool(const std::string& value, const std::string& source, bool& out) {
+  long long v = 0;
+  if (!parseInteger(strip(value), v)) return badValue(value, source, "an integer (0 is off)");
+  out = v != 0;
+  return Status::ok();
+}
+
+// --- appliers, one per option -------------------------------------------------------------
+
+Status applyNnodes(LaunchConfig& c, const std::string& v, const std::string& source) {
+  const char* expected = "N or MIN:MAX with 0 < MIN <= MAX";
+  auto colon = v.find(':');
+  int lo = 0;
+  int hi = 0;
+  if (colon == std::string::npos) {
+    if (!parseIntIn(v, 1, INT_MAX, lo)) return badValue(v, source, expected);
+    hi = lo;
+  } else if (!parseIntIn(v.substr(0, colon), 1, INT_MAX, lo) ||
+             !parseIntIn(v.substr(colon + 1), 1, INT_MAX, hi) || lo > hi) {
+    return badValue(v, source, expected);
+  }
+  c.min_nodes = lo;
+  c.max_nodes = hi;
+  return Status::ok();
+}
+
+Status applyNproc(LaunchConfig& c, const std::string& v, const std::string& source) {
+  if (v == "gpu") {
+    c.nproc_kind = NprocKind::kGpu;
+  } else if (v == "cpu") {
+    c.nproc_kind = NprocKind::kCpu;
+  } else if (v == "auto") {
+    c.nproc_kind = NprocKind::kAuto;
+  } else if (int n = 0; parseIntIn(v, 1, INT_MAX, n)) {
+    c.nproc_kind = NprocKind::kNumber;
+    c.nproc = n;
+  } else {
+    return badValue(v, source, "a positive number, gpu, cpu or auto");
+  }
+  return Status::ok();
+}
+
+Status applyRdzvBackend(LaunchConfig& c, const std::string& v, const std::string& source) {
+  if (v != "static" && v != "c10d") {
+    return badValue(v, source, "static or c10d (cpprun has no etcd or custom rendezvous)");
+  }
+  c.rdzv_backend = v;
+  return Status::ok();
+}
+
+Status applyRdzvEndpoint(LaunchConfig& c, const std::string& v, const std::string&) {
+  c.rdzv_endpoint = v;
+  return Status::ok();
+}
+
+Status applyRdzvId(LaunchConfig& c, const std::string& v, const std::string&) {
+  c.rdzv_id = v;
+  return Status::ok();
+}
+
+// torchrun's _parse_rendezvous_config: blanks around keys and values are dropped, an empty
+// key or value is an error, a later key wins.
+Status applyRdzvConf(LaunchConfig& c, const std::string& v, const std::string& source) {
+  std::map<std::string, std::string> conf;
+  if (!strip(v).empty()) {
+    for (const std::string& item : splitOn(strip(v), ',')) {
+      auto eq = item.find('=');
+      std::string key = strip(item.substr(0, eq));
+      std::string value = eq == std::string::npos ? "" : strip(item.substr(eq + 1));
+      if (key.empty()) {
+        return badValue(v, source, "KEY=VALUE,KEY=VALUE (found an empty key)");
+      }
+      if (value.empty()) {
+        return badValue(v, source, "KEY=VALUE,KEY=VALUE (key '" + key + "' has no value)");
+      }
+      conf[key] = value;
+    }
+  }
+  c.rdzv_conf = std::move(conf);
+  return Status::ok();
+}
+
+Status applyStandalone(LaunchConfig& c, const std::string& v, const std::string& source) {
+  return parseEnvBool(v, source, c.standalone);
+}
+
+Status applyMaxRestarts(LaunchConfig& c, const std::string& v, const std::string& source) {
+  if (!parseIntIn(v, 0, INT_MAX, c.max_restarts)) {
+    return badValue(v, source, "a non-negative integer");
+  }
+  return Status::ok();
+}
+
+Status applyMonitorInterval(LaunchConfig& c, const std::string& v, const std::string& source) {
+  if (!parseSeconds(v, c.monitor_interval)) {
+    return badValue(v, source, "a non-negative number of seconds");
+  }
+  return Status::ok();
+}
+
+Status applyStartMethod(LaunchConfig& c, const std::string& v, const std::string& source) {
+  if (v != "spawn" && v != "fork" && v != "forkserver") {
+    return badValue(v, source, "spawn, fork or forkserver");
+  }
+  c.start_method = v;
+  return Status::ok();
+}
+
+Status applyEventLogHandler(LaunchConfig&, const std::string& v, const std::string& source) {
+  if (v == "null") return Status::ok();  // torchrun's default: no event sink
+  return notSupported(v, source,
+                      "event handlers are registered Python plug-ins; only 'null' (the "
+                      "default) is accepted");
+}
+
+Status applyRole(LaunchConfig& c, const std::string& v, const std::string&) {
+  c.role = v;
+  return Status::ok();
+}
+
+Status applyModule(LaunchConfig& c, const std::string& v, const std::string& source) {
+  return parseEnvBool(v, source, c.module);
+}
+
+Status applyNoPython(LaunchConfig& c, const std::string& v, const std::string& source) {
+  return parseEnvBool(v, source, c.no_python);
+}
+
+Status applyRunPath(LaunchConfig& c, const std::string& v, const std::string& source) {
+  return parseEnvBool(v, source, c.run_path);
+}
+
+Status applyLogDir(LaunchConfig& c, const std::string& v, const std::string&) {
+  c.log_dir = v;
+  return Status::ok();
+}
+
+// torchrun's Std.from_str: "N" for every local rank, or "LOCAL_RANK:N,..." (unlisted ranks 0).
+Status parseStd(const std::string& v, const std::string& source, int& default_out,
+                std::map<int, int>& by_rank_out) {
+  const char* expected =
+      "0-3 (0 none, 1 stdout, 2 stderr, 3 both) or LOCAL_RANK:0-3 pairs like 0:1,1:2";
+  int single = 0;
+  if (v.find(':') == std::string::npos) {
+    if (v.size() != 1 || !parseIntIn(v, 0, 3, single)) return badValue(v, source, expected);
+    default_out = single;
+    by_rank_out.clear();
+    return Status::ok();
+  }
+  std::map<int, int> by_rank;
+  for (const std::string& item : splitOn(v, ',')) {
+    auto colon = item.find(':');
+    int rank = 0;
+    int mode = 0;
+    if (colon == std::string::npos || colon == 0 || item.find_first_not_of("0123456789") != colon ||
+        !parseIntIn(item.substr(0, colon), 0, INT_MAX, rank) || item.size() != colon + 2 ||
+        !parseIntIn(item.substr(colon + 1), 0, 3, mode)) {
+      return badValue(v, source, expected);
+    }
+    by_rank[rank] = mode;
+  }
+  default_out = 0;
+  by_rank_out = std::move(by_rank);
+  return Status::ok();
+}
+
+Status applyRedirects(LaunchConfig& c, const std::string& v, const std::string& source) {
+  return parseStd(v, source, c.redirects_default, c.redirects_by_rank);
+}
+
+Status applyTee(LaunchConfig& c, const std::string& v, const std::string& source) {
+  return parseStd(v, source, c.tee_default, c.tee_by_rank);
+}
+
+Status applyLocalRanksFilter(LaunchConfig& c, const std::string& v, const std::string& source) {
+  std::set<int> ranks;
+  if (!v.empty()) {
+    for (const std::string& item : splitOn(v, ',')) {
+      int rank = 0;
+      if (!parseIntIn(strip(item), 0, INT_MAX, rank)) {
+        return badValue(v, source, "a comma-separated list of local ranks (integers >= 0)");
+      }
+      ranks.insert(rank);
+    }
+  }
+  c.local_ranks_filter.assign(ranks.begin(), ranks.end());
+  return Status::ok();
+}
+
+Status applyDuplicateFilters(LaunchConfig&, const std::string& v, const std::string& source) {
+  if (v.empty()) return Status::ok();  // torchrun's default: no filters
+  return notSupported(v, source,
+                      "copying matching lines to an extra file is not implemented; use "
+                      "--log-dir (or -t) and grep the per-rank logs");
+}
+
+Status applyNodeRank(LaunchConfig& c, const std::string& v, const std::string& source) {
+  if (!parseIntIn(v, 0, INT_MAX, c.node_rank)) {
+    return badValue(v, source, "a non-negative integer");
+  }
+  return Status::ok();
+}
+
+Status applyMasterAddr(LaunchConfig& c, const std::string& v, const std::string&) {
+  c.master_addr = v;
+  return Status::ok();
+}
+
+Status applyMasterPort(LaunchConfig& c, const std::string& v, const std::string& source) {
+  if (!parseIntIn(v, 0, 65535, c.master_port)) {
+    return badValue(v, source, "a port number from 0 to 65535");
+  }
+  c.master_port_given = true;
+  return Status::ok();
+}
+
+Status applyLocalAddr(LaunchConfig& c, const std::string& v, const std::string&) {
+  c.local_addr = v;
+  return Status::ok();
+}
+
+Status applyLogsSpecs(LaunchConfig&, const std::string& v, const std::string& source) {
+  return notSupported(v, source,
+                      "it names a Python entry point (torchrun.logs_specs) replacing the log "
+                      "layout; cpprun has one built-in layout (--log-dir, -r, -t)");
+}
+
+Status applyNumaBinding(LaunchConfig&, const std::string& v, const std::string& source) {
+  return notSupported(v, source,
+                      "NUMA binding is not implemented; bind workers with numactl in the entry "
+                      "point or through the scheduler (srun --cpu-bind)");
+}
+
+struct SignalName {
+  const char* name;  // without "SIG"
+  int number;
+};
+
+const SignalName kSignals[] = {
+    {"HUP", SIGHUP},   {"INT", SIGINT},       {"QUIT", SIGQUIT}, {"ILL", SIGILL},
+    {"TRAP", SIGTRAP}, {"ABRT", SIGABRT},     {"IOT", SIGABRT},  {"BUS", SIGBUS},
+    {"FPE", SIGFPE},   {"KILL", SIGKILL},     {"USR1", SIGUSR1}, {"SEGV", SIGSEGV},
+    {"USR2", SIGUSR2}, {"PIPE", SIGPIPE},     {"ALRM", SIGALRM}, {"TERM", SIGTERM},
+    {"CHLD", SIGCHLD}, {"CONT", SIGCONT},     {"STOP", SIGSTOP}, {"TSTP", SIGTSTP},
+    {"TTIN", SIGTTIN}, {"TTOU", SIGTTOU},     {"URG", SIGURG},   {"XCPU", SIGXCPU},
+    {"XFSZ", SIGXFSZ}, {"VTALRM", SIGVTALRM}, {"PROF", SIGPROF}, {"WINCH", SIGWINCH},
+    {"IO", SIGIO},     {"SYS", SIGSYS},
+#ifdef SIGPWR
+    {"PWR", SIGPWR},
+#endif
+};
+
+Status applySignals(LaunchConfig& c, const std::string& v, const std::string& source) {
+  const char* expected = "a comma-separated list of signal names like SIGTERM,SIGUSR1";
+  std::vector<int> numbers;
+  for (const std::string& item : splitOn(v, ',')) {
+    std::string name = strip(item);
+    for (char& ch : name) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    if (name.compare(0, 3, "SIG") == 0) name.erase(0, 3);
+    auto it = std::find_if(std::begin(kSignals), std::end(kSignals),
+                           [&](const SignalName& s) { return name == s.name; });
+    if (name.empty() || it == std::end(kSignals)) {
+      return badValue(v, source, std::string(expected) + " ('" + strip(item) + "' is not one)");
+    }
+    if (it->number == SIGKILL || it->number == SIGSTOP) {
+      return badValue(v, source, std::string(expected) + " (SIG" + it->name + " cannot be caught)");
+    }
+    if (std::find(numbers.begin(), numbers.end(), it->number) == numbers.end()) {
+      numbers.push_back(it->number);
+    }
+  }
+  c.signals_to_handle = std::move(numbers);
+  return Status::ok();
+}
+
+Status applyShutdownTimeout(LaunchConfig& c, const std::string& v, const std::string& source) {
+  if (!parseSeconds(v, c.shutdown_timeout)) {
+    return badValue(v, source, "a non-negative number of seconds");
+  }
+  return Status::ok();
+}
+
+Status applyVirtualLocalRank(LaunchConfig& c, const std::string& v, const std::string& source) {
+  return parseEnvBool(v, source, c.virtual_local_rank);
+}
+
+Status applyDryRun(LaunchConfig& c, const std::string& v, const std::string& source) {
+  return parseEnvBool(v, source, c.dry_run);
+}
+
+Status applyWorkerHostsStore(LaunchConfig& c, const std::string& v, const std::string& source) {
+  return parseEnvBool(v, source, c.worker_hosts_store);
+}
+
+// Every option cpprun knows, in torchrun's order, then cpprun's own.
+const OptionSpec kOptions[] = {
+    {"--nnodes", 0, Arity::kValue, true, applyNnodes},
+    {"--nproc-per-node", 0, Arity::kValue, true, applyNproc},
+    {"--rdzv-backend", 0, Arity::kValue, true, applyRdzvBackend},
+    {"--rdzv-endpoint", 0, Arity::kValue, true, applyRdzvEndpoint},
+    {"--rdzv-id", 0, Arity::kValue, true, applyRdzvId},
+    {"--rdzv-conf", 0, Arity::kValue, true, applyRdzvConf},
+    {"--standalone", 0, Arity::kFlag, true, applyStandalone},
+    {"--max-restarts", 0, Arity::kValue, true, applyMaxRestarts},
+    {"--monitor-interval", 0, Arity::kValue, true, applyMonitorInterval},
+    {"--start-method", 0, Arity::kValue, true, applyStartMethod},
+    // Rejected options do not read PET_*: an inherited variable must not break a launch.
+    {"--event-log-handler", 0, Arity::kValue, false, applyEventLogHandler},
+    {"--role", 0, Arity::kValue, true, applyRole},
+    {"--module", 'm', Arity::kFlag, true, applyModule},
+    {"--no-python", 0, Arity::kFlag, true, applyNoPython},
+    {"--run-path", 0, Arity::kFlag, true, applyRunPath},
+    {"--log-dir", 0, Arity::kValue, true, applyLogDir},
+    {"--redirects", 'r', Arity::kValue, true, applyRedirects},
+    {"--tee", 't', Arity::kValue, true, applyTee},
+    {"--local-ranks-filter", 0, Arity::kValue, true, applyLocalRanksFilter},
+    {"--duplicate-stdout-filters", 0, Arity::kValue, false, applyDuplicateFilters},
+    {"--duplicate-stderr-filters", 0, Arity::kValue, false, applyDuplicateFilters},
+    {"--node-rank", 0, Arity::kValue, true, applyNodeRank},
+    {"--master-addr", 0, Arity::kValue, true, applyMasterAddr},
+    {"--master-port", 0, Arity::kValue, true, applyMasterPort},
+    {"--local-addr", 0, Arity::kValue, true, applyLocalAddr},
+    {"--logs-specs", 0, Arity::kValue, false, applyLogsSpecs},
+    {"--numa-binding", 0, Arity::kValue, false, applyNumaBinding},
+    {"--signals-to-handle", 0, Arity::kValue, true, applySignals},
+    {"--shutdown-timeout", 0, Arity::kValue, true, applyShutdownTimeout},
+    {"--virtual-local-rank", 0, Arity::kFlag, true, applyVirtualLocalRank},
+    // cpprun's own.
+    {"--dry-run", 0, Arity::kFlag, false, applyDryRun},
+    {"--worker-hosts-store", 0, Arity::kFlag, false, applyWorkerHostsStore},
+    {"--help", 'h', Arity::kHelp, false, nullptr},
+    {"--version", 0, Arity::kVersion, false, nullptr},
+};
+
+const OptionSpec* findLong(const std::string& name) {
+  for (const OptionSpec& spec : kOptions) {
+    if (name == spec.name) return &spec;
+  }
+  return nullptr;
+}
+
+const OptionSpec* findShort(char c) {
+  for (const OptionSpec& spec : kOptions) {
+    if (spec.short_name != 0 && spec.short_name == c) return &spec;
+  }
+  return nullptr;
+}
+
+const std::vector<std::string>& longNames() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const OptionSpec& spec : kOptions) v.emplace_back(spec.name);
+    return v;
+  }();
+  return names;
+}
+
+// PET_NPROC_PER_NODE for --nproc-per-node.
+std::string envName(const OptionSpec& spec) {
+  std::string name = "PET_";
+  for (const char* p = spec.name + 2; *p != '\0'; ++p) {
+    name += *p == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(*p)));
+  }
+  return name;
+}
+
+// argparse treats "-1" and "-.5" as values, not options, when no option looks like a number.
+bool looksLikeNegativeNumber(const std::string& arg) {
+  double ignored = 0;
+  return arg.size() > 1 && arg[0] == '-' && parseSeconds(arg.substr(1), ignored);
+}
+
+bool looksLikeOption(const std::string& arg) {
+  return arg.size() > 1 && arg[0] == '-' && !looksLikeNegativeNumber(arg);
+}
+
+std::string displayName(const OptionSpec& spec) {
+  if (spec.short_name == 0) return spec.name;
+  return std::string("-") + spec.short_name + "/" + spec.name;
+}
+
+}  // namespace
+
+namespace internal {
+
+Result<std::string> resolveLongOption(const std::string& typed,
+                                      const std::vector<std::string>& names) {
+  if (std::find(names.begin(), names.end(), typed) != names.end()) return typed;
+  std::vector<std::string> candidates;
+  if (typed.size() > 2) {
+    for (const std::string& name : names) {
+      if (name.compare(0, typed.size(), typed) == 0) candidates.push_back(name);
+    }
+  }
+  if (candidates.empty()) {
+    return invalidArgument("unrecognized option '" + typed + "' (see cpprun --help)");
+  }
+  if (candidates.size() > 1) {
+    std::string list;
+    for (const std::string& c : candidates) list += (list.empty() ? "" : ", ") + c;
+    return invalidArgument("ambiguous option '" + typed + "' could match " + list);
+  }
+  return candidates.front();
+}
+
+std::string randomUuid4() {
+  std::random_device rd;
+  unsigned char bytes[16];
+  for (size_t i = 0; i < sizeof bytes; i += 4) {
+    uint32_t word = rd();
+    for (size_t j = 0; j < 4; ++j) bytes[i + j] = static_cast<unsigned char>(word >> (8 * j));
+  }
+  bytes[6] = static_cast<unsigned char>((bytes[6] & 0x0f) | 0x40);  // version 4
+  bytes[8] = static_cast<unsigned char>((bytes[8] & 0x3f) | 0x80);  // RFC 4122 variant
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < sizeof bytes; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    out += kHex[bytes[i] >> 4];
+    out += kHex[bytes[i] & 0x0f];
+  }
+  return out;
+}
+
+}  // namespace internal
+
+Result<CliResult> parseCommandLine(const std::vector<std::string>& args, const Env& env) {
+  CliResult result;
+  LaunchConfig& config = result.config;
+  std::set<const OptionSpec*> given;
+  bool have_entrypoint = false;
+
+  size_t i = 0;
+  while (i < args.size()) {
+    const std::string& arg = args[i++];
+    if (arg == "--") {  // ends the options: the next argument is the entry point
+      if (i < args.size()) {
+        config.entrypoint = args[i++];
+        have_entrypoint = true;
+      }
+      break;
+    }
+    if (!looksLikeOption(arg)) {
+      config.entrypoint = arg;
+      have_entrypoint = true;
+      break;
+    }
+
+    const OptionSpec* spec = nullptr;
+    bool has_inline = false;
+    std::string inline_value;
+    if (arg.compare(0, 2, "--") == 0) {
+      auto eq = arg.find('=');
+      std::string typed = arg.substr(0, eq);
+      std::replace(typed.begin() + 2, typed.end(), '_', '-');
+      if (eq != std::string::npos) {
+        has_inline = true;
+        inline_value = arg.substr(eq + 1);
+      }
+      auto resolved = internal::resolveLongOption(typed, longNames());
+      if (!resolved.isOk()) return resolved.status();
+      spec = findLong(resolved.value());
+    } else {
+      spec = findShort(arg[1]);
+      if (spec == nullptr) {
+        return invalidArgument("unrecognized option '" + arg + "' (see cpprun --help)");
+      }
+      if (arg.size() > 2) {  // "-r3" or "-r=3"
+        has_inline = true;
+        inline_value = arg.substr(arg[2] == '=' ? 3 : 2);
+      }
+    }
+
+    const std::string source = displayName(*spec);
+    switch (spec->arity) {
+      case Arity::kHelp:
+      case Arity::kVersion:
+        if (has_inline) {
+          return invalidArgument("option " + source + " takes no value (got '" + arg + "')");
+        }
+        (spec->arity == Arity::kHelp ? result.show_help : result.show_version) = true;
+        return result;
+      case Arity::kFlag: {
+        if (has_inline) {
+          return invalidArgument("option " + source + " takes no value (got '" + arg + "')");
+        }
+        Status s = spec->apply(config, "1", source);
+        if (!s.isOk()) return s;
+        break;
+      }
+      case Arity::kValue: {
+        std::string value = inline_value;
+        if (!has_inline) {
+          if (i >= args.size() || looksLikeOption(args[i])) {
+            return invalidArgument("option " + source + " needs a value");
+          }
+          value = args[i++];
+        }
+        Status s = spec->apply(config, value, source);
+        if (!s.isOk()) return s;
+        break;
+      }
+    }
+    given.insert(spec);
+  }
+  // REMAINDER: everything after the entry point belongs to it.
+  config.entrypoint_args.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+
+  // PET_<NAME> for every E/B option the command line left out.
+  for (const OptionSpec& spec : kOptions) {
+    if (!spec.env || given.count(&spec) != 0) continue;
+    std::string var = envName(spec);
+    auto it = env.find(var);
+    if (it == env.end()) continue;
+    Status s = spec.apply(config, it->second, var + " (" + spec.name + ")");
+    if (!s.isOk()) return s;
+    given.insert(&spec);
+  }
+
+  if (given.count(findLong("--shutdown-timeout")) == 0) {
+    auto it = env.find("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+    if (it != env.end()) {
+      Status s = applyShutdownTimeout(config, it->second,
+                                      "TORCH_ELASTIC_SHUTDOWN_TIMEOUT (--shutdown-timeout)");
+      if (!s.isOk()) return s;
+    } else {
+      config.shutdown_timeout = 30;
+    }
+  }
+  if (given.count(findLong("--signals-to-handle")) == 0) {
+    config.signals_to_handle = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+  }
+
+  if (config.module && config.no_python) {
+    return invalidArgument(
+        "-m/--module and --no-python cannot be used together: -m runs the entry point as a "
+        "Python module, --no-python executes it directly");
+  }
+  if (!have_entrypoint) {
+    return invalidArgument("missing the training script (or program) to run (see cpprun --help)");
+  }
+  if (config.entrypoint.empty()) {
+    return invalidArgument("the training script (or program) to run is an empty string");
+  }
+
+  if (config.standalone) {  // torchrun: explicit rendezvous options are overridden
+    config.rdzv_backend = "c10d";
+    config.rdzv_endpoint = "localhost:0";
+    config.rdzv_id = internal::randomUuid4();
+  }
+  return result;
+}
+
+const char* usageText() {
+  return R"(usage: cpprun [options] ENTRYPOINT [ARGS...]
+
+Runs one agent on this node: it joins the rendezvous with the other nodes' agents, starts the
+workers, serves their key-value store and supervises them. A drop-in for torchrun.
+
+Entry point
+  ENTRYPOINT is the first argument that is not an option; every argument after it goes to the
+  workers unchanged, even one that looks like a cpprun option (use -- before an entry point
+  that starts with '-'). A script ending in .py runs as `python3 -u ENTRYPOINT ARGS...`
+  ($PYTHON_EXEC overrides the interpreter); -m runs `python3 -u -m ENTRYPOINT ARGS...`;
+  --no-python, and any program that is not a .py file, is executed as given. The text
+  ${local_rank} in any argument becomes the worker's local rank.
+
+Options take `--opt=VALUE` or `--opt VALUE`, '-' or '_' inside names (--nproc_per_node), and
+any unambiguous prefix of a name (--nproc). An option marked [env] that is absent is read from
+PET_<NAME> (--nproc-per-node: PET_NPROC_PER_NODE); a flag marked [env] is on when
+PET_<NAME> is a non-zero integer. The command line wins over the environment.
+
+Launch
+  --nnodes N|MIN:MAX          Number of nodes (agents), 0 < MIN <= MAX; the static backend uses
+                              MAX. Default 1:1. [env]
+  --nproc-per-node N|gpu|cpu|auto
+                              Workers on this node: a positive number, one per GPU, one per
+                              usable CPU, or GPUs if any else CPUs. Default 1. [env]
+  -m, --module                Run ENTRYPOINT as a Python module (python3 -u -m). [env]
+  --no-python                 Execute ENTRYPOINT directly, without python3. Not with -m. [env]
+  --run-path                  Accepted for torchrun compatibility; runs like the default. [env]
+  --role NAME                 Role of the workers (ROLE_NAME, log prefix). Default default. [env]
+  --start-method spawn|fork|forkserver
+                              Accepted for compatibility; workers are always new processes.
+                              Default spawn. [env]
+  --virtual-local-rank        Each worker sees only its own GPU and gets LOCAL_RANK=0. [env]
+
+Rendezvous
+  --rdzv-backend static|c10d  static: fixed node ranks around --master-addr:--master-port;
+                              c10d: nodes join at --rdzv-endpoint. Default static. [env]
+  --rdzv-endpoint HOST[:PORT] Where the c10d rendezvous store is (IPv6 as [ADDR]:PORT; port
+                              default 29400). Default none. [env]
+  --rdzv-id ID                Job id shared by every node (TORCHELASTIC_RUN_ID). Default none.
+                              [env]
+  --rdzv-conf K=V,K=V         Rendezvous settings (e.g. join_timeout=600). Default none. [env]
+  --standalone                Single node: c10d on localhost:0 with a random job id; overrides
+                              the options above. [env]
+  --node-rank N               This node's rank, static backend only. Default 0. [env]
+  --master-addr HOST          Address of node rank 0, static backend only. Default 127.0.0.1.
+                              [env]
+  --master-port PORT          Port of the store on node rank 0, 0-65535, static backend only.
+                              Default 29500. [env]
+  --local-addr HOST           This node's address as other nodes reach it. Default: host name.
+                              [env]
+
+Restarts and signals
+  --max-restarts N            Restarts of the worker group after a failure, >= 0. Default 0.
+                              [env]
+  --monitor-interval SECONDS  Accepted for compatibility; cpprun reacts to events at once.
+                              Default 0.1. [env]
+  --signals-to-handle LIST    Signals forwarded to the workers before teardown, e.g.
+                              SIGTERM,SIGUSR1 (SIG prefix optional). Default
+                              SIGTERM,SIGINT,SIGHUP,SIGQUIT. [env]
+  --shutdown-timeout SECONDS  Grace between SIGTERM to the workers and SIGKILL, >= 0. Default
+                              $TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30. [env]
+
+Output
+  --log-dir DIR               Write <DIR>/<run id>/attempt_<n>/<local rank>/{stdout,stderr}.log.
+                              Default none (console only). [env]
+  -r, --redirects MODE        Send worker output to the log files instead of the console: 0
+                              none, 1 stdout, 2 stderr, 3 both, or per local rank 0:1,1:2.
+                              Default 0. [env]
+  -t, --tee MODE              Like -r, but to the log files and the console. Default 0. [env]
+  --local-ranks-filter LIST   Only these local ranks (e.g. 0,1) reach the console; log files
+                              keep everything. Default all. [env]
+
+cpprun extras
+  --dry-run                   Print the resolved plan (nodes, ranks, devices, each worker's
+                              environment, store address) and exit 0 without running anything.
+  --worker-hosts-store        Worker rank 0 hosts its own store instead of the agent (for
+                              trainers that create their TCPStore themselves).
+  -h, --help                  Show this text and exit.
+  --version                   Show the version and exit.
+
+Not supported (rejected with a message): --logs-specs, --numa-binding, --event-log-handler
+other than null, --duplicate-stdout-filters and --duplicate-stderr-filters other than empty,
+and the etcd rendezvous backends.
+
+Exit codes: 0 success, 1 job failed, 2 usage error
+)";
+}
+
+}  // namespace cpprun::launcher

@@ -1,0 +1,516 @@
+// The cpprun command line: torchrun's flags, spellings, prefixes, PET_* fallback, validation
+// messages and REMAINDER semantics.
+#include "launcher/cli.h"
+
+#include <catch2/catch.hpp>
+#include <csignal>
+#include <regex>
+
+using cpprun::launcher::CliResult;
+using cpprun::launcher::LaunchConfig;
+using cpprun::launcher::NprocKind;
+using cpprun::launcher::parseCommandLine;
+using cpprun::launcher::usageText;
+using Args = std::vector<std::string>;
+using Env = std::map<std::string, std::string>;
+
+namespace {
+
+LaunchConfig parseOk(const Args& args, const Env& env = {}) {
+  auto r = parseCommandLine(args, env);
+  INFO(r.status().message());
+  REQUIRE(r.isOk());
+  CHECK_FALSE(r.value().show_help);
+  CHECK_FALSE(r.value().show_version);
+  return r.value().config;
+}
+
+std::string parseError(const Args& args, const Env& env = {}) {
+  auto r = parseCommandLine(args, env);
+  REQUIRE_FALSE(r.isOk());
+  CHECK(r.status().code() == cpprun::StatusCode::kInvalidArgument);
+  return r.status().message();
+}
+
+}  // namespace
+
+TEST_CASE("cli defaults match torchrun", "[unit]") {
+  LaunchConfig c = parseOk({"train.py"});
+  CHECK(c.entrypoint == "train.py");
+  CHECK(c.entrypoint_args.empty());
+  CHECK(c.min_nodes == 1);
+  CHECK(c.max_nodes == 1);
+  CHECK(c.nproc_kind == NprocKind::kNumber);
+  CHECK(c.nproc == 1);
+  CHECK(c.rdzv_backend == "static");
+  CHECK(c.rdzv_endpoint.empty());
+  CHECK(c.rdzv_id == "none");
+  CHECK(c.rdzv_conf.empty());
+  CHECK_FALSE(c.standalone);
+  CHECK(c.max_restarts == 0);
+  CHECK(c.monitor_interval == Approx(0.1));
+  CHECK(c.start_method == "spawn");
+  CHECK(c.role == "default");
+  CHECK_FALSE(c.module);
+  CHECK_FALSE(c.no_python);
+  CHECK_FALSE(c.run_path);
+  CHECK(c.log_dir.empty());
+  CHECK(c.redirects_default == 0);
+  CHECK(c.tee_default == 0);
+  CHECK(c.local_ranks_filter.empty());
+  CHECK(c.node_rank == 0);
+  CHECK(c.master_addr == "127.0.0.1");
+  CHECK(c.master_port == 29500);
+  CHECK_FALSE(c.master_port_given);
+  CHECK(c.local_addr.empty());
+  CHECK(c.signals_to_handle == std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT});
+  CHECK(c.shutdown_timeout == 30);
+  CHECK_FALSE(c.virtual_local_rank);
+  CHECK_FALSE(c.worker_hosts_store);
+  CHECK_FALSE(c.dry_run);
+}
+
+TEST_CASE("cli accepts dashed and underscored spellings", "[unit]") {
+  CHECK(parseOk({"--nproc-per-node", "4", "t.py"}).nproc == 4);
+  CHECK(parseOk({"--nproc_per_node", "4", "t.py"}).nproc == 4);
+  CHECK(parseOk({"--max_restarts=2", "t.py"}).max_restarts == 2);
+  CHECK(parseOk({"--rdzv_backend", "c10d", "t.py"}).rdzv_backend == "c10d");
+  CHECK(parseOk({"--master_addr", "10.0.0.1", "t.py"}).master_addr == "10.0.0.1");
+  CHECK(parseOk({"--no_python", "prog"}).no_python);
+  CHECK(parseOk({"--local_ranks_filter", "1", "t.py"}).local_ranks_filter == std::vector<int>{1});
+}
+
+TEST_CASE("cli accepts equals and space separated values", "[unit]") {
+  CHECK(parseOk({"--nnodes=2", "t.py"}).max_nodes == 2);
+  CHECK(parseOk({"--nnodes", "2", "t.py"}).max_nodes == 2);
+  CHECK(parseOk({"--rdzv-id=", "t.py"}).rdzv_id.empty());
+  CHECK(parseOk({"--rdzv-endpoint=host:1=2", "t.py"}).rdzv_endpoint == "host:1=2");
+  CHECK(parseOk({"-r", "3", "t.py"}).redirects_default == 3);
+  CHECK(parseOk({"-r3", "t.py"}).redirects_default == 3);
+  CHECK(parseOk({"-r=3", "t.py"}).redirects_default == 3);
+  CHECK(parseOk({"-t", "1", "t.py"}).tee_default == 1);
+  CHECK(parseOk({"-t2", "t.py"}).tee_default == 2);
+  CHECK(parseOk({"--tee=3", "t.py"}).tee_default == 3);
+}
+
+TEST_CASE("cli last occurrence of an option wins", "[unit]") {
+  CHECK(parseOk({"--nproc-per-node", "2", "--nproc-per-node=3", "t.py"}).nproc == 3);
+}
+
+TEST_CASE("cli resolves unique prefixes of long options", "[unit]") {
+  LaunchConfig c = parseOk({"--nproc", "2", "--max-r=4", "--stand", "--virt", "--nn", "1:3",
+                            "--signals=USR1", "--shut", "5", "t.py"});
+  CHECK(c.nproc == 2);
+  CHECK(c.max_restarts == 4);
+  CHECK(c.standalone);
+  CHECK(c.virtual_local_rank);
+  CHECK(c.min_nodes == 1);
+  CHECK(c.max_nodes == 3);
+  CHECK(c.signals_to_handle == std::vector<int>{SIGUSR1});
+  CHECK(c.shutdown_timeout == 5);
+  CHECK(parseOk({"--nproc_per", "5", "t.py"}).nproc == 5);
+}
+
+TEST_CASE("cli rejects an ambiguous prefix listing the candidates", "[unit]") {
+  CHECK(parseError({"--rdzv", "x", "t.py"}) ==
+        "ambiguous option '--rdzv' could match --rdzv-backend, --rdzv-endpoint, --rdzv-id, "
+        "--rdzv-conf");
+  CHECK(parseError({"--master=1", "t.py"}) ==
+        "ambiguous option '--master' could match --master-addr, --master-port");
+  CHECK(parseError({"--log", "d", "t.py"}) ==
+        "ambiguous option '--log' could match --log-dir, --logs-specs");
+}
+
+TEST_CASE("cli an exact option name wins over a longer one it prefixes", "[unit]") {
+  using cpprun::launcher::internal::resolveLongOption;
+  const std::vector<std::string> names = {"--foo-bar", "--foo", "--fox"};
+  CHECK(resolveLongOption("--foo", names).value() == "--foo");
+  CHECK(resolveLongOption("--foo-", names).value() == "--foo-bar");
+  CHECK(resolveLongOption("--fo", names).status().message() ==
+        "ambiguous option '--fo' could match --foo-bar, --foo, --fox");
+  CHECK(resolveLongOption("--bar", names).status().message() ==
+        "unrecognized option '--bar' (see cpprun --help)");
+  // The real table: a full name is never treated as ambiguous.
+  CHECK(parseOk({"--rdzv-id", "job", "t.py"}).rdzv_id == "job");
+  CHECK(parseOk({"--log-dir", "d", "t.py"}).log_dir == "d");
+}
+
+TEST_CASE("cli rejects unknown options", "[unit]") {
+  CHECK(parseError({"--bogus", "t.py"}) == "unrecognized option '--bogus' (see cpprun --help)");
+  CHECK(parseError({"-x", "t.py"}) == "unrecognized option '-x' (see cpprun --help)");
+  CHECK(parseError({"--=3", "t.py"}) == "unrecognized option '--' (see cpprun --help)");
+}
+
+TEST_CASE("cli option without its value is an error", "[unit]") {
+  CHECK(parseError({"--nproc-per-node"}) == "option --nproc-per-node needs a value");
+  CHECK(parseError({"--log-dir", "--nnodes", "2", "t.py"}) == "option --log-dir needs a value");
+  CHECK(parseError({"-r"}) == "option -r/--redirects needs a value");
+  // Like argparse: a following argument that looks like an option is not taken as the value.
+  CHECK(parseError({"-r", "-1:1", "t.py"}) == "option -r/--redirects needs a value");
+  // A negative number is a value (and then fails validation), as in argparse.
+  CHECK(parseError({"--max-restarts", "-1", "t.py"}) ==
+        "invalid value '-1' for --max-restarts: expected a non-negative integer");
+}
+
+TEST_CASE("cli flags take no value", "[unit]") {
+  CHECK(parseError({"--standalone=1", "t.py"}) ==
+        "option --standalone takes no value (got '--standalone=1')");
+  CHECK(parseError({"-mx", "t.py"}) == "option -m/--module takes no value (got '-mx')");
+}
+
+TEST_CASE("cli keeps everything after the entry point for the script", "[unit]") {
+  LaunchConfig c = parseOk({"--nproc-per-node", "2", "train.py", "--nproc-per-node", "5", "--lr",
+                            "1", "-m", "--help", "--", "x"});
+  CHECK(c.nproc == 2);
+  CHECK(c.entrypoint == "train.py");
+  CHECK(c.entrypoint_args == Args{"--nproc-per-node", "5", "--lr", "1", "-m", "--help", "--", "x"});
+  CHECK_FALSE(c.module);
+}
+
+TEST_CASE("cli double dash ends the options", "[unit]") {
+  LaunchConfig c = parseOk({"--no-python", "--", "-weird", "--nnodes", "3"});
+  CHECK(c.entrypoint == "-weird");
+  CHECK(c.entrypoint_args == Args{"--nnodes", "3"});
+  CHECK(c.max_nodes == 1);
+}
+
+TEST_CASE("cli requires an entry point", "[unit]") {
+  const std::string missing = "missing the training script (or program) to run (see cpprun --help)";
+  CHECK(parseError({}) == missing);
+  CHECK(parseError({"--nproc-per-node", "2"}) == missing);
+  CHECK(parseError({"--"}) == missing);
+  CHECK(parseError({""}) == "the training script (or program) to run is an empty string");
+}
+
+TEST_CASE("cli help and version stop parsing", "[unit]") {
+  for (const Args& args : {Args{"--help"}, Args{"-h"}, Args{"--he"}, Args{"--nnodes", "2", "-h"},
+                           Args{"--help", "--bogus"}}) {
+    auto r = parseCommandLine(args, {});
+    REQUIRE(r.isOk());
+    CHECK(r.value().show_help);
+    CHECK_FALSE(r.value().show_version);
+  }
+  auto v = parseCommandLine({"--version"}, {{"PET_NPROC_PER_NODE", "bad"}});
+  REQUIRE(v.isOk());
+  CHECK(v.value().show_version);
+  CHECK_FALSE(v.value().show_help);
+  CHECK(parseError({"--v"}) ==
+        "ambiguous option '--v' could match --virtual-local-rank, --version");
+}
+
+TEST_CASE("cli nproc-per-node accepts numbers gpu cpu and auto", "[unit]") {
+  CHECK(parseOk({"--nproc-per-node=gpu", "t.py"}).nproc_kind == NprocKind::kGpu);
+  CHECK(parseOk({"--nproc-per-node=cpu", "t.py"}).nproc_kind == NprocKind::kCpu);
+  CHECK(parseOk({"--nproc-per-node=auto", "t.py"}).nproc_kind == NprocKind::kAuto);
+  LaunchConfig c = parseOk({"--nproc-per-node=8", "t.py"});
+  CHECK(c.nproc_kind == NprocKind::kNumber);
+  CHECK(c.nproc == 8);
+  for (const char* bad : {"x", "0", "-2", "", "2.5", "GPU", "xpu", "99999999999"}) {
+    CHECK(parseError({std::string("--nproc-per-node=") + bad, "t.py"}) ==
+          "invalid value '" + std::string(bad) +
+              "' for --nproc-per-node: expected a positive number, gpu, cpu or auto");
+  }
+}
+
+TEST_CASE("cli nnodes takes N or MIN:MAX", "[unit]") {
+  LaunchConfig one = parseOk({"--nnodes", "4", "t.py"});
+  CHECK(one.min_nodes == 4);
+  CHECK(one.max_nodes == 4);
+  LaunchConfig range = parseOk({"--nnodes", "2:5", "t.py"});
+  CHECK(range.min_nodes == 2);
+  CHECK(range.max_nodes == 5);
+  CHECK(parseOk({"--nnodes", "3:3", "t.py"}).min_nodes == 3);
+  for (const char* bad : {"0", "0:2", "3:2", "a", "1:", ":2", "1:2:3", "-1"}) {
+    CHECK(parseError({std::string("--nnodes=") + bad, "t.py"}) ==
+          "invalid value '" + std::string(bad) +
+              "' for --nnodes: expected N or MIN:MAX with 0 < MIN <= MAX");
+  }
+}
+
+TEST_CASE("cli max-restarts must be non-negative", "[unit]") {
+  CHECK(parseOk({"--max-restarts", "0", "t.py"}).max_restarts == 0);
+  CHECK(parseOk({"--max-restarts", "7", "t.py"}).max_restarts == 7);
+  CHECK(parseError({"--max-restarts=x", "t.py"}) ==
+        "invalid value 'x' for --max-restarts: expected a non-negative integer");
+}
+
+TEST_CASE("cli rdzv-conf parses key value pairs", "[unit]") {
+  LaunchConfig c = parseOk({"--rdzv-conf", "join_timeout=600, is_host = 1,a=b=c", "t.py"});
+  CHECK(c.rdzv_conf == std::map<std::string, std::string>{
+                           {"join_timeout", "600"}, {"is_host", "1"}, {"a", "b=c"}});
+  CHECK(parseOk({"--rdzv-conf=", "t.py"}).rdzv_conf.empty());
+  CHECK(parseError({"--rdzv-conf", "a=1,=2", "t.py"}) ==
+        "invalid value 'a=1,=2' for --rdzv-conf: expected KEY=VALUE,KEY=VALUE (found an empty "
+        "key)");
+  CHECK(parseError({"--rdzv-conf", "a=1,b=", "t.py"}) ==
+        "invalid value 'a=1,b=' for --rdzv-conf: expected KEY=VALUE,KEY=VALUE (key 'b' has no "
+        "value)");
+  CHECK(parseError({"--rdzv-conf", "a", "t.py"}) ==
+        "invalid value 'a' for --rdzv-conf: expected KEY=VALUE,KEY=VALUE (key 'a' has no value)");
+  CHECK(parseError({"--rdzv-conf", "a=1,", "t.py"}) ==
+        "invalid value 'a=1,' for --rdzv-conf: expected KEY=VALUE,KEY=VALUE (found an empty key)");
+}
+
+TEST_CASE("cli rdzv-backend accepts static and c10d", "[unit]") {
+  CHECK(parseOk({"--rdzv-backend", "static", "t.py"}).rdzv_backend == "static");
+  CHECK(parseOk({"--rdzv-backend", "c10d", "t.py"}).rdzv_backend == "c10d");
+  CHECK(parseError({"--rdzv-backend", "etcd", "t.py"}) ==
+        "invalid value 'etcd' for --rdzv-backend: expected static or c10d (cpprun has no etcd or "
+        "custom rendezvous)");
+}
+
+TEST_CASE("cli redirects and tee take a mode or per-rank modes", "[unit]") {
+  LaunchConfig c = parseOk({"-r", "0:1,3:2", "--tee", "1:3", "t.py"});
+  CHECK(c.redirects_default == 0);
+  CHECK(c.redirects_by_rank == std::map<int, int>{{0, 1}, {3, 2}});
+  CHECK(c.tee_default == 0);
+  CHECK(c.tee_by_rank == std::map<int, int>{{1, 3}});
+  CHECK(parseOk({"--redirects", "10:3", "t.py"}).redirects_by_rank == std::map<int, int>{{10, 3}});
+  const std::string expected =
+      ": expected 0-3 (0 none, 1 stdout, 2 stderr, 3 both) or LOCAL_RANK:0-3 pairs like 0:1,1:2";
+  for (const char* bad : {"4", "x", "", "0:4", "0:1,", ":1", "a:1", "0:", "0:12", "-1:1", "03"}) {
+    CHECK(parseError({std::string("-r=") + bad, "t.py"}) ==
+          "invalid value '" + std::string(bad) + "' for -r/--redirects" + expected);
+  }
+  CHECK(parseError({"-t", "7", "t.py"}) == "invalid value '7' for -t/--tee" + expected);
+}
+
+TEST_CASE("cli local-ranks-filter is a list of local ranks", "[unit]") {
+  CHECK(parseOk({"--local-ranks-filter", "3,0,3", "t.py"}).local_ranks_filter ==
+        std::vector<int>{0, 3});
+  CHECK(parseOk({"--local-ranks-filter=", "t.py"}).local_ranks_filter.empty());
+  for (const char* bad : {"a", "0,,1", "-1", "1,"}) {
+    CHECK(parseError({"--local-ranks-filter", bad, "t.py"}) ==
+          "invalid value '" + std::string(bad) +
+              "' for --local-ranks-filter: expected a comma-separated list of local ranks "
+              "(integers >= 0)");
+  }
+}
+
+TEST_CASE("cli signals-to-handle takes signal names", "[unit]") {
+  CHECK(parseOk({"--signals-to-handle", "SIGTERM,SIGUSR1", "t.py"}).signals_to_handle ==
+        std::vector<int>{SIGTERM, SIGUSR1});
+  CHECK(parseOk({"--signals-to-handle", "usr2, sigint,TERM,SIGTERM", "t.py"}).signals_to_handle ==
+        std::vector<int>{SIGUSR2, SIGINT, SIGTERM});
+  CHECK(parseError({"--signals-to-handle", "SIGTERM,SIGFOO", "t.py"}) ==
+        "invalid value 'SIGTERM,SIGFOO' for --signals-to-handle: expected a comma-separated list "
+        "of signal names like SIGTERM,SIGUSR1 ('SIGFOO' is not one)");
+  CHECK(parseError({"--signals-to-handle", "", "t.py"}) ==
+        "invalid value '' for --signals-to-handle: expected a comma-separated list of signal "
+        "names like SIGTERM,SIGUSR1 ('' is not one)");
+  CHECK(parseError({"--signals-to-handle", "15", "t.py"}) ==
+        "invalid value '15' for --signals-to-handle: expected a comma-separated list of signal "
+        "names like SIGTERM,SIGUSR1 ('15' is not one)");
+  CHECK(parseError({"--signals-to-handle", "SIGKILL", "t.py"}) ==
+        "invalid value 'SIGKILL' for --signals-to-handle: expected a comma-separated list of "
+        "signal names like SIGTERM,SIGUSR1 (SIGKILL cannot be caught)");
+}
+
+TEST_CASE("cli shutdown-timeout comes from flag then PET then TORCH_ELASTIC then 30", "[unit]") {
+  const Env both = {{"PET_SHUTDOWN_TIMEOUT", "7"}, {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "9"}};
+  CHECK(parseOk({"--shutdown-timeout", "2.5", "t.py"}, both).shutdown_timeout == 2.5);
+  CHECK(parseOk({"t.py"}, both).shutdown_timeout == 7);
+  CHECK(parseOk({"t.py"}, {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "9"}}).shutdown_timeout == 9);
+  CHECK(parseOk({"t.py"}).shutdown_timeout == 30);
+  CHECK(parseOk({"--shutdown-timeout=0", "t.py"}).shutdown_timeout == 0);
+  CHECK(parseError({"--shutdown-timeout", "-1", "t.py"}) ==
+        "invalid value '-1' for --shutdown-timeout: expected a non-negative number of seconds");
+  CHECK(parseError({"--shutdown-timeout", "soon", "t.py"}) ==
+        "invalid value 'soon' for --shutdown-timeout: expected a non-negative number of seconds");
+  CHECK(parseError({"t.py"}, {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "x"}}) ==
+        "invalid value 'x' for TORCH_ELASTIC_SHUTDOWN_TIMEOUT (--shutdown-timeout): expected a "
+        "non-negative number of seconds");
+}
+
+TEST_CASE("cli master-port range and master_port_given", "[unit]") {
+  LaunchConfig c = parseOk({"--master-port", "0", "t.py"});
+  CHECK(c.master_port == 0);
+  CHECK(c.master_port_given);
+  CHECK(parseOk({"--master-port=65535", "t.py"}).master_port == 65535);
+  LaunchConfig e = parseOk({"t.py"}, {{"PET_MASTER_PORT", "1234"}});
+  CHECK(e.master_port == 1234);
+  CHECK(e.master_port_given);
+  for (const char* bad : {"65536", "-1", "http", ""}) {
+    CHECK(parseError({"--master-port", bad, "t.py"}) ==
+          "invalid value '" + std::string(bad) +
+              "' for --master-port: expected a port number from 0 to 65535");
+  }
+}
+
+TEST_CASE("cli node-rank monitor-interval and start-method are validated", "[unit]") {
+  CHECK(parseOk({"--node-rank", "3", "t.py"}).node_rank == 3);
+  CHECK(parseError({"--node-rank", "-1", "t.py"}) ==
+        "invalid value '-1' for --node-rank: expected a non-negative integer");
+  CHECK(parseOk({"--monitor-interval", "5", "t.py"}).monitor_interval == 5);
+  CHECK(parseError({"--monitor-interval", "fast", "t.py"}) ==
+        "invalid value 'fast' for --monitor-interval: expected a non-negative number of seconds");
+  CHECK(parseOk({"--start-method", "fork", "t.py"}).start_method == "fork");
+  CHECK(parseOk({"--start-method", "forkserver", "t.py"}).start_method == "forkserver");
+  CHECK(parseError({"--start-method", "thread", "t.py"}) ==
+        "invalid value 'thread' for --start-method: expected spawn, fork or forkserver");
+}
+
+TEST_CASE("cli string options are stored as given", "[unit]") {
+  LaunchConfig c = parseOk({"--rdzv-endpoint", "[::1]:29400", "--rdzv-id", "job7", "--role",
+                            "trainer", "--log-dir", "/tmp/logs", "--master-addr", "[::1]",
+                            "--local-addr", "node3", "t.py"});
+  CHECK(c.rdzv_endpoint == "[::1]:29400");
+  CHECK(c.rdzv_id == "job7");
+  CHECK(c.role == "trainer");
+  CHECK(c.log_dir == "/tmp/logs");
+  CHECK(c.master_addr == "[::1]");
+  CHECK(c.local_addr == "node3");
+}
+
+TEST_CASE("cli boolean flags", "[unit]") {
+  LaunchConfig c = parseOk({"-m", "--run-path", "--virtual-local-rank", "--dry-run",
+                            "--worker-hosts-store", "pkg.train"});
+  CHECK(c.module);
+  CHECK(c.run_path);
+  CHECK(c.virtual_local_rank);
+  CHECK(c.dry_run);
+  CHECK(c.worker_hosts_store);
+  CHECK(c.entrypoint == "pkg.train");
+  CHECK(parseOk({"--module", "pkg"}).module);
+}
+
+TEST_CASE("cli module and no-python together are an error", "[unit]") {
+  const std::string msg =
+      "-m/--module and --no-python cannot be used together: -m runs the entry point as a Python "
+      "module, --no-python executes it directly";
+  CHECK(parseError({"-m", "--no-python", "x"}) == msg);
+  CHECK(parseError({"--no-python", "x"}, {{"PET_MODULE", "1"}}) == msg);
+}
+
+TEST_CASE("cli PET variables fill options missing from the command line", "[unit]") {
+  const Env env = {{"PET_NPROC_PER_NODE", "gpu"},
+                   {"PET_NNODES", "1:4"},
+                   {"PET_RDZV_BACKEND", "c10d"},
+                   {"PET_RDZV_ENDPOINT", "head:29400"},
+                   {"PET_RDZV_ID", "42"},
+                   {"PET_RDZV_CONF", "timeout=5"},
+                   {"PET_MAX_RESTARTS", "3"},
+                   {"PET_MONITOR_INTERVAL", "1"},
+                   {"PET_START_METHOD", "fork"},
+                   {"PET_ROLE", "r"},
+                   {"PET_LOG_DIR", "/l"},
+                   {"PET_REDIRECTS", "3"},
+                   {"PET_TEE", "0:2"},
+                   {"PET_LOCAL_RANKS_FILTER", "0"},
+                   {"PET_NODE_RANK", "2"},
+                   {"PET_MASTER_ADDR", "m"},
+                   {"PET_LOCAL_ADDR", "me"},
+                   {"PET_SIGNALS_TO_HANDLE", "SIGUSR1"}};
+  LaunchConfig c = parseOk({"t.py"}, env);
+  CHECK(c.nproc_kind == NprocKind::kGpu);
+  CHECK(c.min_nodes == 1);
+  CHECK(c.max_nodes == 4);
+  CHECK(c.rdzv_backend == "c10d");
+  CHECK(c.rdzv_endpoint == "head:29400");
+  CHECK(c.rdzv_id == "42");
+  CHECK(c.rdzv_conf.at("timeout") == "5");
+  CHECK(c.max_restarts == 3);
+  CHECK(c.monitor_interval == 1);
+  CHECK(c.start_method == "fork");
+  CHECK(c.role == "r");
+  CHECK(c.log_dir == "/l");
+  CHECK(c.redirects_default == 3);
+  CHECK(c.tee_by_rank == std::map<int, int>{{0, 2}});
+  CHECK(c.local_ranks_filter == std::vector<int>{0});
+  CHECK(c.node_rank == 2);
+  CHECK(c.master_addr == "m");
+  CHECK(c.local_addr == "me");
+  CHECK(c.signals_to_handle == std::vector<int>{SIGUSR1});
+  CHECK_FALSE(c.master_port_given);
+}
+
+TEST_CASE("cli command line wins over PET variables", "[unit]") {
+  const Env env = {{"PET_NPROC_PER_NODE", "gpu"}, {"PET_MASTER_PORT", "1"}, {"PET_NNODES", "x"}};
+  LaunchConfig c =
+      parseOk({"--nproc_per_node=3", "--master-port", "2", "--nnodes", "2", "t.py"}, env);
+  CHECK(c.nproc_kind == NprocKind::kNumber);
+  CHECK(c.nproc == 3);
+  CHECK(c.master_port == 2);
+  CHECK(c.max_nodes == 2);
+  // A prefix on the command line counts as giving the option.
+  CHECK(parseOk({"--nproc", "5", "t.py"}, {{"PET_NPROC_PER_NODE", "gpu"}}).nproc == 5);
+}
+
+TEST_CASE("cli a bad PET value names the variable and the flag", "[unit]") {
+  CHECK(parseError({"t.py"}, {{"PET_NPROC_PER_NODE", "many"}}) ==
+        "invalid value 'many' for PET_NPROC_PER_NODE (--nproc-per-node): expected a positive "
+        "number, gpu, cpu or auto");
+  CHECK(parseError({"t.py"}, {{"PET_MASTER_PORT", "99999"}}) ==
+        "invalid value '99999' for PET_MASTER_PORT (--master-port): expected a port number from "
+        "0 to 65535");
+}
+
+TEST_CASE("cli boolean PET variables are int not equal to zero", "[unit]") {
+  CHECK(parseOk({"t.py"}, {{"PET_STANDALONE", "1"}}).standalone);
+  CHECK(parseOk({"t.py"}, {{"PET_STANDALONE", "2"}}).standalone);
+  CHECK_FALSE(parseOk({"t.py"}, {{"PET_STANDALONE", "0"}}).standalone);
+  CHECK(parseOk({"t.py"}, {{"PET_MODULE", " 1 "}}).module);
+  CHECK(parseOk({"x"}, {{"PET_NO_PYTHON", "1"}}).no_python);
+  CHECK(parseOk({"t.py"}, {{"PET_RUN_PATH", "1"}}).run_path);
+  CHECK(parseOk({"t.py"}, {{"PET_VIRTUAL_LOCAL_RANK", "1"}}).virtual_local_rank);
+  CHECK_FALSE(parseOk({"t.py"}, {{"PET_VIRTUAL_LOCAL_RANK", "-0"}}).virtual_local_rank);
+  // The flag on the command line turns it on whatever the variable says.
+  CHECK(parseOk({"--virtual-local-rank", "t.py"}, {{"PET_VIRTUAL_LOCAL_RANK", "0"}})
+            .virtual_local_rank);
+  CHECK(parseError({"t.py"}, {{"PET_STANDALONE", "yes"}}) ==
+        "invalid value 'yes' for PET_STANDALONE (--standalone): expected an integer (0 is off)");
+  // cpprun's own flags have no PET_ fallback.
+  CHECK_FALSE(parseOk({"t.py"}, {{"PET_DRY_RUN", "1"}}).dry_run);
+}
+
+TEST_CASE("cli standalone forces c10d on localhost with a random id", "[unit]") {
+  LaunchConfig c = parseOk({"--standalone", "--rdzv-backend", "static", "--rdzv-endpoint", "h:1",
+                            "--rdzv-id", "mine", "--nproc-per-node", "2", "t.py"});
+  CHECK(c.standalone);
+  CHECK(c.rdzv_backend == "c10d");
+  CHECK(c.rdzv_endpoint == "localhost:0");
+  CHECK(std::regex_match(
+      c.rdzv_id,
+      std::regex("[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")));
+  CHECK(c.nproc == 2);
+  LaunchConfig d = parseOk({"--standalone", "t.py"});
+  CHECK(d.rdzv_id != c.rdzv_id);
+}
+
+TEST_CASE("cli unsupported torchrun options are rejected with a reason", "[unit]") {
+  CHECK(parseError({"--logs-specs", "mine", "t.py"})
+            .rfind("--logs-specs (value 'mine') is not supported by cpprun: ", 0) == 0);
+  CHECK(parseError({"--numa-binding=node", "t.py"})
+            .rfind("--numa-binding (value 'node') is not supported by cpprun: ", 0) == 0);
+  CHECK(parseError({"--event-log-handler", "console", "t.py"})
+            .rfind("--event-log-handler (value 'console') is not supported by cpprun: ", 0) == 0);
+  CHECK(parseError({"--duplicate-stdout-filters", "loss", "t.py"})
+            .rfind("--duplicate-stdout-filters (value 'loss') is not supported by cpprun: ", 0) ==
+        0);
+  CHECK(parseError({"--duplicate_stderr_filters", "err", "t.py"})
+            .rfind("--duplicate-stderr-filters (value 'err') is not supported by cpprun: ", 0) ==
+        0);
+  // Their torchrun defaults are harmless and accepted, and inherited PET_ values are ignored.
+  parseOk({"--event-log-handler", "null", "--duplicate-stdout-filters=", "t.py"},
+          {{"PET_EVENT_LOG_HANDLER", "console"}, {"PET_NUMA_BINDING", "node"}});
+}
+
+TEST_CASE("cli usage text covers every group and the exit codes", "[unit]") {
+  const std::string text = usageText();
+  for (const char* needle :
+       {"usage: cpprun", "Launch", "Rendezvous", "Restarts", "Output", "cpprun extras",
+        "--nproc-per-node", "--nnodes", "--rdzv-conf", "--standalone", "--signals-to-handle",
+        "--shutdown-timeout", "--local-ranks-filter", "--dry-run", "--worker-hosts-store",
+        "--version", "PET_", "Exit codes: 0 success, 1 job failed, 2 usage error"}) {
+    INFO(needle);
+    CHECK(text.find(needle) != std::string::npos);
+  }
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    INFO(text.substr(start, end - start));
+    CHECK(end - start <= 100);
+    start = end + 1;
+  }
+}
