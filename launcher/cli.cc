@@ -106,6 +106,12 @@ Status parseEnvBool(const std::string& value, const std::string& source, bool& o
 
 // --- appliers, one per option -------------------------------------------------------------
 
+// A boolean option: set when given, else from int(PET_<NAME>) != 0.
+template <bool LaunchConfig::*kField>
+Status applyFlag(LaunchConfig& c, const std::string& v, const std::string& source) {
+  return parseEnvBool(v, source, c.*kField);
+}
+
 Status applyNnodes(LaunchConfig& c, const std::string& v, const std::string& source) {
   const char* expected = "N or MIN:MAX with 0 < MIN <= MAX";
   auto colon = v.find(':');
@@ -179,10 +185,6 @@ Status applyRdzvConf(LaunchConfig& c, const std::string& v, const std::string& s
   return Status::ok();
 }
 
-Status applyStandalone(LaunchConfig& c, const std::string& v, const std::string& source) {
-  return parseEnvBool(v, source, c.standalone);
-}
-
 Status applyMaxRestarts(LaunchConfig& c, const std::string& v, const std::string& source) {
   if (!parseIntIn(v, 0, INT_MAX, c.max_restarts)) {
     return badValue(v, source, "a non-negative integer");
@@ -215,18 +217,6 @@ Status applyEventLogHandler(LaunchConfig&, const std::string& v, const std::stri
 Status applyRole(LaunchConfig& c, const std::string& v, const std::string&) {
   c.role = v;
   return Status::ok();
-}
-
-Status applyModule(LaunchConfig& c, const std::string& v, const std::string& source) {
-  return parseEnvBool(v, source, c.module);
-}
-
-Status applyNoPython(LaunchConfig& c, const std::string& v, const std::string& source) {
-  return parseEnvBool(v, source, c.no_python);
-}
-
-Status applyRunPath(LaunchConfig& c, const std::string& v, const std::string& source) {
-  return parseEnvBool(v, source, c.run_path);
 }
 
 Status applyLogDir(LaunchConfig& c, const std::string& v, const std::string&) {
@@ -379,18 +369,6 @@ Status applyShutdownTimeout(LaunchConfig& c, const std::string& v, const std::st
   return Status::ok();
 }
 
-Status applyVirtualLocalRank(LaunchConfig& c, const std::string& v, const std::string& source) {
-  return parseEnvBool(v, source, c.virtual_local_rank);
-}
-
-Status applyDryRun(LaunchConfig& c, const std::string& v, const std::string& source) {
-  return parseEnvBool(v, source, c.dry_run);
-}
-
-Status applyWorkerHostsStore(LaunchConfig& c, const std::string& v, const std::string& source) {
-  return parseEnvBool(v, source, c.worker_hosts_store);
-}
-
 // Every option cpprun knows, in torchrun's order, then cpprun's own.
 const OptionSpec kOptions[] = {
     {"--nnodes", 0, Arity::kValue, true, applyNnodes},
@@ -399,16 +377,16 @@ const OptionSpec kOptions[] = {
     {"--rdzv-endpoint", 0, Arity::kValue, true, applyRdzvEndpoint},
     {"--rdzv-id", 0, Arity::kValue, true, applyRdzvId},
     {"--rdzv-conf", 0, Arity::kValue, true, applyRdzvConf},
-    {"--standalone", 0, Arity::kFlag, true, applyStandalone},
+    {"--standalone", 0, Arity::kFlag, true, applyFlag<&LaunchConfig::standalone>},
     {"--max-restarts", 0, Arity::kValue, true, applyMaxRestarts},
     {"--monitor-interval", 0, Arity::kValue, true, applyMonitorInterval},
     {"--start-method", 0, Arity::kValue, true, applyStartMethod},
     // Rejected options do not read PET_*: an inherited variable must not break a launch.
     {"--event-log-handler", 0, Arity::kValue, false, applyEventLogHandler},
     {"--role", 0, Arity::kValue, true, applyRole},
-    {"--module", 'm', Arity::kFlag, true, applyModule},
-    {"--no-python", 0, Arity::kFlag, true, applyNoPython},
-    {"--run-path", 0, Arity::kFlag, true, applyRunPath},
+    {"--module", 'm', Arity::kFlag, true, applyFlag<&LaunchConfig::module>},
+    {"--no-python", 0, Arity::kFlag, true, applyFlag<&LaunchConfig::no_python>},
+    {"--run-path", 0, Arity::kFlag, true, applyFlag<&LaunchConfig::run_path>},
     {"--log-dir", 0, Arity::kValue, true, applyLogDir},
     {"--redirects", 'r', Arity::kValue, true, applyRedirects},
     {"--tee", 't', Arity::kValue, true, applyTee},
@@ -423,10 +401,10 @@ const OptionSpec kOptions[] = {
     {"--numa-binding", 0, Arity::kValue, false, applyNumaBinding},
     {"--signals-to-handle", 0, Arity::kValue, true, applySignals},
     {"--shutdown-timeout", 0, Arity::kValue, true, applyShutdownTimeout},
-    {"--virtual-local-rank", 0, Arity::kFlag, true, applyVirtualLocalRank},
+    {"--virtual-local-rank", 0, Arity::kFlag, true, applyFlag<&LaunchConfig::virtual_local_rank>},
     // cpprun's own.
-    {"--dry-run", 0, Arity::kFlag, false, applyDryRun},
-    {"--worker-hosts-store", 0, Arity::kFlag, false, applyWorkerHostsStore},
+    {"--dry-run", 0, Arity::kFlag, false, applyFlag<&LaunchConfig::dry_run>},
+    {"--worker-hosts-store", 0, Arity::kFlag, false, applyFlag<&LaunchConfig::worker_hosts_store>},
     {"--help", 'h', Arity::kHelp, false, nullptr},
     {"--version", 0, Arity::kVersion, false, nullptr},
 };
