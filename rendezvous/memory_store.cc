@@ -1,7 +1,6 @@
 #include "rendezvous/memory_store.h"
 
-#include <cerrno>
-#include <cstdlib>
+#include "rendezvous/wire.h"
 
 namespace cpprun::rendezvous {
 
@@ -56,16 +55,13 @@ int64_t MemoryStore::add(const std::string& key, int64_t delta) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = data_.find(key);
     if (it != data_.end()) {
-      std::string text(it->second.begin(), it->second.end());
-      char* end = nullptr;
-      errno = 0;
-      long long current = std::strtoll(text.c_str(), &end, 10);
-      if (end == text.c_str() || errno == ERANGE) {
+      int64_t current = 0;
+      if (!wire::parseCounter(it->second, &current)) {
         throw StoreError("add on key '" + key + "' whose value is not a decimal integer");
       }
       value = static_cast<int64_t>(static_cast<uint64_t>(current) + static_cast<uint64_t>(delta));
     }
-    data_[key] = toBytes(std::to_string(value));
+    data_[key] = wire::formatCounter(value);
   }
   changed_.notify_all();
   return value;

@@ -1,8 +1,6 @@
 #include "rendezvous/store_engine.h"
 
 #include <algorithm>
-#include <cerrno>
-#include <cstdlib>
 
 namespace cpprun::rendezvous {
 
@@ -12,20 +10,6 @@ using wire::QueryType;
 using wire::Request;
 
 namespace {
-
-Bytes toBytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
-
-// torch parses counters with std::stoll: optional leading whitespace and sign, decimal digits,
-// trailing garbage ignored, but at least one digit.
-bool parseCounter(const Bytes& value, int64_t* out) {
-  std::string text(value.begin(), value.end());
-  errno = 0;
-  char* end = nullptr;
-  long long v = std::strtoll(text.c_str(), &end, 10);
-  if (end == text.c_str() || errno == ERANGE) return false;
-  *out = v;
-  return true;
-}
 
 template <typename T>
 void eraseValue(std::vector<T>* v, const T& value) {
@@ -257,14 +241,14 @@ bool StoreEngine::handle(ClientId client, Dialect dialect, const Request& r, std
       auto it = data_.find(key);
       if (it != data_.end()) {
         int64_t current = 0;
-        if (!parseCounter(it->second, &current)) {
+        if (!wire::parseCounter(it->second, &current)) {
           *error = "ADD on a value that is not a decimal integer";
           return false;
         }
         value =
             static_cast<int64_t>(static_cast<uint64_t>(current) + static_cast<uint64_t>(r.integer));
       }
-      store(key, toBytes(std::to_string(value)));
+      store(key, wire::formatCounter(value));
       wire::appendI64(&out, value);
       reply(client, out);
       return true;
@@ -347,13 +331,13 @@ bool StoreEngine::handle(ClientId client, Dialect dialect, const Request& r, std
       auto it = data_.find(key);
       if (it != data_.end()) {
         int64_t current = 0;
-        if (!parseCounter(it->second, &current)) {
+        if (!wire::parseCounter(it->second, &current)) {
           *error = "BARRIER on a key whose value is not a decimal integer";
           return false;
         }
         count = current + 1;
       }
-      store(key, toBytes(std::to_string(count)));
+      store(key, wire::formatCounter(count));
       if (count >= r.integer) {
         replyByte(client, wire::kWaitStopWaiting);
         auto w = barrier_waiters_.find(key);

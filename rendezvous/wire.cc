@@ -1,5 +1,7 @@
 #include "rendezvous/wire.h"
 
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 namespace cpprun::rendezvous::wire {
@@ -150,6 +152,21 @@ uint32_t loadU32(const uint8_t* p) {
   uint32_t v;
   std::memcpy(&v, p, sizeof(v));
   return v;
+}
+
+bool parseCounter(const Bytes& value, int64_t* out) {
+  std::string text(value.begin(), value.end());
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  if (end == text.c_str() || errno == ERANGE) return false;
+  *out = v;
+  return true;
+}
+
+Bytes formatCounter(int64_t value) {
+  std::string text = std::to_string(value);
+  return Bytes(text.begin(), text.end());
 }
 
 void appendU8(Bytes* out, uint8_t v) { out->push_back(v); }

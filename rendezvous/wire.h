@@ -162,6 +162,11 @@ void appendBytes(Bytes* out, const Bytes& b);         // u64 length + bytes
 void appendBytes(Bytes* out, const uint8_t* data, size_t size);
 
 uint64_t loadU64(const uint8_t* p);
+
+// ADD and BARRIER keep counters as decimal text. Parses one as torch does (std::stoll: leading
+// blanks and a sign allowed, trailing text ignored, at least one digit); false if it is not one.
+bool parseCounter(const Bytes& value, int64_t* out);
+Bytes formatCounter(int64_t value);
 uint32_t loadU32(const uint8_t* p);
 
 }  // namespace cpprun::rendezvous::wire

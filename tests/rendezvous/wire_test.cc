@@ -328,3 +328,15 @@ TEST_CASE("a large request arriving in small pieces decodes once complete", "[un
   CHECK(decoded[1] == big);
   CHECK(decoder.bufferedBytes() == 0);
 }
+
+TEST_CASE("counters are decimal text parsed as std::stoll does", "[unit]") {
+  int64_t v = 0;
+  CHECK((parseCounter(b("3"), &v) && v == 3));
+  CHECK((parseCounter(b("-2"), &v) && v == -2));
+  CHECK((parseCounter(b(" 12"), &v) && v == 12));
+  CHECK((parseCounter(b("7abc"), &v) && v == 7));
+  CHECK_FALSE(parseCounter(b("abc"), &v));
+  CHECK_FALSE(parseCounter(b(""), &v));
+  CHECK_FALSE(parseCounter(b("99999999999999999999"), &v));
+  CHECK(formatCounter(-42) == b("-42"));
+}
