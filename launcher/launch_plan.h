@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/worker_spec.h"
 #include "common/status.h"
 #include "launcher/launch_config.h"
 #include "launcher/node_resources.h"
@@ -33,13 +34,9 @@ struct RendezvousOutcome {
   std::string nccl_unique_id_hex;  // empty when NCCL is not available
 };
 
-struct WorkerPlan {
-  int local_rank = 0;
-  int rank = 0;
-  std::vector<std::string> argv;
-  // Variables cpprun sets or overrides; the worker inherits the rest of the agent's environment.
-  std::map<std::string, std::string> env;
-};
+// One worker: ranks, command line, and the variables cpprun sets or overrides (the worker
+// inherits the rest of the agent's environment).
+using WorkerPlan = agent::WorkerSpec;
 
 struct LaunchPlan {
   int nproc = 0;

@@ -41,6 +41,21 @@ void StoreEngine::store(const std::string& key, Bytes value) {
   wake(key);
 }
 
+size_t StoreEngine::eraseKeysExcept(const std::string& keep_prefix) {
+  size_t erased = 0;
+  for (auto it = data_.begin(); it != data_.end();) {
+    if (it->first.compare(0, keep_prefix.size(), keep_prefix) == 0) {
+      ++it;
+    } else {
+      it = data_.erase(it);
+      ++erased;
+    }
+  }
+  erased += queues_.size();
+  queues_.clear();
+  return erased;
+}
+
 void StoreEngine::wake(const std::string& key, bool one_only) {
   auto it = waiters_by_key_.find(key);
   if (it == waiters_by_key_.end()) return;

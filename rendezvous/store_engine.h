@@ -58,6 +58,12 @@ class StoreEngine {
   // Forgets everything the connection registered (waits, watches, barrier waits).
   void disconnect(ClientId client);
 
+  // Local operations for the process that owns the engine (the agent): a SET that wakes
+  // waiters like a client's, and removal of every key outside `keep_prefix` (and every queue),
+  // so one attempt's workers never see the keys of the attempt before. Returns keys removed.
+  void localSet(const std::string& key, wire::Bytes value) { store(key, std::move(value)); }
+  size_t eraseKeysExcept(const std::string& keep_prefix);
+
   size_t numKeys() const { return data_.size(); }
   size_t pendingWaits() const { return waits_.size(); }
   const EngineCounters& counters() const { return counters_; }

@@ -335,6 +335,15 @@ const std::string& TcpStoreServer::host() const { return impl_->bound_host_; }
 uint16_t TcpStoreServer::port() const { return impl_->bound_port_; }
 void TcpStoreServer::stop() { impl_->stop(); }
 
+void TcpStoreServer::set(const std::string& key, const std::string& value) {
+  impl_->engine_.localSet(key, wire::Bytes(value.begin(), value.end()));
+  impl_->flush();
+}
+
+size_t TcpStoreServer::eraseKeysExcept(const std::string& keep_prefix) {
+  return impl_->engine_.eraseKeysExcept(keep_prefix);
+}
+
 TcpStoreServerStats TcpStoreServer::stats() const {
   TcpStoreServerStats s = impl_->stats_;
   s.connections_open = impl_->connections_.size();

@@ -65,6 +65,10 @@ class TcpStoreServer {
   // Stops accepting and closes every connection. Idempotent.
   void stop();
   TcpStoreServerStats stats() const;
+  // The owner's own writes, applied as a client's SET would be (waiters wake).
+  void set(const std::string& key, const std::string& value);
+  // Removes every key that does not start with `keep_prefix`; returns how many went.
+  size_t eraseKeysExcept(const std::string& keep_prefix);
 
   class Impl;
 

@@ -231,3 +231,27 @@ TEST_CASE_METHOD(Fixture, "a cancelled wait leaves no registration behind", "[un
   CHECK(out.take(1).empty());
   CHECK(engine.pendingWaits() == 0);
 }
+
+TEST_CASE_METHOD(Fixture, "the owner's local set wakes waiters and erase keeps only its prefix",
+                 "[unit]") {
+  REQUIRE(v2(1, QueryType::SET, {"/worker/attempt_0/k"}, {b("v")}));
+  REQUIRE(v2(1, QueryType::SET, {"init/"}, {b("2")}));
+  REQUIRE(v2(1, QueryType::QUEUE_PUSH, {"q"}, {b("x")}));
+  out.take(1);
+  engine.localSet("cpprun/nccl_unique_id", b("abcd"));
+  CHECK(engine.numKeys() == 3);
+  // queues count as keys removed too.
+  CHECK(engine.eraseKeysExcept("cpprun/") == 3);
+  CHECK(engine.numKeys() == 1);
+  REQUIRE(v2(1, QueryType::CHECK, {"init/"}));
+  CHECK(out.take(1) == "01");  // NOT_READY
+  REQUIRE(v2(1, QueryType::GET, {"cpprun/nccl_unique_id"}));
+  CHECK(out.take(1) ==
+        "0400000000000000"
+        "61626364");
+  // A local set answers a client's pending WAIT.
+  REQUIRE(v2(2, QueryType::WAIT, {"cpprun/ready"}));
+  CHECK(out.take(2).empty());
+  engine.localSet("cpprun/ready", b("1"));
+  CHECK(out.take(2) == "00");
+}

@@ -1,0 +1,115 @@
+// Failure report: turns how workers ended (wait status, the TORCHELASTIC_ERROR_FILE a worker
+// wrote, the tail of its stderr) into torchrun's "<entrypoint> FAILED" summary and into the
+// root-cause document cpprun copies into its own error file for nested launchers and schedulers
+// (reference: torchrun.md §4.8, torch/distributed/elastic/multiprocessing/errors/__init__.py).
+//
+// Pure apart from reading a worker's error file and writing cpprun's own, both named by path: no
+// processes, no clocks (the caller passes the time it observed a failure), no logging.
+// Thread safety: free functions on values; safe to call from any thread.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace cpprun::agent {
+
+// Error files larger than this are refused as corrupt (a traceback is a few KiB).
+inline constexpr std::size_t kMaxErrorFileBytes = 8 * 1024 * 1024;
+
+// What a worker's TORCHELASTIC_ERROR_FILE said. torch writes either
+// {"message": {"message": "<Type>: <msg>", "extraInfo": {"py_callstack": "<tb>",
+//  "timestamp": "<epoch s as string>"}}}
+// or {"message": "<str>", "timestamp": <int>}. Timestamps are accepted as integers or decimal
+// strings in both shapes; a missing, unparsable or non-positive one is left out.
+struct ErrorFileContents {
+  std::string message;
+  std::string traceback;               // py_callstack when present
+  std::optional<int64_t> timestamp_s;  // epoch seconds when present
+  nlohmann::json raw;  // the whole document (for copying into the launcher's own error file)
+};
+
+// Parses an error file's text; `path` only names it in errors. kInvalidArgument naming the path
+// and what is wrong when the text is not JSON or has neither shape.
+Result<ErrorFileContents> parseErrorFile(const std::string& path, const std::string& text);
+
+// nullopt when the file does not exist or is empty (whitespace only); kInvalidArgument naming the
+// path and what is wrong when it cannot be read, is larger than kMaxErrorFileBytes, is not valid
+// JSON or has neither shape.
+Result<std::optional<ErrorFileContents>> readErrorFile(const std::string& path);
+
+// "SIGKILL" for 9, "SIGRTMIN+2" for real-time signals, "SIG<n>" for anything else.
+std::string signalName(int signo);
+// torchrun's text for a worker killed by a signal: "Signal 9 (SIGKILL) received by PID 123".
+std::string signalText(int signo, int pid);
+
+struct WorkerFailure {
+  int local_rank = 0;
+  int rank = 0;
+  int pid = 0;
+  int exit_code = 0;  // when the worker exited (non-zero)
+  int signal = 0;     // >0 when it was killed by a signal (then exit_code is ignored)
+  std::chrono::system_clock::time_point time;  // when observed (or the error file's timestamp)
+  std::string error_file;                      // path, empty when none was written
+  std::string message;                   // from the error file, else the signal text, else a hint
+  std::string traceback;                 // from the error file, may be empty
+  std::vector<std::string> stderr_tail;  // last lines the worker wrote to stderr, oldest first
+  bool teardown = false;  // killed/ended by the agent during teardown (collateral, never a root
+                          // cause unless nothing else)
+  nlohmann::json error_document;  // the error file's whole document; null when none was read
+};
+
+// What torchrun and @record call the exit code: -signal when killed by a signal, else exit_code.
+int torchExitCode(const WorkerFailure& failure);
+
+// Builds a WorkerFailure for a worker that ended with `wait_status` (as from waitpid): fills
+// exit_code or signal and reads `error_file_path` (empty: none was set). A missing error file is
+// fine; a corrupt one is reported inside `message`, never fatal. message = the error file's
+// message, else signalText(), else a hint about the missing error file; time = the error file's
+// timestamp when present, else `observed`.
+WorkerFailure describeFailure(int local_rank, int rank, int pid, int wait_status,
+                              std::chrono::system_clock::time_point observed,
+                              const std::string& error_file_path,
+                              std::vector<std::string> stderr_tail, bool teardown);
+
+// Index of the root cause: the earliest non-teardown failure (ties: lowest rank, then lowest
+// index); if all are teardown, the earliest of those.
+// REQUIRES: !failures.empty().
+size_t rootCauseIndex(const std::vector<WorkerFailure>& failures);
+
+// The report in torchrun's shape (torchrun.md §4.8), ending in a newline:
+//   =====...
+//   <entrypoint> FAILED
+//   -----...
+//   Failures:
+//   <the other failures, or "  <NO_OTHER_FAILURES>">
+//   -----...
+//   Root Cause (first observed failure):
+//   <the root entry>
+//   =====...
+// Entries are numbered "[idx]:" in rank order and carry time (YYYY-MM-DD_HH:MM:SS, local time),
+// host, rank, exitcode ("C (pid: P)", or "-N (pid: P) SIGNAME" for a signal, plus
+// "(stopped by cpprun during teardown)" for teardown failures), error_file ("<N/A>" when none),
+// traceback (the traceback, else the message; continuation lines indented) and, unlike torchrun,
+// "stderr (last N lines):" with the indented tail when there is one. Rule width = the longest
+// line, at most 60, like torchrun.
+std::string formatFailureReport(const std::string& entrypoint, const std::string& host,
+                                const std::vector<WorkerFailure>& failures);
+
+// The JSON cpprun writes to its own TORCHELASTIC_ERROR_FILE: the root cause's error-file document
+// when it was in torch's nested shape; otherwise {"message": {"message": ..., "extraInfo":
+// {"py_callstack": <traceback, left out when empty>, "timestamp": "<epoch s>"}}}. Either way
+// message.errorCode = torchExitCode(root), as torch's @record does.
+nlohmann::json rootCauseDocument(const WorkerFailure& root);
+
+// Writes rootCauseDocument(root) to `path` atomically (a temporary file beside it, then rename).
+// kInternal naming the path and the system error when it cannot.
+Status writeRootCauseFile(const std::string& path, const WorkerFailure& root);
+
+}  // namespace cpprun::agent

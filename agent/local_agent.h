@@ -1,0 +1,51 @@
+// LocalAgent: one node's agent — the event loop that serves the store, reaps children, catches
+// the handled signals and drives the Supervisor through the attempts. Everything happens on one
+// Asio io_context in the calling thread: a child's exit (SIGCHLD), a signal, store traffic,
+// worker output and timers are all events.
+//
+// Per attempt, before its workers start: every store key outside "cpprun/" is erased (so no
+// key of an earlier attempt is visible, whichever prefix the workers' torch uses), a fresh NCCL
+// unique id is made when NCCL is loadable and stored as "cpprun/nccl_unique_id", and the
+// caller's MakeAttempt turns the context into workers.
+//
+// Thread safety: runLocalAgent() blocks the calling thread until the job ends; the agent must
+// be that thread for the workers' parent-death signal to stay armed.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "agent/supervisor.h"
+#include "common/status.h"
+
+namespace cpprun::agent {
+
+// Store key prefix the agent keeps across attempts.
+inline constexpr const char* kAgentKeyPrefix = "cpprun/";
+inline constexpr const char* kNcclUniqueIdKey = "cpprun/nccl_unique_id";
+
+struct LocalAgentOptions {
+  bool host_store = true;
+  std::string store_host = "127.0.0.1";
+  int store_port = 0;  // 0: the kernel picks (no collisions between jobs on one host)
+  std::vector<int> signals_to_handle;
+  bool use_nccl = true;
+  std::string nccl_library = "libnccl.so.2";
+  SupervisorOptions supervisor;
+};
+
+struct AttemptContext {
+  int restart_count = 0;
+  std::string store_host;  // where the workers' store is (the agent's, when it serves one)
+  int store_port = 0;
+  std::string nccl_unique_id_hex;  // empty without NCCL
+};
+
+using MakeAttempt = std::function<Result<AttemptSpec>(const AttemptContext&)>;
+
+// Runs the job to its end. An error when the agent cannot start (e.g. the store's port is in
+// use); otherwise the job's outcome, whatever it was.
+Result<JobOutcome> runLocalAgent(const LocalAgentOptions& options, const MakeAttempt& make_attempt);
+
+}  // namespace cpprun::agent

@@ -1,0 +1,59 @@
+// ProcessLauncher: how the agent starts workers and signals them — the seam between the
+// supervisor's logic and the operating system. The real launcher (makeSystemProcessLauncher,
+// the only user of Boost.Process) starts every worker as the leader of its own process group
+// with a parent-death signal; tests substitute a fake that records what it was asked to do.
+//
+// Exits are not reported here: the agent's event loop reaps children (ChildReaper) and hands
+// each exit to the supervisor, so a fake launcher's "processes" exit when a test says so.
+//
+// Thread safety: call from the agent's loop thread only. The parent-death signal is tied to
+// the thread that spawns, so that thread must live as long as the workers should.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace cpprun::agent {
+
+struct ProcessSpec {
+  // argv[0] is the program; it is looked up in PATH when it contains no '/'.
+  std::vector<std::string> argv;
+  // Set or replaced on top of the agent's own environment.
+  std::map<std::string, std::string> env;
+  // Descriptors that become the child's stdout and stderr; -1 keeps the agent's.
+  // The launcher does not take ownership; the caller closes its copies after spawn().
+  int stdout_fd = -1;
+  int stderr_fd = -1;
+};
+
+class ProcessLauncher {
+ public:
+  virtual ~ProcessLauncher() = default;
+  // Starts the process. On success it runs in a new process group whose id is the returned
+  // pid, stdin is /dev/null, signal dispositions and mask are the defaults, and it receives
+  // SIGKILL if the agent dies. A program that cannot be executed is an error naming it.
+  virtual Result<pid_t> spawn(const ProcessSpec& spec) = 0;
+  // Sends `signo` to every process in the group `pgid`. A group that no longer exists is not
+  // an error.
+  virtual Status signalGroup(pid_t pgid, int signo) = 0;
+  // SIGKILLs every child of this process that is not in `known` — processes that double-forked
+  // out of a worker's group and were re-parented to the agent (a child subreaper). Returns how
+  // many were killed; the reaper collects them.
+  virtual size_t killAdoptedOrphans(const std::vector<pid_t>& known) = 0;
+};
+
+// The real launcher (Boost.Process + Linux process groups and PR_SET_PDEATHSIG).
+std::unique_ptr<ProcessLauncher> makeSystemProcessLauncher();
+
+// Children of `parent` according to /proc (for subreaper clean-up and for tests).
+std::vector<pid_t> childrenOf(pid_t parent);
+// Every descendant of `ancestor` (children, their children, ...), from one /proc scan.
+std::vector<pid_t> descendantsOf(pid_t ancestor);
+
+}  // namespace cpprun::agent

@@ -1,0 +1,380 @@
+#include "agent/supervisor.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "common/asio.h"
+#include "common/logging.h"
+
+namespace cpprun::agent {
+
+namespace asio = boost::asio;
+using SystemClock = std::chrono::system_clock;
+
+int JobOutcome::exitCode() const {
+  switch (kind) {
+    case Kind::kSucceeded:
+      return 0;
+    case Kind::kWorkersFailed:
+      return 1;
+    case Kind::kSignalled:
+      return 128 + signal;
+    case Kind::kStartFailed:
+      return 3;
+  }
+  return 1;
+}
+
+namespace {
+
+std::string describeStatus(int status) {
+  if (WIFSIGNALED(status)) {
+    return "was killed by " + signalName(WTERMSIG(status));
+  }
+  return "exited with code " + std::to_string(WEXITSTATUS(status));
+}
+
+bool succeeded(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+}  // namespace
+
+class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
+ public:
+  enum class State { kIdle, kRunning, kStopping, kDraining, kDone };
+
+  struct Worker {
+    WorkerSpec spec;
+    pid_t pid = -1;
+    bool exited = false;
+    int status = 0;
+    SystemClock::time_point exit_time;
+    bool exited_during_stop = false;
+    std::unique_ptr<WorkerOutput> out;
+    std::unique_ptr<WorkerOutput> err;
+  };
+
+  Impl(asio::io_context& io, ProcessLauncher& launcher, SupervisorOptions options,
+       PrepareAttempt prepare, OnDone on_done)
+      : io_(io),
+        launcher_(launcher),
+        options_(std::move(options)),
+        prepare_(std::move(prepare)),
+        on_done_(std::move(on_done)),
+        stop_timer_(io),
+        drain_timer_(io) {}
+
+  void startAttempt() {
+    auto attempt = prepare_(restart_count_);
+    if (!attempt.isOk()) {
+      start_error_ = attempt.status();
+      finishJob();
+      return;
+    }
+    workers_.clear();
+    workers_.resize(attempt.value().workers.size());
+    state_ = State::kRunning;
+    attempt_failed_ = false;
+    stop_signal_ = 0;
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      workers_[i].spec = std::move(attempt.value().workers[i]);
+      Status s = startWorker(i, attempt.value().attempt_dir);
+      if (!s.isOk()) {
+        start_error_ = s;
+        // Workers that never started count as exited; stop those that did, promptly.
+        for (size_t j = i; j < workers_.size(); ++j) {
+          if (workers_[j].pid < 0) workers_[j].exited = true;
+        }
+        CPPRUN_LOG(kError) << s.message();
+        beginStop(SIGKILL);
+        return;
+      }
+    }
+    const auto& first = workers_.front().spec;
+    const auto& last = workers_.back().spec;
+    CPPRUN_LOG(kInfo) << "attempt " << restart_count_ << ": started " << workers_.size()
+                      << " workers (ranks " << first.rank << ".." << last.rank << ")";
+  }
+
+  Status startWorker(size_t index, const std::string& attempt_dir) {
+    Worker& w = workers_[index];
+    std::string rank_dir =
+        attempt_dir.empty() ? "" : attempt_dir + "/" + std::to_string(w.spec.local_rank);
+    WorkerOutputPlan plan =
+        planWorkerOutput(options_.output, w.spec.local_rank, w.spec.rank, rank_dir);
+    if (!rank_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(rank_dir, ec);
+      if (ec)
+        return invalidArgument("cannot create log directory " + rank_dir + ": " + ec.message());
+    }
+    int out_pipe[2];
+    int err_pipe[2];
+    if (::pipe2(out_pipe, O_CLOEXEC) != 0) return internalError(std::strerror(errno));
+    if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
+      ::close(out_pipe[0]);
+      ::close(out_pipe[1]);
+      return internalError(std::string("pipe: ") + std::strerror(errno));
+    }
+    auto eof = [weak = weak_from_this()] {
+      if (auto self = weak.lock()) self->maybeFinishDrain();
+    };
+    auto out = WorkerOutput::create(io_, out_pipe[0], plan.out, 0, eof);
+    auto err =
+        WorkerOutput::create(io_, err_pipe[0], plan.err, options_.output.stderr_tail_lines, eof);
+    ProcessSpec spec;
+    spec.argv = w.spec.argv;
+    spec.env = w.spec.env;
+    spec.stdout_fd = out_pipe[1];
+    spec.stderr_fd = err_pipe[1];
+    Result<pid_t> pid = (out.isOk() && err.isOk())
+                            ? launcher_.spawn(spec)
+                            : Result<pid_t>(!out.isOk() ? out.status() : err.status());
+    ::close(out_pipe[1]);
+    ::close(err_pipe[1]);
+    if (!pid.isOk()) {
+      return Status(pid.status().code(),
+                    "rank " + std::to_string(w.spec.rank) + ": " + pid.status().message());
+    }
+    w.pid = pid.value();
+    w.out = std::move(out).value();
+    w.err = std::move(err).value();
+    w.out->start();
+    w.err->start();
+    return Status::ok();
+  }
+
+  void onChildExit(pid_t pid, int status) {
+    Worker* w = find(pid);
+    if (w == nullptr) return;  // an adopted orphan, or a worker of an attempt already over
+    w->exited = true;
+    w->status = status;
+    w->exit_time = SystemClock::now();
+    w->exited_during_stop = state_ == State::kStopping;
+    if (state_ == State::kRunning && !succeeded(status)) {
+      CPPRUN_LOG(kError) << "rank " << w->spec.rank << " (local_rank " << w->spec.local_rank
+                         << ", pid " << pid << ") " << describeStatus(status)
+                         << "; stopping the other workers";
+      attempt_failed_ = true;
+      beginStop(SIGTERM);
+      return;
+    }
+    if (state_ == State::kStopping || !succeeded(status)) {
+      CPPRUN_LOG(kInfo) << "rank " << w->spec.rank << " (pid " << pid << ") "
+                        << describeStatus(status);
+    }
+    if (allExited() && (state_ == State::kRunning || state_ == State::kStopping)) beginDrain();
+  }
+
+  void onSignal(int signo) {
+    if (state_ == State::kDone) return;
+    received_signal_ = signo;
+    CPPRUN_LOG(kWarn) << "received " << signalName(signo) << "; forwarding it to the workers";
+    switch (state_) {
+      case State::kIdle:
+        finishJob();
+        break;
+      case State::kRunning:
+        beginStop(signo);
+        break;
+      case State::kStopping:
+        signalAllGroups(signo);  // the user insists: pass it on again
+        break;
+      case State::kDraining:
+      case State::kDone:
+        break;
+    }
+  }
+
+  void beginStop(int signo) {
+    state_ = State::kStopping;
+    stop_signal_ = signo;
+    signalAllGroups(signo);
+    if (allExited()) {
+      beginDrain();
+      return;
+    }
+    stop_timer_.expires_after(options_.shutdown_timeout);
+    stop_timer_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
+      auto self = weak.lock();
+      if (!self || ec || self->state_ != State::kStopping) return;
+      self->onStopTimeout();
+    });
+  }
+
+  void onStopTimeout() {
+    std::string ranks;
+    for (const Worker& w : workers_) {
+      if (!w.exited) ranks += (ranks.empty() ? "" : ", ") + std::to_string(w.spec.rank);
+    }
+    CPPRUN_LOG(kWarn) << "ranks " << ranks << " still running "
+                      << options_.shutdown_timeout.count() / 1000.0 << " s after "
+                      << signalName(stop_signal_) << "; sending SIGKILL";
+    signalAllGroups(SIGKILL);
+  }
+
+  void signalAllGroups(int signo) {
+    for (const Worker& w : workers_) {
+      if (w.pid <= 0) continue;
+      Status s = launcher_.signalGroup(w.pid, signo);
+      if (!s.isOk()) {
+        CPPRUN_LOG(kWarn) << s.message();
+      }
+    }
+  }
+
+  void beginDrain() {
+    state_ = State::kDraining;
+    stop_timer_.cancel();
+    // Whatever is left in the workers' groups (grandchildren) and whatever double-forked out of
+    // them and was re-parented to us goes now, so the pipes reach EOF.
+    signalAllGroups(SIGKILL);
+    size_t orphans = launcher_.killAdoptedOrphans({});
+    if (orphans > 0) {
+      CPPRUN_LOG(kInfo) << "killed " << orphans << " process(es) left behind by the workers";
+    }
+    drain_timer_.expires_after(options_.drain_timeout);
+    drain_timer_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
+      auto self = weak.lock();
+      if (!self || ec || self->state_ != State::kDraining) return;
+      CPPRUN_LOG(kWarn) << "worker output still open " << self->options_.drain_timeout.count()
+                        << " ms after the workers exited; closing it";
+      for (Worker& w : self->workers_) {
+        if (w.out) w.out->close();
+        if (w.err) w.err->close();
+      }
+    });
+    maybeFinishDrain();
+  }
+
+  void maybeFinishDrain() {
+    if (state_ != State::kDraining) return;
+    for (const Worker& w : workers_) {
+      if ((w.out && !w.out->atEof()) || (w.err && !w.err->atEof())) return;
+    }
+    drain_timer_.cancel();
+    // Leave the output callbacks' stacks before starting anything new.
+    asio::post(io_, [weak = weak_from_this()] {
+      auto self = weak.lock();
+      if (self && self->state_ == State::kIdle) self->finishAttempt();
+    });
+    state_ = State::kIdle;
+  }
+
+  void finishAttempt() {
+    failures_ = collectFailures();
+    if (received_signal_ != 0 || !start_error_.isOk() || !attempt_failed_) {
+      finishJob();
+      return;
+    }
+    if (restart_count_ < options_.max_restarts) {
+      ++restart_count_;
+      CPPRUN_LOG(kWarn) << "worker group failed; restarting it (restart " << restart_count_
+                        << " of " << options_.max_restarts << ")";
+      startAttempt();
+      return;
+    }
+    if (options_.max_restarts > 0) {
+      CPPRUN_LOG(kError) << "worker group failed and all " << options_.max_restarts
+                         << " restarts are used";
+    }
+    finishJob();
+  }
+
+  std::vector<WorkerFailure> collectFailures() const {
+    std::vector<WorkerFailure> failures;
+    for (const Worker& w : workers_) {
+      if (!w.exited || w.pid <= 0 || succeeded(w.status)) continue;
+      bool stopped_by_us = w.exited_during_stop && WIFSIGNALED(w.status) &&
+                           (WTERMSIG(w.status) == stop_signal_ || WTERMSIG(w.status) == SIGKILL);
+      auto it = w.spec.env.find("TORCHELASTIC_ERROR_FILE");
+      std::string error_file = it == w.spec.env.end() ? "" : it->second;
+      failures.push_back(
+          describeFailure(w.spec.local_rank, w.spec.rank, w.pid, w.status, w.exit_time, error_file,
+                          w.err ? w.err->tail() : std::vector<std::string>{}, stopped_by_us));
+      // Order by when the agent saw each exit (SIGCHLD, sub-millisecond), not by an error
+      // file's whole-second timestamp, so the first failure really is the root cause.
+      failures.back().time = w.exit_time;
+    }
+    return failures;
+  }
+
+  void finishJob() {
+    state_ = State::kDone;
+    stop_timer_.cancel();
+    drain_timer_.cancel();
+    JobOutcome outcome;
+    outcome.restarts = restart_count_;
+    outcome.failures = failures_;
+    if (!start_error_.isOk()) {
+      outcome.kind = JobOutcome::Kind::kStartFailed;
+      outcome.error = start_error_;
+    } else if (received_signal_ != 0) {
+      outcome.kind = JobOutcome::Kind::kSignalled;
+      outcome.signal = received_signal_;
+    } else if (attempt_failed_) {
+      outcome.kind = JobOutcome::Kind::kWorkersFailed;
+    } else {
+      outcome.kind = JobOutcome::Kind::kSucceeded;
+    }
+    if (on_done_) on_done_(outcome);
+  }
+
+  Worker* find(pid_t pid) {
+    for (Worker& w : workers_) {
+      if (w.pid == pid && !w.exited) return &w;
+    }
+    return nullptr;
+  }
+
+  bool allExited() const {
+    for (const Worker& w : workers_) {
+      if (!w.exited) return false;
+    }
+    return true;
+  }
+
+  asio::io_context& io_;
+  ProcessLauncher& launcher_;
+  SupervisorOptions options_;
+  PrepareAttempt prepare_;
+  OnDone on_done_;
+  asio::steady_timer stop_timer_;
+  asio::steady_timer drain_timer_;
+  State state_ = State::kIdle;
+  int restart_count_ = 0;
+  std::vector<Worker> workers_;
+  std::vector<WorkerFailure> failures_;
+  bool attempt_failed_ = false;
+  int stop_signal_ = 0;
+  int received_signal_ = 0;
+  Status start_error_;
+};
+
+Supervisor::Supervisor(asio::io_context& io, ProcessLauncher& launcher, SupervisorOptions options,
+                       PrepareAttempt prepare, OnDone on_done)
+    : impl_(std::make_shared<Impl>(io, launcher, std::move(options), std::move(prepare),
+                                   std::move(on_done))) {}
+
+Supervisor::~Supervisor() = default;
+
+void Supervisor::start() { impl_->startAttempt(); }
+void Supervisor::onChildExit(pid_t pid, int wait_status) { impl_->onChildExit(pid, wait_status); }
+void Supervisor::onSignal(int signo) { impl_->onSignal(signo); }
+bool Supervisor::done() const { return impl_->state_ == Impl::State::kDone; }
+int Supervisor::restartCount() const { return impl_->restart_count_; }
+
+std::vector<pid_t> Supervisor::runningPids() const {
+  std::vector<pid_t> pids;
+  for (const auto& w : impl_->workers_) {
+    if (w.pid > 0 && !w.exited) pids.push_back(w.pid);
+  }
+  return pids;
+}
+
+}  // namespace cpprun::agent

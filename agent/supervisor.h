@@ -1,0 +1,102 @@
+// Supervisor: runs one node's worker group through its attempts — start, watch, tear down,
+// restart — as torchrun's agent does, but driven by events instead of a polling loop.
+//
+//            start()                 first failure / handled signal
+//   kIdle ───────────▶ kRunning ───────────────────────────────────▶ kStopping
+//                        │  all exited 0                               │ every worker exited
+//                        ▼                                             ▼ (SIGKILL at the timeout)
+//                     kDraining ◀──────────────────────────────────────┘
+//                        │ group's leftovers killed, every pipe at EOF (or the drain bound)
+//                        ▼
+//     failure with restarts left: next attempt (kRunning) — otherwise kDone
+//
+// Teardown sends the signal (SIGTERM after a failure, the received signal when forwarding) to
+// every worker's process group, then SIGKILL after `shutdown_timeout`. When every worker has
+// exited, what is left in their groups and any orphan re-parented to the agent is SIGKILLed,
+// and output pipes are drained before the attempt's result is decided, so the last lines of a
+// failing rank are in the report.
+//
+// Thread safety: loop thread only; every entry point (start, onChildExit, onSignal) and every
+// callback runs there.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agent/failure_report.h"
+#include "agent/process_launcher.h"
+#include "agent/worker_output.h"
+#include "agent/worker_spec.h"
+#include "common/status.h"
+
+namespace boost::asio {
+class io_context;
+}
+
+namespace cpprun::agent {
+
+// An attempt's workers and the directory for their log files (empty: none).
+struct AttemptSpec {
+  std::vector<WorkerSpec> workers;
+  std::string attempt_dir;  // <log dir>/<run id>/attempt_<n>; per-rank dirs are made under it
+};
+
+struct SupervisorOptions {
+  int max_restarts = 0;
+  std::chrono::milliseconds shutdown_timeout{30000};
+  // After every worker of an attempt has exited and its leftovers are killed: how long to
+  // wait for the pipes to reach EOF before giving up on the rest of the output.
+  std::chrono::milliseconds drain_timeout{2000};
+  OutputOptions output;
+};
+
+struct JobOutcome {
+  enum class Kind { kSucceeded, kWorkersFailed, kSignalled, kStartFailed };
+  Kind kind = Kind::kSucceeded;
+  int restarts = 0;                     // attempts restarted
+  int signal = 0;                       // kSignalled: the signal received
+  Status error;                         // kStartFailed: why
+  std::vector<WorkerFailure> failures;  // the last failed attempt's, in local-rank order
+  // 0 succeeded, 1 workers failed, 128+N signalled, 3 could not start (see README).
+  int exitCode() const;
+};
+
+class Supervisor {
+ public:
+  // Makes the workers of attempt `restart_count` (0, 1, ...): the place to refresh the NCCL
+  // id, clear the store and create log directories. An error ends the job (kStartFailed).
+  using PrepareAttempt = std::function<Result<AttemptSpec>(int restart_count)>;
+  using OnDone = std::function<void(const JobOutcome&)>;
+
+  // REQUIRES: `io` and `launcher` outlive the supervisor.
+  Supervisor(boost::asio::io_context& io, ProcessLauncher& launcher, SupervisorOptions options,
+             PrepareAttempt prepare, OnDone on_done);
+  ~Supervisor();
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+
+  void start();
+  // A child exited (from ChildReaper). Unknown pids (adopted orphans) are ignored.
+  void onChildExit(pid_t pid, int wait_status);
+  // A handled signal reached the agent: forward it to every group, then tear down. No restart
+  // follows.
+  void onSignal(int signo);
+
+  bool done() const;
+  int restartCount() const;
+  // Pids of the current attempt's workers still running (for tests and the signal path).
+  std::vector<pid_t> runningPids() const;
+
+  class Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace cpprun::agent

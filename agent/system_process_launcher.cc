@@ -1,0 +1,154 @@
+// The real ProcessLauncher: Boost.Process v1 for fork/exec, environment and exec-error
+// reporting; a custom exec-setup step for what Boost.Process does not do (a process group of
+// its own, the parent-death signal, default signal state, the given stdout/stderr).
+// This is the only translation unit that includes Boost.Process.
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <boost/process.hpp>
+#include <boost/process/extend.hpp>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <unordered_set>
+
+#include "agent/process_launcher.h"
+
+namespace bp = boost::process;
+
+namespace cpprun::agent {
+namespace {
+
+// Runs in the child between fork and exec: only async-signal-safe calls.
+struct WorkerExecSetup : bp::extend::handler {
+  pid_t agent_pid;
+  int stdout_fd;
+  int stderr_fd;
+
+  template <typename Executor>
+  void on_exec_setup(Executor& /*exec*/) const {
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    // The agent may have died between fork and prctl; then nobody would kill us.
+    if (::getppid() != agent_pid) ::_exit(127);
+    sigset_t all;
+    sigemptyset(&all);
+    ::sigprocmask(SIG_SETMASK, &all, nullptr);
+    // Handlers are reset by exec; ignored signals are not, and the agent ignores SIGPIPE.
+    ::signal(SIGPIPE, SIG_DFL);
+    if (stdout_fd >= 0) ::dup2(stdout_fd, STDOUT_FILENO);
+    if (stderr_fd >= 0) ::dup2(stderr_fd, STDERR_FILENO);
+  }
+};
+
+class SystemProcessLauncher : public ProcessLauncher {
+ public:
+  Result<pid_t> spawn(const ProcessSpec& spec) override {
+    if (spec.argv.empty() || spec.argv[0].empty()) {
+      return invalidArgument("no program to run");
+    }
+    boost::filesystem::path program = spec.argv[0];
+    if (spec.argv[0].find('/') == std::string::npos) {
+      program = bp::search_path(spec.argv[0]);
+      if (program.empty()) {
+        return invalidArgument("cannot run '" + spec.argv[0] + "': not found in PATH");
+      }
+    }
+    bp::environment env = boost::this_process::environment();
+    for (const auto& [name, value] : spec.env) env[name] = value;
+    std::vector<std::string> args(spec.argv.begin() + 1, spec.argv.end());
+    WorkerExecSetup setup;
+    setup.agent_pid = ::getpid();
+    setup.stdout_fd = spec.stdout_fd;
+    setup.stderr_fd = spec.stderr_fd;
+    std::error_code ec;
+    bp::child child(bp::exe = program, bp::args = args, env, bp::std_in < bp::null, setup, ec);
+    if (ec) {
+      return invalidArgument("cannot run '" + spec.argv[0] + "': " + ec.message());
+    }
+    pid_t pid = child.id();
+    // The agent reaps its children itself (ChildReaper); the handle must not.
+    child.detach();
+    return pid;
+  }
+
+  Status signalGroup(pid_t pgid, int signo) override {
+    if (pgid <= 0) return invalidArgument("bad process group " + std::to_string(pgid));
+    if (::killpg(pgid, signo) != 0 && errno != ESRCH) {
+      return internalError("killpg(" + std::to_string(pgid) + ", " + std::to_string(signo) +
+                           "): " + std::strerror(errno));
+    }
+    return Status::ok();
+  }
+
+  size_t killAdoptedOrphans(const std::vector<pid_t>& known) override {
+    std::unordered_set<pid_t> keep(known.begin(), known.end());
+    size_t killed = 0;
+    for (pid_t pid : childrenOf(::getpid())) {
+      if (keep.count(pid) != 0) continue;
+      if (::kill(pid, SIGKILL) == 0) ++killed;
+    }
+    return killed;
+  }
+};
+
+// ppid of every process from /proc/<pid>/stat ("pid (comm) state ppid ...", comm may hold
+// spaces and parentheses, so parse after the last ')').
+std::map<pid_t, pid_t> parentsByPid() {
+  std::map<pid_t, pid_t> parents;
+  DIR* dir = ::opendir("/proc");
+  if (dir == nullptr) return parents;
+  while (dirent* entry = ::readdir(dir)) {
+    char* end = nullptr;
+    long pid = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0') continue;
+    std::ifstream stat("/proc/" + std::string(entry->d_name) + "/stat");
+    std::string text;
+    if (!std::getline(stat, text)) continue;  // exited meanwhile
+    size_t close = text.rfind(')');
+    if (close == std::string::npos) continue;
+    char state = 0;
+    long ppid = 0;
+    if (std::sscanf(text.c_str() + close + 1, " %c %ld", &state, &ppid) != 2) continue;
+    parents[static_cast<pid_t>(pid)] = static_cast<pid_t>(ppid);
+  }
+  ::closedir(dir);
+  return parents;
+}
+
+}  // namespace
+
+std::unique_ptr<ProcessLauncher> makeSystemProcessLauncher() {
+  return std::make_unique<SystemProcessLauncher>();
+}
+
+std::vector<pid_t> childrenOf(pid_t parent) {
+  std::vector<pid_t> children;
+  for (const auto& [pid, ppid] : parentsByPid()) {
+    if (ppid == parent) children.push_back(pid);
+  }
+  return children;
+}
+
+std::vector<pid_t> descendantsOf(pid_t ancestor) {
+  std::multimap<pid_t, pid_t> children;
+  for (const auto& [pid, ppid] : parentsByPid()) children.emplace(ppid, pid);
+  std::vector<pid_t> out;
+  std::vector<pid_t> frontier{ancestor};
+  while (!frontier.empty()) {
+    pid_t p = frontier.back();
+    frontier.pop_back();
+    auto range = children.equal_range(p);
+    for (auto it = range.first; it != range.second; ++it) {
+      out.push_back(it->second);
+      frontier.push_back(it->second);
+    }
+  }
+  return out;
+}
+
+}  // namespace cpprun::agent

@@ -1,0 +1,281 @@
+// cpprun: the torchrun-compatible launcher. Parses the command line, discovers the node,
+// prints the plan (--dry-run) or runs the job: a guardian process, the agent under it (store,
+// supervisor, event loop), the workers under the agent. Exit codes: README "Exit codes".
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "agent/failure_report.h"
+#include "agent/guardian.h"
+#include "agent/local_agent.h"
+#include "common/logging.h"
+#include "common/system.h"
+#include "launcher/cli.h"
+#include "launcher/launch_plan.h"
+#include "launcher/node_resources.h"
+
+extern char** environ;
+
+#ifndef CPPRUN_VERSION
+#define CPPRUN_VERSION "0.0.0"
+#endif
+
+namespace {
+
+using namespace cpprun;
+using namespace cpprun::launcher;
+
+constexpr int kExitUsage = 2;
+constexpr int kExitLaunchError = 3;
+
+std::map<std::string, std::string> processEnvironment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string entry = *e;
+    size_t eq = entry.find('=');
+    if (eq != std::string::npos) env.emplace(entry.substr(0, eq), entry.substr(eq + 1));
+  }
+  return env;
+}
+
+std::string envOr(const std::map<std::string, std::string>& env, const std::string& name,
+                  const std::string& fallback) {
+  auto it = env.find(name);
+  return it == env.end() ? fallback : it->second;
+}
+
+// A port the kernel considers free right now (for --worker-hosts-store, where worker rank 0
+// binds it; racy by nature, as torchrun's equivalent).
+Result<int> pickFreePort(const std::string& host) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return unavailable("socket: cannot pick a port");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = 0;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  int port = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  if (port < 0) return unavailable("cannot pick a free port on " + host);
+  return port;
+}
+
+agent::OutputOptions outputOptions(const LaunchConfig& config,
+                                   const std::map<std::string, std::string>& env) {
+  agent::OutputOptions o;
+  o.prefix_template = envOr(env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", o.prefix_template);
+  o.role_name = config.role;
+  o.redirects_default = config.redirects_default;
+  o.redirects_by_rank = config.redirects_by_rank;
+  o.tee_default = config.tee_default;
+  o.tee_by_rank = config.tee_by_rank;
+  o.local_ranks_filter = config.local_ranks_filter;
+  return o;
+}
+
+// The run's directory: <log dir>/<run id> when --log-dir is given, else a fresh temporary one
+// (removed at the end) for the error files.
+struct RunDirectory {
+  std::string path;
+  bool temporary = false;
+  ~RunDirectory() {
+    if (temporary && !path.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  }
+};
+
+Status makeRunDirectory(const LaunchConfig& config, RunDirectory* dir) {
+  std::error_code ec;
+  if (!config.log_dir.empty()) {
+    dir->path = config.log_dir + "/" + config.rdzv_id;
+    std::filesystem::create_directories(dir->path, ec);
+    if (ec) return invalidArgument("--log-dir: cannot create " + dir->path + ": " + ec.message());
+    return Status::ok();
+  }
+  std::string base = envOr(processEnvironment(), "TMPDIR", "/tmp");
+  std::string templ = base + "/cpprun-XXXXXX";
+  std::vector<char> buf(templ.begin(), templ.end());
+  buf.push_back('\0');
+  if (::mkdtemp(buf.data()) == nullptr) {
+    return invalidArgument("cannot create a run directory under " + base);
+  }
+  dir->path = buf.data();
+  dir->temporary = true;
+  return Status::ok();
+}
+
+int runJob(const LaunchConfig& config, const NodeResources& node, int nproc,
+           const std::map<std::string, std::string>& env) {
+  RunDirectory run_dir;
+  Status dir_status = makeRunDirectory(config, &run_dir);
+  if (!dir_status.isOk()) {
+    CPPRUN_LOG(kError) << dir_status.message();
+    return kExitLaunchError;
+  }
+  if (agent::anyRedirect(outputOptions(config, env)) && config.log_dir.empty()) {
+    // torchrun does the same: redirected output needs a place; say where it is and keep it.
+    run_dir.temporary = false;
+    CPPRUN_LOG(kInfo) << "no --log-dir: worker logs are in " << run_dir.path;
+  }
+
+  agent::LocalAgentOptions options;
+  options.host_store = !config.worker_hosts_store;
+  options.store_host = config.master_addr;
+  options.store_port = config.master_port_given ? config.master_port : 0;
+  options.signals_to_handle = config.signals_to_handle;
+  options.supervisor.max_restarts = config.max_restarts;
+  options.supervisor.shutdown_timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(config.shutdown_timeout * 1000));
+  options.supervisor.output = outputOptions(config, env);
+  if (config.worker_hosts_store && !config.master_port_given) {
+    auto port = pickFreePort(config.master_addr);
+    if (!port.isOk()) {
+      CPPRUN_LOG(kError) << port.status().message();
+      return kExitLaunchError;
+    }
+    options.store_port = port.value();
+  }
+
+  bool logged_notes = false;
+  auto make_attempt = [&](const agent::AttemptContext& context) -> Result<agent::AttemptSpec> {
+    RendezvousOutcome rdzv;
+    rdzv.group_rank = 0;
+    rdzv.group_world_size = 1;
+    rdzv.base_rank = 0;
+    rdzv.world_size = nproc;
+    rdzv.master_addr = context.store_host;
+    rdzv.master_port = context.store_port;
+    rdzv.run_id = config.rdzv_id;
+    rdzv.restart_count = context.restart_count;
+    rdzv.nccl_unique_id_hex = context.nccl_unique_id_hex;
+    auto plan = makeLaunchPlan(config, node, rdzv, env, run_dir.path);
+    if (!plan.isOk()) return plan.status();
+    if (!logged_notes) {
+      for (const auto& note : plan.value().notes) CPPRUN_LOG(kInfo) << note;
+      logged_notes = true;
+    }
+    agent::AttemptSpec attempt;
+    attempt.attempt_dir = run_dir.path + "/attempt_" + std::to_string(context.restart_count);
+    std::error_code ec;
+    std::filesystem::remove_all(attempt.attempt_dir, ec);  // torchrun wipes it too
+    attempt.workers = std::move(plan.value().workers);
+    return attempt;
+  };
+
+  auto result = agent::runLocalAgent(options, make_attempt);
+  if (!result.isOk()) {
+    CPPRUN_LOG(kError) << result.status().message();
+    return kExitLaunchError;
+  }
+  const agent::JobOutcome& outcome = result.value();
+  switch (outcome.kind) {
+    case agent::JobOutcome::Kind::kSucceeded:
+      CPPRUN_LOG(kInfo) << "all " << nproc << " workers succeeded"
+                        << (outcome.restarts
+                                ? " after " + std::to_string(outcome.restarts) + " restart(s)"
+                                : "");
+      break;
+    case agent::JobOutcome::Kind::kWorkersFailed: {
+      std::fputs(
+          agent::formatFailureReport(config.entrypoint, node.hostname, outcome.failures).c_str(),
+          stderr);
+      std::fflush(stderr);
+      auto own_error_file = env.find("TORCHELASTIC_ERROR_FILE");
+      if (own_error_file != env.end() && !own_error_file->second.empty() &&
+          !outcome.failures.empty()) {
+        const auto& root = outcome.failures[agent::rootCauseIndex(outcome.failures)];
+        Status s = agent::writeRootCauseFile(own_error_file->second, root);
+        if (!s.isOk()) {
+          CPPRUN_LOG(kWarn) << s.message();
+        }
+      }
+      break;
+    }
+    case agent::JobOutcome::Kind::kSignalled:
+      CPPRUN_LOG(kWarn) << "stopped by " << agent::signalName(outcome.signal);
+      break;
+    case agent::JobOutcome::Kind::kStartFailed:
+      CPPRUN_LOG(kError) << "cannot start the workers: " << outcome.error.message();
+      break;
+  }
+  return outcome.exitCode();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  setLogProgramName("cpprun");
+  std::vector<std::string> args(argv + 1, argv + argc);
+  auto env = processEnvironment();
+  auto parsed = parseCommandLine(args, env);
+  if (!parsed.isOk()) {
+    std::fprintf(stderr, "cpprun: error: %s\nTry 'cpprun --help'.\n",
+                 parsed.status().message().c_str());
+    return kExitUsage;
+  }
+  if (parsed.value().show_help) {
+    std::fputs(usageText(), stdout);
+    return 0;
+  }
+  if (parsed.value().show_version) {
+    std::printf("cpprun %s\n", CPPRUN_VERSION);
+    return 0;
+  }
+  const LaunchConfig& config = parsed.value().config;
+  if (config.max_nodes > 1) {
+    std::fprintf(stderr,
+                 "cpprun: error: --nnodes %d:%d: this version runs one node only; multi-node "
+                 "rendezvous is not implemented yet\n",
+                 config.min_nodes, config.max_nodes);
+    return kExitUsage;
+  }
+  NodeResources node = discoverNodeResources(env);
+  auto nproc = resolveNproc(config, node);
+  if (!nproc.isOk()) {
+    std::fprintf(stderr, "cpprun: error: %s\n", nproc.status().message().c_str());
+    return kExitUsage;
+  }
+
+  if (config.dry_run) {
+    RendezvousOutcome rdzv;
+    rdzv.world_size = nproc.value();
+    rdzv.master_addr = config.master_addr;
+    rdzv.master_port = config.master_port_given ? config.master_port : 0;
+    rdzv.run_id = config.rdzv_id;
+    std::string run_dir = (config.log_dir.empty() ? std::string("<temporary run dir>")
+                                                  : config.log_dir + "/" + config.rdzv_id);
+    auto plan = makeLaunchPlan(config, node, rdzv, env, run_dir);
+    if (!plan.isOk()) {
+      std::fprintf(stderr, "cpprun: error: %s\n", plan.status().message().c_str());
+      return kExitUsage;
+    }
+    std::fputs(describeLaunchPlan(config, node, rdzv, plan.value()).c_str(), stdout);
+    if (rdzv.master_port == 0) {
+      std::puts("  (store port 0: the agent binds a free port at start; MASTER_PORT is that port)");
+    }
+    return 0;
+  }
+
+  raiseOpenFileLimit();
+  int code = agent::runUnderGuardian([&] { return runJob(config, node, nproc.value(), env); },
+                                     config.signals_to_handle);
+  if (code < 0) {
+    std::perror("cpprun: fork");
+    return kExitLaunchError;
+  }
+  return code;
+}

@@ -1,0 +1,322 @@
+// The supervisor's decisions without real workers: a fake ProcessLauncher records what it was
+// asked, and the test plays the workers (writes their output, makes them exit). Output pipes and
+// timers are real; the only waits are io_context runs bounded by a deadline.
+#include "agent/supervisor.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
+#include "common/asio.h"
+#include "tests/support/test_support.h"
+
+namespace {
+
+using namespace cpprun;
+using namespace cpprun::agent;
+using namespace std::chrono_literals;
+
+int exitedWith(int code) { return (code & 0xff) << 8; }  // a wait status, as waitpid reports
+int killedBy(int signo) { return signo & 0x7f; }
+
+class FakeLauncher : public ProcessLauncher {
+ public:
+  struct Process {
+    ProcessSpec spec;
+    pid_t pid;
+    int out = -1;  // the fake worker's ends of the output pipes
+    int err = -1;
+  };
+
+  Result<pid_t> spawn(const ProcessSpec& spec) override {
+    if (fail_spawn_at == static_cast<int>(spawned.size())) {
+      return invalidArgument("cannot run '" + spec.argv.at(0) + "': no such file");
+    }
+    Process p{spec, next_pid++, ::dup(spec.stdout_fd), ::dup(spec.stderr_fd)};
+    spawned.push_back(p);
+    return p.pid;
+  }
+  Status signalGroup(pid_t pgid, int signo) override {
+    signals.emplace_back(pgid, signo);
+    if (on_signal) on_signal(pgid, signo);
+    return Status::ok();
+  }
+  size_t killAdoptedOrphans(const std::vector<pid_t>&) override {
+    ++orphan_sweeps;
+    return 0;
+  }
+
+  // The fake worker writes to its stdout/stderr.
+  void write(pid_t pid, bool to_stderr, const std::string& text) {
+    Process& p = find(pid);
+    REQUIRE(::write(to_stderr ? p.err : p.out, text.data(), text.size()) ==
+            static_cast<ssize_t>(text.size()));
+  }
+  // The fake worker exits: its pipes close, then the reaper would report it.
+  void exit(Supervisor& supervisor, pid_t pid, int status) {
+    Process& p = find(pid);
+    if (p.out >= 0) ::close(p.out);
+    if (p.err >= 0) ::close(p.err);
+    p.out = p.err = -1;
+    supervisor.onChildExit(pid, status);
+  }
+  Process& find(pid_t pid) {
+    for (auto& p : spawned) {
+      if (p.pid == pid) return p;
+    }
+    FAIL("no fake process " << pid);
+    throw std::logic_error("unreachable");
+  }
+  std::vector<int> signalsTo(pid_t pgid) const {
+    std::vector<int> out;
+    for (const auto& [g, s] : signals) {
+      if (g == pgid) out.push_back(s);
+    }
+    return out;
+  }
+  ~FakeLauncher() override {
+    for (auto& p : spawned) {
+      if (p.out >= 0) ::close(p.out);
+      if (p.err >= 0) ::close(p.err);
+    }
+  }
+
+  std::vector<Process> spawned;
+  std::vector<std::pair<pid_t, int>> signals;
+  std::function<void(pid_t, int)> on_signal;
+  int fail_spawn_at = -1;
+  size_t orphan_sweeps = 0;
+  pid_t next_pid = 5000001;  // above any real pid_max: a slip cannot signal a real process
+};
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+struct Fixture {
+  boost::asio::io_context io;
+  FakeLauncher launcher;
+  testing::TempDir dir;
+  std::string console_path = dir.path() + "/console.txt";
+  int console_fd = ::open(console_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  std::optional<JobOutcome> outcome;
+  std::vector<int> attempts_prepared;
+  int nproc = 2;
+  std::unique_ptr<Supervisor> supervisor;
+
+  ~Fixture() { ::close(console_fd); }
+
+  void make(SupervisorOptions options) {
+    options.output.console_stdout_fd = console_fd;
+    options.output.console_stderr_fd = console_fd;
+    supervisor = std::make_unique<Supervisor>(
+        io, launcher, options,
+        [this](int restart) -> Result<AttemptSpec> {
+          attempts_prepared.push_back(restart);
+          AttemptSpec a;
+          for (int i = 0; i < nproc; ++i) {
+            WorkerSpec w;
+            w.local_rank = i;
+            w.rank = i;
+            w.argv = {"worker", std::to_string(restart)};
+            w.env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart);
+            a.workers.push_back(w);
+          }
+          return a;
+        },
+        [this](const JobOutcome& o) { outcome = o; });
+    supervisor->start();
+  }
+  // Runs the loop until `done` holds (bounded).
+  bool runUntil(const std::function<bool()>& done, std::chrono::milliseconds bound = 5s) {
+    auto deadline = std::chrono::steady_clock::now() + bound;
+    while (!done() && std::chrono::steady_clock::now() < deadline) {
+      io.run_for(10ms);
+      io.restart();
+    }
+    return done();
+  }
+  pid_t pidOf(size_t index) { return launcher.spawned.at(index).pid; }
+};
+
+}  // namespace
+
+TEST_CASE_METHOD(Fixture, "all workers exiting 0 ends the job with 0 and their output prefixed",
+                 "[unit]") {
+  make({});
+  REQUIRE(launcher.spawned.size() == 2);
+  CHECK(launcher.spawned[0].spec.argv == std::vector<std::string>{"worker", "0"});
+  launcher.write(pidOf(0), false, "hello from ");
+  launcher.write(pidOf(1), true, "rank one\n");
+  launcher.write(pidOf(0), false, "zero\nunterminated");
+  launcher.exit(*supervisor, pidOf(0), exitedWith(0));
+  CHECK(!supervisor->done());
+  launcher.exit(*supervisor, pidOf(1), exitedWith(0));
+  REQUIRE(runUntil([&] { return outcome.has_value(); }));
+  CHECK(outcome->kind == JobOutcome::Kind::kSucceeded);
+  CHECK(outcome->exitCode() == 0);
+  std::string console = readFile(console_path);
+  CHECK(console.find("[default0]:hello from zero\n") != std::string::npos);
+  CHECK(console.find("[default1]:rank one\n") != std::string::npos);
+  // The unterminated last line is not lost.
+  CHECK(console.find("[default0]:unterminated\n") != std::string::npos);
+  // Leftovers in the groups are swept once the workers are gone; nothing was SIGTERMed.
+  for (size_t i = 0; i < 2; ++i) CHECK(launcher.signalsTo(pidOf(i)) == std::vector<int>{SIGKILL});
+  CHECK(launcher.orphan_sweeps == 1);
+}
+
+TEST_CASE_METHOD(Fixture, "the first failure stops every group and a restart follows", "[unit]") {
+  SupervisorOptions options;
+  options.max_restarts = 1;
+  make(options);
+  launcher.on_signal = [&](pid_t pgid, int signo) {
+    if (signo == SIGTERM && pgid == pidOf(0)) {
+      boost::asio::post(io, [&, pgid] { launcher.exit(*supervisor, pgid, killedBy(SIGTERM)); });
+    }
+  };
+  launcher.write(pidOf(1), true, "Traceback: boom\n");
+  launcher.exit(*supervisor, pidOf(1), exitedWith(3));
+  // SIGTERM went to both groups at once, including the failed one (its grandchildren).
+  CHECK(launcher.signalsTo(pidOf(0)) == std::vector<int>{SIGTERM});
+  CHECK(launcher.signalsTo(pidOf(1)) == std::vector<int>{SIGTERM});
+  REQUIRE(runUntil([&] { return launcher.spawned.size() == 4; }));
+  CHECK(attempts_prepared == std::vector<int>{0, 1});
+  CHECK(supervisor->restartCount() == 1);
+  launcher.exit(*supervisor, pidOf(2), exitedWith(0));
+  launcher.exit(*supervisor, pidOf(3), exitedWith(0));
+  REQUIRE(runUntil([&] { return outcome.has_value(); }));
+  CHECK(outcome->kind == JobOutcome::Kind::kSucceeded);
+  CHECK(outcome->restarts == 1);
+}
+
+TEST_CASE_METHOD(Fixture, "with no restarts left the failures name the root cause and its stderr",
+                 "[unit]") {
+  make({});
+  launcher.on_signal = [&](pid_t pgid, int signo) {
+    if (signo == SIGTERM && pgid == pidOf(1)) {
+      boost::asio::post(io, [&, pgid] { launcher.exit(*supervisor, pgid, killedBy(SIGTERM)); });
+    }
+  };
+  launcher.write(pidOf(0), true, "first line\nRuntimeError: out of memory\n");
+  launcher.exit(*supervisor, pidOf(0), exitedWith(7));
+  REQUIRE(runUntil([&] { return outcome.has_value(); }));
+  CHECK(outcome->kind == JobOutcome::Kind::kWorkersFailed);
+  CHECK(outcome->exitCode() == 1);
+  REQUIRE(outcome->failures.size() == 2);
+  const WorkerFailure& root = outcome->failures[rootCauseIndex(outcome->failures)];
+  CHECK(root.rank == 0);
+  CHECK(root.exit_code == 7);
+  CHECK_FALSE(root.teardown);
+  CHECK(root.stderr_tail == std::vector<std::string>{"first line", "RuntimeError: out of memory"});
+  CHECK(outcome->failures[1].teardown);
+  CHECK(outcome->failures[1].signal == SIGTERM);
+}
+
+TEST_CASE_METHOD(Fixture, "a worker that ignores SIGTERM is killed after the shutdown timeout",
+                 "[unit]") {
+  SupervisorOptions options;
+  options.shutdown_timeout = 150ms;
+  make(options);
+  std::optional<std::chrono::steady_clock::time_point> killed_at;
+  auto failed_at = std::chrono::steady_clock::now();
+  launcher.on_signal = [&](pid_t pgid, int signo) {
+    if (signo == SIGKILL && pgid == pidOf(0) && !killed_at) {
+      killed_at = std::chrono::steady_clock::now();
+      boost::asio::post(io, [&, pgid] { launcher.exit(*supervisor, pgid, killedBy(SIGKILL)); });
+    }
+  };
+  launcher.exit(*supervisor, pidOf(1), killedBy(SIGSEGV));
+  REQUIRE(runUntil([&] { return outcome.has_value(); }));
+  REQUIRE(killed_at.has_value());
+  CHECK(*killed_at - failed_at >= 150ms);
+  CHECK(*killed_at - failed_at < 2s);
+  CHECK(launcher.signalsTo(pidOf(0)).front() == SIGTERM);
+  CHECK(outcome->kind == JobOutcome::Kind::kWorkersFailed);
+  const WorkerFailure& root = outcome->failures[rootCauseIndex(outcome->failures)];
+  CHECK(root.rank == 1);
+  CHECK(root.signal == SIGSEGV);
+}
+
+TEST_CASE_METHOD(Fixture, "a handled signal is forwarded to every group and ends the job",
+                 "[unit]") {
+  SupervisorOptions options;
+  options.max_restarts = 3;
+  make(options);
+  supervisor->onSignal(SIGUSR1);
+  CHECK(launcher.signalsTo(pidOf(0)) == std::vector<int>{SIGUSR1});
+  CHECK(launcher.signalsTo(pidOf(1)) == std::vector<int>{SIGUSR1});
+  // The workers checkpoint and exit (one cleanly, one by the signal): no restart follows.
+  launcher.exit(*supervisor, pidOf(0), exitedWith(0));
+  launcher.exit(*supervisor, pidOf(1), killedBy(SIGUSR1));
+  REQUIRE(runUntil([&] { return outcome.has_value(); }));
+  CHECK(outcome->kind == JobOutcome::Kind::kSignalled);
+  CHECK(outcome->exitCode() == 128 + SIGUSR1);
+  CHECK(attempts_prepared == std::vector<int>{0});
+}
+
+TEST_CASE_METHOD(Fixture, "a worker that cannot be started stops the ones that were", "[unit]") {
+  launcher.fail_spawn_at = 1;
+  launcher.on_signal = [&](pid_t pgid, int signo) {
+    if (signo == SIGKILL && pgid == pidOf(0)) {
+      boost::asio::post(io, [&, pgid] { launcher.exit(*supervisor, pgid, killedBy(SIGKILL)); });
+    }
+  };
+  SupervisorOptions options;
+  options.max_restarts = 2;
+  make(options);
+  REQUIRE(runUntil([&] { return outcome.has_value(); }));
+  CHECK(outcome->kind == JobOutcome::Kind::kStartFailed);
+  CHECK(outcome->exitCode() == 3);
+  CHECK(outcome->error.message().find("rank 1") != std::string::npos);
+  CHECK(outcome->error.message().find("no such file") != std::string::npos);
+  CHECK(attempts_prepared == std::vector<int>{0});  // a missing program is not retried
+}
+
+TEST_CASE("line splitting keeps lines whole across reads and cuts runaway ones", "[unit]") {
+  LineSplitter splitter(8);
+  std::vector<std::string> lines;
+  auto collect = [&](std::string_view l) { lines.emplace_back(l); };
+  splitter.feed("ab", collect);
+  splitter.feed("c\nde\n\nf", collect);
+  CHECK(lines == std::vector<std::string>{"abc", "de", ""});
+  splitter.feed("ghijklmnopq\n", collect);  // "fghijklmnopq": 12 bytes, limit 8
+  CHECK(lines == std::vector<std::string>{"abc", "de", "", "fghijklm", "nopq"});
+  splitter.feed("tail", collect);
+  splitter.finish(collect);
+  CHECK(lines.back() == "tail");
+}
+
+TEST_CASE("redirects tee and the rank filter decide where each stream goes", "[unit]") {
+  OutputOptions o;
+  o.redirects_by_rank = {{1, 3}};
+  o.tee_default = 2;
+  o.local_ranks_filter = {0, 1};
+  WorkerOutputPlan r0 = planWorkerOutput(o, 0, 8, "/logs/0");
+  CHECK(r0.out.to_console);
+  CHECK(r0.out.file.empty());
+  CHECK(r0.err.to_console);  // tee: console and file
+  CHECK(r0.err.file == "/logs/0/stderr.log");
+  CHECK(r0.out.prefix == "[default8]:");
+  WorkerOutputPlan r1 = planWorkerOutput(o, 1, 9, "/logs/1");
+  CHECK_FALSE(r1.out.to_console);  // redirected: file only
+  CHECK(r1.out.file == "/logs/1/stdout.log");
+  CHECK(r1.err.to_console);  // redirected and teed: tee wins
+  WorkerOutputPlan r2 = planWorkerOutput(o, 2, 10, "/logs/2");
+  CHECK_FALSE(r2.out.to_console);  // filtered out of the console
+  CHECK_FALSE(r2.err.to_console);
+  CHECK(r2.err.file == "/logs/2/stderr.log");  // files keep everything
+  o.prefix_template = "${role_name}:${local_rank}/${rank}| ";
+  o.role_name = "trainer";
+  CHECK(planWorkerOutput(o, 2, 10, "").out.prefix == "trainer:2/10| ");
+  CHECK(anyRedirect(o));
+  CHECK_FALSE(anyRedirect(OutputOptions{}));
+}

@@ -1,0 +1,51 @@
+"""A PyTorch DDP script written for torchrun, unchanged: env:// init, DistributedSampler-style
+sharding, DDP, an all_reduce check, destroy_process_group. cpprun's integration test runs it
+with --nproc-per-node=2 (gloo, CPU) and reads the per-rank result files."""
+import argparse
+import json
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+
+    dist.init_process_group(backend="gloo", init_method="env://")
+    rank = dist.get_rank()
+    world = dist.get_world_size()
+    assert rank == int(os.environ["RANK"]) and world == int(os.environ["WORLD_SIZE"])
+    torch.manual_seed(0)
+
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+
+    model = DDP(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(1234)
+    x_all = torch.randn(256, 8, generator=gen)
+    y_all = x_all.sum(dim=1, keepdim=True)
+    shard = slice(rank, None, world)  # DistributedSampler's interleaved split
+    x, y = x_all[shard], y_all[shard]
+    for _ in range(args.steps):
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+    dist.barrier()
+    checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
+    with open(os.path.join(args.out, f"result-{rank}.json"), "w") as f:
+        json.dump({"rank": rank, "world_size": world, "all_reduce": float(t.item()),
+                   "loss": float(loss.item()), "param_checksum": round(checksum, 9)}, f)
+    print(f"rank {rank}: all_reduce={t.item()} loss={loss.item():.4f}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
