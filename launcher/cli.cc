@@ -676,7 +676,8 @@ Rendezvous
   --master-addr HOST          Address of node rank 0, static backend only. Default 127.0.0.1.
                               [env]
   --master-port PORT          Port of the store on node rank 0, 0-65535, static backend only.
-                              Default 29500. [env]
+                              Default on one node: a free port picked at start (two jobs on
+                              one host never collide); else 29500. [env]
   --local-addr HOST           This node's address as other nodes reach it. Default: host name.
                               [env]
 
@@ -691,7 +692,9 @@ Restarts and signals
   --shutdown-timeout SECONDS  Grace between SIGTERM to the workers and SIGKILL, >= 0. Default
                               $TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30. [env]
 
-Output
+Output (every worker line reaches the console whole, prefixed "[<role><rank>]:"; the
+TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE variable sets another, with ${role_name}, ${rank} and
+${local_rank})
   --log-dir DIR               Write <DIR>/<run id>/attempt_<n>/<local rank>/{stdout,stderr}.log.
                               Default none (console only). [env]
   -r, --redirects MODE        Send worker output to the log files instead of the console: 0
@@ -713,7 +716,9 @@ Not supported (rejected with a message): --logs-specs, --numa-binding, --event-l
 other than null, --duplicate-stdout-filters and --duplicate-stderr-filters other than empty,
 and the etcd rendezvous backends.
 
-Exit codes: 0 success, 1 job failed, 2 usage error
+Exit codes: 0 every worker succeeded; 1 a worker failed and no restart was left (the report
+names the root cause); 2 usage error; 3 the job could not start (a port in use, a program that
+cannot run); 128+N stopped by signal N (forwarded to the workers first).
 )";
 }
 

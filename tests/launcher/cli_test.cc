@@ -501,7 +501,7 @@ TEST_CASE("cli usage text covers every group and the exit codes", "[unit]") {
        {"usage: cpprun", "Launch", "Rendezvous", "Restarts", "Output", "cpprun extras",
         "--nproc-per-node", "--nnodes", "--rdzv-conf", "--standalone", "--signals-to-handle",
         "--shutdown-timeout", "--local-ranks-filter", "--dry-run", "--worker-hosts-store",
-        "--version", "PET_", "Exit codes: 0 success, 1 job failed, 2 usage error"}) {
+        "--version", "PET_", "Exit codes: 0 every worker succeeded", "128+N stopped by signal N"}) {
     INFO(needle);
     CHECK(text.find(needle) != std::string::npos);
   }

@@ -375,7 +375,7 @@ TEST_CASE("bad input exits 2 or 3 with the culprit named", "[integration]") {
 
 TEST_CASE("a PyTorch DDP script written for torchrun runs unchanged", "[integration][torch]") {
   TempDir dir;
-  ChildProcess run(cpprunCommand({"--nproc-per-node=2", sourcePath("tests/torch/ddp_train.py"),
+  ChildProcess run(cpprunCommand({"--nproc-per-node=2", sourcePath("examples/python/ddp_train.py"),
                                   "--out", dir.path()}),
                    {{"PYTHON_EXEC", CPPRUN_PYTHON}});
   auto status = run.wait(170s);

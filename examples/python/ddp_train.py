@@ -1,6 +1,11 @@
-"""A PyTorch DDP script written for torchrun, unchanged: env:// init, DistributedSampler-style
-sharding, DDP, an all_reduce check, destroy_process_group. cpprun's integration test runs it
-with --nproc-per-node=2 (gloo, CPU) and reads the per-rank result files."""
+"""A PyTorch DDP script written for torchrun, run unchanged by cpprun:
+
+    PYTHON_EXEC=/usr/bin/python3 cpprun --nproc-per-node=2 examples/python/ddp_train.py
+
+env:// init (MASTER_ADDR/MASTER_PORT: the agent's store), DistributedSampler-style sharding,
+DDP on gloo (CPU), an all_reduce check, destroy_process_group. With --out DIR each rank writes
+result-<rank>.json (cpprun's integration test reads them). The bundled MNIST trainer comes
+with a later stage; this is the smallest real DDP job."""
 import argparse
 import json
 import os
@@ -13,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", help="directory for result-<rank>.json")
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
 
@@ -40,9 +45,13 @@ def main():
         opt.step()
     dist.barrier()
     checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
-    with open(os.path.join(args.out, f"result-{rank}.json"), "w") as f:
-        json.dump({"rank": rank, "world_size": world, "all_reduce": float(t.item()),
-                   "loss": float(loss.item()), "param_checksum": round(checksum, 9)}, f)
+    expected = world * (world + 1) / 2
+    if t.item() != expected:
+        raise RuntimeError(f"all_reduce gave {t.item()}, expected {expected}")
+    if args.out:
+        with open(os.path.join(args.out, f"result-{rank}.json"), "w") as f:
+            json.dump({"rank": rank, "world_size": world, "all_reduce": float(t.item()),
+                       "loss": float(loss.item()), "param_checksum": round(checksum, 9)}, f)
     print(f"rank {rank}: all_reduce={t.item()} loss={loss.item():.4f}", flush=True)
     dist.destroy_process_group()
 
