@@ -208,9 +208,10 @@ TEST_CASE("teardown is bounded: SIGTERM then SIGKILL after the shutdown timeout"
   TempDir dir;
   std::string d = dir.path();
   auto started = std::chrono::steady_clock::now();
+  // Rank 0 ignores SIGTERM; rank 1 fails only once rank 0 has done so.
   ChildProcess run(cpprunCommand({"--nproc-per-node=2", "--shutdown-timeout=1", kWorker, "ignore",
-                                  "TERM", "exit-if-rank", "1", "9", "on-signal-continue", "TERM",
-                                  d + "/term-{rank}", "sleep-forever"}));
+                                  "TERM", "touch", d + "/ready-{rank}", "wait-file", d + "/ready-0",
+                                  "30", "exit-if-rank", "1", "9", "sleep-forever"}));
   auto status = run.wait(30s);
   REQUIRE(status.has_value());
   auto took = std::chrono::steady_clock::now() - started;
