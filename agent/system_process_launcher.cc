@@ -18,17 +18,43 @@
 
 #include "agent/process_launcher.h"
 
+extern char** environ;
+
 namespace bp = boost::process;
 
 namespace cpprun::agent {
 namespace {
 
-// Runs in the child between fork and exec: only async-signal-safe calls.
-struct WorkerExecSetup : bp::extend::handler {
-  pid_t agent_pid;
-  int stdout_fd;
-  int stderr_fd;
+// The agent's environment with `overrides` applied, as "NAME=value" strings.
+std::vector<std::string> mergedEnvironment(const std::map<std::string, std::string>& overrides) {
+  std::vector<std::string> merged;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const char* eq = std::strchr(*e, '=');
+    if (eq == nullptr) continue;
+    if (overrides.count(std::string(*e, static_cast<size_t>(eq - *e))) != 0) continue;
+    merged.emplace_back(*e);
+  }
+  for (const auto& [name, value] : overrides) merged.push_back(name + "=" + value);
+  return merged;
+}
 
+struct WorkerExecSetup : bp::extend::handler {
+  pid_t agent_pid = 0;
+  int stdout_fd = -1;
+  int stderr_fd = -1;
+  char** envp = nullptr;
+  char** argv = nullptr;
+
+  // In the agent, before fork, after bp::exe's own set-up (it comes first in the sequence):
+  // execve gets argv and the environment exactly as spawn() built them. Not bp::environment:
+  // in Boost 1.74 its find() reads past the end of shorter entries (found by ASan).
+  template <typename Executor>
+  void on_setup(Executor& exec) const {
+    exec.env = envp;
+    exec.cmd_line = argv;
+  }
+
+  // In the child between fork and exec: only async-signal-safe calls.
   template <typename Executor>
   void on_exec_setup(Executor& /*exec*/) const {
     ::setpgid(0, 0);
@@ -58,15 +84,25 @@ class SystemProcessLauncher : public ProcessLauncher {
         return invalidArgument("cannot run '" + spec.argv[0] + "': not found in PATH");
       }
     }
-    bp::environment env = boost::this_process::environment();
-    for (const auto& [name, value] : spec.env) env[name] = value;
-    std::vector<std::string> args(spec.argv.begin() + 1, spec.argv.end());
+    std::vector<std::string> env = mergedEnvironment(spec.env);
+    std::vector<char*> envp;
+    envp.reserve(env.size() + 1);
+    for (auto& entry : env) envp.push_back(entry.data());
+    envp.push_back(nullptr);
+    std::vector<std::string> args = spec.argv;
+    std::vector<char*> argv;
+    argv.reserve(args.size() + 1);
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
     WorkerExecSetup setup;
     setup.agent_pid = ::getpid();
     setup.stdout_fd = spec.stdout_fd;
     setup.stderr_fd = spec.stderr_fd;
     std::error_code ec;
-    bp::child child(bp::exe = program, bp::args = args, env, bp::std_in < bp::null, setup, ec);
+    setup.envp = envp.data();
+    setup.argv = argv.data();
+    // `setup` after bp::exe: its on_setup replaces the command line bp::exe built.
+    bp::child child(bp::exe = program, setup, bp::std_in < bp::null, ec);
     if (ec) {
       return invalidArgument("cannot run '" + spec.argv[0] + "': " + ec.message());
     }
