@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "agent/process_launcher.h"
+#include "rendezvous/tcp_store_server.h"
 #include "tests/support/test_support.h"
 
 namespace {
@@ -389,4 +390,37 @@ TEST_CASE("a PyTorch DDP script written for torchrun runs unchanged", "[integrat
   CHECK(r0["world_size"] == 2);
   // DDP keeps the replicas identical: same parameters on both ranks after training.
   CHECK(r0["param_checksum"] == r1["param_checksum"]);
+}
+
+TEST_CASE("worker-hosts-store leaves the port to worker rank 0", "[integration]") {
+  TempDir dir;
+  std::string d = dir.path();
+  ChildProcess run(cpprunCommand(
+      {"--nproc-per-node=1", "--worker-hosts-store", kWorker, "env-json", d + "/env.json"}));
+  auto status = run.wait(30s);
+  REQUIRE(status.has_value());
+  INFO(run.output());
+  REQUIRE(exitCodeOf(*status) == 0);
+  Json e = readJson(d + "/env.json");
+  CHECK(e["TORCHELASTIC_USE_AGENT_STORE"] == "False");
+  int port = std::stoi(e["MASTER_PORT"].get<std::string>());
+  CHECK(port > 0);
+  // The port is free for rank 0 to bind: the agent does not hold it.
+  cpprun::rendezvous::TcpStoreServerOptions o;
+  o.port = static_cast<uint16_t>(port);
+  auto server = cpprun::rendezvous::BackgroundTcpStoreServer::start(o);
+  CHECK(server.isOk());
+}
+
+TEST_CASE("the line prefix template from TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE is honoured",
+          "[integration]") {
+  ChildProcess run(
+      cpprunCommand({"--nproc-per-node=2", "--role=trainer", kWorker, "print", "hello"}),
+      {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "<${role_name}:${local_rank}> "}});
+  auto status = run.wait(30s);
+  REQUIRE(status.has_value());
+  INFO(run.output());
+  REQUIRE(exitCodeOf(*status) == 0);
+  CHECK(run.output().find("<trainer:0> hello\n") != std::string::npos);
+  CHECK(run.output().find("<trainer:1> hello\n") != std::string::npos);
 }
