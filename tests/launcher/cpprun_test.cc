@@ -282,18 +282,12 @@ TEST_CASE("flooded output reaches the console in whole prefixed lines", "[integr
   CHECK(broken == 0);
 }
 
-TEST_CASE("no worker or grandchild survives kill -9 of the agent", "[integration]") {
-  TempDir dir;
-  std::string d = dir.path();
-  ChildProcess run(cpprunCommand({"--nproc-per-node=2", kWorker, "fork-grandchildren", "2",
-                                  d + "/gc-{rank}", "fork-daemon", d + "/daemon-{rank}", "print",
-                                  "ready {rank}", "sleep-forever"}));
+// Two workers, each with two grandchildren in its group and one daemon that left it, all
+// running once both workers said "ready". Returns every pid below cpprun (agent included).
+static std::vector<pid_t> startProcessTree(ChildProcess& run, const std::string& d) {
   REQUIRE(relayed(run, "[default0]:ready"));
   REQUIRE(relayed(run, "[default1]:ready"));
-  // cpprun's pid is the guardian; its one child is the agent; below it, everything else.
-  std::vector<pid_t> agent = cpprun::agent::childrenOf(run.pid());
-  REQUIRE(agent.size() == 1);
-  std::vector<pid_t> everything = cpprun::agent::descendantsOf(agent[0]);
+  std::vector<pid_t> everything = cpprun::agent::descendantsOf(run.pid());
   std::vector<pid_t> expected;
   for (const char* f : {"/gc-0", "/gc-1", "/daemon-0", "/daemon-1"}) {
     for (pid_t p : pidsIn(d + f)) expected.push_back(p);
@@ -302,24 +296,34 @@ TEST_CASE("no worker or grandchild survives kill -9 of the agent", "[integration
   for (pid_t p : expected) {
     CHECK(std::find(everything.begin(), everything.end(), p) != everything.end());
   }
+  CHECK(everything.size() == 9);  // agent, 2 workers, 4 grandchildren, 2 daemons
+  return everything;
+}
+
+static std::vector<std::string> processTreeCommand(const std::string& d) {
+  return cpprunCommand({"--nproc-per-node=2", kWorker, "fork-grandchildren", "2", d + "/gc-{rank}",
+                        "fork-daemon", d + "/daemon-{rank}", "print", "ready {rank}",
+                        "sleep-forever"});
+}
+
+TEST_CASE("no worker or grandchild survives kill -9 of the agent", "[integration]") {
+  TempDir dir;
+  ChildProcess run(processTreeCommand(dir.path()));
+  std::vector<pid_t> everything = startProcessTree(run, dir.path());
+  // cpprun's pid is the guardian; its one child is the agent.
+  std::vector<pid_t> agent = cpprun::agent::childrenOf(run.pid());
+  REQUIRE(agent.size() == 1);
   REQUIRE(::kill(agent[0], SIGKILL) == 0);
   auto status = run.wait(30s);
   REQUIRE(status.has_value());
   CHECK(exitCodeOf(*status) == 128 + SIGKILL);
-  everything.push_back(agent[0]);
   CHECK(allGone(everything));
 }
 
 TEST_CASE("no worker or grandchild survives kill -9 of cpprun itself", "[integration]") {
   TempDir dir;
-  std::string d = dir.path();
-  ChildProcess run(cpprunCommand({"--nproc-per-node=2", kWorker, "fork-grandchildren", "1",
-                                  d + "/gc-{rank}", "fork-daemon", d + "/daemon-{rank}", "print",
-                                  "ready {rank}", "sleep-forever"}));
-  REQUIRE(relayed(run, "[default0]:ready"));
-  REQUIRE(relayed(run, "[default1]:ready"));
-  std::vector<pid_t> everything = cpprun::agent::descendantsOf(run.pid());
-  REQUIRE(everything.size() >= 7);  // agent, 2 workers, 2 grandchildren, 2 daemons
+  ChildProcess run(processTreeCommand(dir.path()));
+  std::vector<pid_t> everything = startProcessTree(run, dir.path());
   run.signal(SIGKILL);
   auto status = run.wait(30s);
   REQUIRE(status.has_value());
