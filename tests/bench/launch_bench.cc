@@ -1,0 +1,1042 @@
+// launch_bench: the cpprun launcher against torch 1.13's elastic launcher, same workers, same run.
+//
+//   launch_bench [--runs N] [--nproc 1,2,4,8] [--figures launch,failure,memory] [--timeout S]
+//                [--torch-monitor-intervals 5,0.1]
+//
+// The peer is torch.distributed.launcher.api.elastic_launch called as torchrun calls it
+// (tests/bench/torch_elastic_launch.py under /usr/bin/python3: static rendezvous, agent-hosted
+// store at 127.0.0.1:<free port>, start_method spawn), once with torchrun's monitor_interval
+// (5 s) and once with 0.1 s. cpprun runs `cpprun --no-python --nproc-per-node=N
+// --master-addr=127.0.0.1 --master-port=<free port> WORKER ...`. The worker is
+// cpprun_bench_worker (tests/bench/bench_worker.cc). Launchers alternate: every repetition
+// rotates the order of the variants.
+//
+// Figures:
+//   launch    wall time from fork() of the launcher until it has exited (pidfd readable), with
+//             a worker that connects to the store at MASTER_ADDR:MASTER_PORT, sets one key and
+//             exits 0; for every --nproc.
+//   failure   nproc 2, max_restarts 1: rank 1 records CLOCK_MONOTONIC and SIGKILLs itself once
+//             rank 0 has its SIGTERM handler; "detect" = rank 0's SIGTERM-handler time minus
+//             rank 1's death time; "restart" = the first start of an attempt-1 worker (top of
+//             its main) minus rank 1's death time.
+//   memory    nproc 8 (--memory-nproc): workers block on a store key; meanwhile VmHWM (peak RSS)
+//             of every process in the launcher's tree that is not a worker (workers: /proc/<pid>/
+//             exe is the bench worker) is summed; then the key is set and the launcher must exit.
+//             cpprun: guardian + agent (both also shown); torch: the python process running
+//             elastic_launch plus any helper process.
+//
+// Prints a table (median (min) per variant and the number of good runs) and one line per figure:
+//   RESULT <name> <cpprun median> <unit> peer=<torch median> ratio=<torch/cpprun>
+// (times and memory: ratio > 1 means cpprun is better). `peer` is torch with torchrun's
+// monitor_interval; the `_mi0.1` lines compare with monitor_interval 0.1 s. Targets are printed
+// as information; the exit status is 1 when a run failed (bad exit status, timeout, missing
+// timestamps, processes left behind), 2 on a bad flag.
+//
+// Every wait is bounded: a launcher still running after --timeout is stopped (SIGTERM, 5 s, then
+// SIGKILL to it and every process of its tree, by PID) and the run counts as failed. This
+// process is a child subreaper, so processes a launcher leaves behind come back to it: they are
+// reported, killed by PID and reaped after every run. SIGINT/SIGTERM stop the current launcher
+// and end the benchmark through the same clean-up; temporary directories are removed.
+#include <dirent.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/command_line.h"
+#include "rendezvous/store.h"
+#include "rendezvous/tcp_store_client.h"
+#include "rendezvous/wire.h"
+
+#ifndef LAUNCH_BENCH_SOURCE_DIR
+#error "LAUNCH_BENCH_SOURCE_DIR must name the source tree"
+#endif
+#ifndef LAUNCH_BENCH_CPPRUN
+#error "LAUNCH_BENCH_CPPRUN must name the cpprun binary"
+#endif
+#ifndef LAUNCH_BENCH_WORKER
+#error "LAUNCH_BENCH_WORKER must name the cpprun_bench_worker binary"
+#endif
+
+extern char** environ;
+
+namespace {
+
+using cpprun::rendezvous::TcpStoreClient;
+using cpprun::rendezvous::TcpStoreClientOptions;
+using cpprun::rendezvous::toBytes;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+constexpr const char* kPython = "/usr/bin/python3";
+constexpr const char* kHost = "127.0.0.1";
+constexpr double kTorchrunMonitorInterval = 5.0;  // torch/distributed/run.py, 1.13
+
+std::string fmt(double v, int decimals);
+
+// ------------------------------------------------------------------------------------------
+// Flags
+
+struct Options {
+  int runs = 5;
+  std::vector<int> nprocs{1, 2, 4, 8};
+  int memory_nproc = 8;
+  std::set<std::string> figures{"launch", "failure", "memory"};
+  double timeout_s = 120;
+  std::vector<double> monitor_intervals{kTorchrunMonitorInterval, 0.1};
+  std::string cpprun = LAUNCH_BENCH_CPPRUN;
+  std::string worker = LAUNCH_BENCH_WORKER;
+  std::string shim = std::string(LAUNCH_BENCH_SOURCE_DIR) + "/tests/bench/torch_elastic_launch.py";
+  bool keep_going = true;
+};
+
+constexpr const char* kUsage = R"(Usage: launch_bench [options]
+
+Benchmarks the cpprun launcher against torch 1.13's elastic launcher (elastic_launch, called as
+torchrun calls it, by tests/bench/torch_elastic_launch.py under /usr/bin/python3), with the same
+worker (cpprun_bench_worker), alternating, in the same run.
+
+Figures:
+  launch    wall time from starting the launcher to its exit; the worker connects to the store
+            at MASTER_ADDR:MASTER_PORT, sets one key and exits 0 (one row per --nproc)
+  failure   nproc 2, max restarts 1: rank 1 SIGKILLs itself; time until rank 0's SIGTERM
+            handler runs ("detect") and until the first worker of attempt 1 starts ("restart")
+  memory    peak RSS (VmHWM) of the launcher's own processes (not the workers) while
+            --memory-nproc workers are alive; cpprun: guardian + agent; torch: its python process
+
+Options:
+  --runs N                       repetitions of every figure (default 5); medians reported
+  --nproc LIST                   worker counts of the launch figure (default 1,2,4,8)
+  --memory-nproc N               worker count of the memory figure (default 8)
+  --figures LIST                 any of launch,failure,memory (default: all three)
+  --torch-monitor-intervals LIST torch variants by monitor_interval in seconds (default 5,0.1;
+                                 5 is torchrun's default; the first one is the RESULT peer)
+  --timeout S                    bound of one launcher run, seconds (default 120); a launcher
+                                 still running then is killed and the run counts as failed
+  --cpprun PATH                  the cpprun binary (default: the one built with this benchmark)
+  --worker PATH                  the bench worker (default: the one built with this benchmark)
+  --help                         show this help and exit
+
+Output: a table, then one line per figure:
+  RESULT <name> <cpprun value> <unit> peer=<torch value> ratio=<torch/cpprun>
+(ratio > 1: cpprun is faster / smaller). Exit status 1 when any run failed, 2 on a bad flag.
+)";
+
+[[noreturn]] void usageError(const std::string& message) {
+  std::fprintf(stderr, "launch_bench: %s\nTry 'launch_bench --help' for more information.\n",
+               message.c_str());
+  std::exit(2);
+}
+
+double parseDouble(const std::string& flag, const std::string& v, double lo, double hi) {
+  char* end = nullptr;
+  errno = 0;
+  double d = std::strtod(v.c_str(), &end);
+  if (v.empty() || end == nullptr || *end != '\0' || errno == ERANGE || !std::isfinite(d)) {
+    usageError("invalid value '" + v + "' for " + flag + ": expected a number");
+  }
+  if (d < lo || d > hi) {
+    std::ostringstream os;
+    os << "value " << v << " for " << flag << " is out of range (" << lo << " to " << hi << ")";
+    usageError(os.str());
+  }
+  return d;
+}
+
+int parseInt(const std::string& flag, const std::string& v, int lo, int hi) {
+  auto n = cpprun::parseUnsigned(flag, v, static_cast<uint64_t>(hi));
+  if (!n.isOk()) usageError(n.status().message());
+  if (n.value() < static_cast<uint64_t>(lo)) {
+    usageError("value " + v + " for " + flag + " is out of range (" + std::to_string(lo) + " to " +
+               std::to_string(hi) + ")");
+  }
+  return static_cast<int>(n.value());
+}
+
+std::vector<std::string> splitList(const std::string& flag, const std::string& v) {
+  std::vector<std::string> out;
+  if (v.empty()) usageError(flag + " needs at least one item");
+  size_t pos = 0;
+  while (true) {
+    size_t comma = v.find(',', pos);
+    out.push_back(v.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+Options parseFlags(int argc, char** argv) {
+  Options o;
+  cpprun::OptionCursor cursor(argc, argv);
+  while (cursor.next()) {
+    const std::string& name = cursor.name();
+    if (name == "--help" || name == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
+    if (!cursor.isOption()) usageError("unexpected argument '" + name + "'");
+    auto take = [&]() -> std::string {
+      auto v = cursor.value();
+      if (!v.isOk()) usageError(v.status().message());
+      return v.value();
+    };
+    if (name == "--runs") {
+      o.runs = parseInt(name, take(), 1, 1000);
+    } else if (name == "--nproc") {
+      o.nprocs.clear();
+      for (const auto& item : splitList(name, take()))
+        o.nprocs.push_back(parseInt(name, item, 1, 64));
+    } else if (name == "--memory-nproc") {
+      o.memory_nproc = parseInt(name, take(), 1, 64);
+    } else if (name == "--figures") {
+      o.figures.clear();
+      for (const auto& item : splitList(name, take())) {
+        if (item != "launch" && item != "failure" && item != "memory") {
+          usageError("unknown figure '" + item + "' in --figures (launch, failure, memory)");
+        }
+        o.figures.insert(item);
+      }
+    } else if (name == "--torch-monitor-intervals") {
+      o.monitor_intervals.clear();
+      for (const auto& item : splitList(name, take())) {
+        o.monitor_intervals.push_back(parseDouble(name, item, 0.001, 60));
+      }
+    } else if (name == "--timeout") {
+      o.timeout_s = parseDouble(name, take(), 1, 3600);
+    } else if (name == "--cpprun") {
+      o.cpprun = take();
+    } else if (name == "--worker") {
+      o.worker = take();
+    } else {
+      usageError("unknown option '" + name + "'");
+    }
+  }
+  return o;
+}
+
+// ------------------------------------------------------------------------------------------
+// Interruption: the handler only records the signal and stops the running launcher; the main
+// line notices (every wait polls the flag) and unwinds through the normal clean-up.
+
+std::atomic<int> g_interrupted{0};
+std::atomic<pid_t> g_current_launcher{0};
+
+void onSignal(int signo) {
+  g_interrupted.store(signo);
+  pid_t pid = g_current_launcher.load();
+  if (pid > 0) ::kill(pid, SIGTERM);
+}
+
+struct Interrupted : std::runtime_error {
+  Interrupted() : std::runtime_error("interrupted") {}
+};
+
+void checkInterrupted() {
+  if (g_interrupted.load() != 0) throw Interrupted();
+}
+
+// ------------------------------------------------------------------------------------------
+// /proc helpers
+
+std::string readFile(const std::string& path) {
+  std::ifstream f(path);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+std::string exeOf(pid_t pid) {
+  char buf[PATH_MAX];
+  std::string link = "/proc/" + std::to_string(pid) + "/exe";
+  ssize_t n = ::readlink(link.c_str(), buf, sizeof(buf) - 1);
+  if (n <= 0) return "";
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+pid_t parentOf(pid_t pid) {
+  std::string stat = readFile("/proc/" + std::to_string(pid) + "/stat");
+  auto paren = stat.rfind(')');
+  if (paren == std::string::npos || paren + 4 > stat.size()) return -1;
+  std::istringstream in(stat.substr(paren + 2));
+  std::string state;
+  pid_t ppid = -1;
+  in >> state >> ppid;
+  return ppid;
+}
+
+std::vector<pid_t> allPids() {
+  std::vector<pid_t> out;
+  DIR* d = ::opendir("/proc");
+  if (d == nullptr) return out;
+  while (dirent* e = ::readdir(d)) {
+    char* end = nullptr;
+    long v = std::strtol(e->d_name, &end, 10);
+    if (end != e->d_name && *end == '\0' && v > 0) out.push_back(static_cast<pid_t>(v));
+  }
+  ::closedir(d);
+  return out;
+}
+
+// Every descendant of `root` (not root itself), parents before children.
+std::vector<pid_t> descendantsOf(pid_t root) {
+  std::multimap<pid_t, pid_t> children;
+  for (pid_t p : allPids()) {
+    pid_t pp = parentOf(p);
+    if (pp > 0) children.emplace(pp, p);
+  }
+  std::vector<pid_t> out;
+  std::vector<pid_t> todo{root};
+  while (!todo.empty()) {
+    pid_t p = todo.back();
+    todo.pop_back();
+    auto range = children.equal_range(p);
+    for (auto it = range.first; it != range.second; ++it) {
+      out.push_back(it->second);
+      todo.push_back(it->second);
+    }
+  }
+  return out;
+}
+
+// VmHWM of a process in kB; -1 when unreadable.
+long vmHwmKb(pid_t pid) {
+  std::istringstream in(readFile("/proc/" + std::to_string(pid) + "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::strtol(line.c_str() + 6, nullptr, 10);
+  }
+  return -1;
+}
+
+std::string commOf(pid_t pid) {
+  std::string c = readFile("/proc/" + std::to_string(pid) + "/comm");
+  while (!c.empty() && c.back() == '\n') c.pop_back();
+  return c;
+}
+
+std::string describeStatus(int st) {
+  if (WIFEXITED(st)) return "exit status " + std::to_string(WEXITSTATUS(st));
+  if (WIFSIGNALED(st)) return std::string("killed by signal ") + strsignal(WTERMSIG(st));
+  return "unknown status";
+}
+
+// Kills (SIGKILL, by PID) and reaps every process that was orphaned into this subreaper;
+// returns a description of each ("" when none).
+std::string reapLeftovers() {
+  std::string found;
+  const pid_t self = ::getpid();
+  for (int round = 0; round < 100; ++round) {
+    std::vector<pid_t> ours;
+    for (pid_t p : allPids()) {
+      if (p != self && parentOf(p) == self) ours.push_back(p);
+    }
+    // Zombies already reaped below do not show up again; anything alive is a leftover.
+    bool any_alive = false;
+    for (pid_t p : ours) {
+      int st = 0;
+      if (::waitpid(p, &st, WNOHANG) == p) continue;
+      any_alive = true;
+      found += " " + std::to_string(p) + "(" + commOf(p) + ")";
+      ::kill(p, SIGKILL);
+    }
+    if (!any_alive) break;
+    for (pid_t p : ours) {
+      int st = 0;
+      while (::waitpid(p, &st, 0) < 0 && errno == EINTR) {
+      }
+    }
+  }
+  return found;
+}
+
+// ------------------------------------------------------------------------------------------
+// Temporary directory, removed with everything in it.
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/launch_bench_XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) {
+      throw std::runtime_error("mkdtemp: " + std::string(std::strerror(errno)));
+    }
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// A port free right now on 127.0.0.1 (racy by nature; each run takes a new one).
+uint16_t pickFreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::runtime_error("socket: " + std::string(std::strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  int port = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  if (port <= 0) throw std::runtime_error("cannot pick a free port");
+  return static_cast<uint16_t>(port);
+}
+
+// ------------------------------------------------------------------------------------------
+// Launchers
+
+struct Variant {
+  std::string label;  // "cpprun", "torch(mi=5)"
+  bool torch = false;
+  double monitor_interval = 0;
+};
+
+// The environment of a launcher: ours without anything that would change what it does.
+std::vector<std::string> launcherEnvironment() {
+  static const char* kDrop[] = {"MASTER_ADDR", "MASTER_PORT",         "RANK",       "LOCAL_RANK",
+                                "WORLD_SIZE",  "LOCAL_WORLD_SIZE",    "GROUP_RANK", "ROLE_RANK",
+                                "NODE_RANK",   "PYTHONPATH",          "PYTHONHOME", "PYTHONSTARTUP",
+                                "LOGLEVEL",    "CUDA_VISIBLE_DEVICES"};
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string entry = *e;
+    std::string name = entry.substr(0, entry.find('='));
+    bool drop = name.rfind("TORCHELASTIC_", 0) == 0 || name.rfind("PET_", 0) == 0 ||
+                name.rfind("CPPRUN_", 0) == 0;
+    for (const char* d : kDrop) drop = drop || name == d;
+    if (!drop) env.push_back(entry);
+  }
+  return env;
+}
+
+// One launcher process: stdout and stderr go to a file in the run directory.
+class Launcher {
+ public:
+  Launcher(std::vector<std::string> argv, const std::string& log_path) : log_path_(log_path) {
+    int log_fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (log_fd < 0) throw std::runtime_error("cannot create " + log_path);
+    int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    // Everything the child needs, prepared before fork (only async-signal-safe calls after).
+    std::vector<std::string> env = launcherEnvironment();
+    std::vector<char*> cargv, cenv;
+    for (auto& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    for (auto& e : env) cenv.push_back(e.data());
+    cenv.push_back(nullptr);
+    const pid_t parent = ::getpid();
+    sigset_t all, saved, empty;
+    sigfillset(&all);
+    sigemptyset(&empty);
+    ::pthread_sigmask(SIG_SETMASK, &all, &saved);
+    t0_ = Clock::now();
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);
+      ::signal(SIGINT, SIG_DFL);
+      ::signal(SIGTERM, SIG_DFL);
+      ::signal(SIGHUP, SIG_DFL);
+      ::signal(SIGPIPE, SIG_DFL);
+      ::sigprocmask(SIG_SETMASK, &empty, nullptr);
+      ::dup2(null_fd, 0);
+      ::dup2(log_fd, 1);
+      ::dup2(log_fd, 2);
+      ::execve(cargv[0], cargv.data(), cenv.data());
+      static const char kMsg[] = "launch_bench: cannot execute the launcher\n";
+      ssize_t ignored = ::write(2, kMsg, sizeof(kMsg) - 1);
+      (void)ignored;
+      ::_exit(127);
+    }
+    int fork_errno = errno;
+    ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+    ::close(log_fd);
+    ::close(null_fd);
+    if (pid < 0) throw std::runtime_error("fork: " + std::string(std::strerror(fork_errno)));
+    pid_ = pid;
+    g_current_launcher.store(pid_);
+    pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
+  }
+
+  ~Launcher() {
+    if (pid_ > 0) kill();
+    if (pidfd_ >= 0) ::close(pidfd_);
+  }
+  Launcher(const Launcher&) = delete;
+  Launcher& operator=(const Launcher&) = delete;
+
+  pid_t pid() const { return pid_; }
+  bool running() const { return pid_ > 0; }
+
+  // Waits until the launcher exits or `deadline`; on exit records the status and the time.
+  // Returns false on timeout.
+  bool waitUntil(Clock::time_point deadline) {
+    while (pid_ > 0) {
+      checkInterrupted();
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (left.count() <= 0) return false;
+      int tick = static_cast<int>(std::min<int64_t>(left.count(), 200));
+      if (pidfd_ >= 0) {
+        pollfd p{pidfd_, POLLIN, 0};
+        int rc = ::poll(&p, 1, tick);
+        if (rc > 0) reap(Clock::now());
+      } else {
+        int st = 0;
+        pid_t r = ::waitpid(pid_, &st, WNOHANG);
+        if (r == pid_) {
+          finish(st, Clock::now());
+        } else {
+          std::this_thread::sleep_for(1ms);
+        }
+      }
+    }
+    return true;
+  }
+
+  // Stops the launcher and everything under it: SIGTERM to the launcher, up to 5 s, then
+  // SIGKILL to it and to each process of its tree (a fresh snapshot, by PID). Reaps the
+  // launcher. What a launcher that did exit left behind is re-parented to this subreaper and
+  // collected by reapLeftovers(), so no PID from an old snapshot is ever signalled.
+  void kill() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGTERM);
+    auto deadline = Clock::now() + 5s;
+    while (pid_ > 0 && Clock::now() < deadline) {
+      int st = 0;
+      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+        finish(st, Clock::now());
+        return;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    std::vector<pid_t> tree = descendantsOf(pid_);
+    ::kill(pid_, SIGKILL);
+    for (pid_t p : tree) ::kill(p, SIGKILL);
+    int st = 0;
+    while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
+    }
+    finish(st, Clock::now());
+  }
+
+  int status() const { return status_; }
+  double wallMs() const { return std::chrono::duration<double, std::milli>(t1_ - t0_).count(); }
+
+  std::string logTail(size_t max = 1500) const {
+    std::string s = readFile(log_path_);
+    if (s.size() > max) s = "..." + s.substr(s.size() - max);
+    return s.empty() ? "" : "; its output ends with:\n" + s;
+  }
+
+ private:
+  void reap(Clock::time_point now) {
+    int st = 0;
+    pid_t r;
+    while ((r = ::waitpid(pid_, &st, 0)) < 0 && errno == EINTR) {
+    }
+    if (r == pid_) finish(st, now);
+  }
+  void finish(int st, Clock::time_point now) {
+    status_ = st;
+    t1_ = now;
+    g_current_launcher.store(0);
+    pid_ = -1;
+  }
+
+  std::string log_path_;
+  pid_t pid_ = -1;
+  int pidfd_ = -1;
+  int status_ = -1;
+  Clock::time_point t0_, t1_;
+};
+
+struct Bench {
+  Options opt;
+  std::string worker_real;  // realpath of the worker, to recognise it in /proc/<pid>/exe
+  std::vector<Variant> variants;
+  std::vector<std::string> errors;
+};
+
+std::vector<std::string> launcherArgv(const Bench& b, const Variant& v, int nproc, int max_restarts,
+                                      uint16_t port, const std::vector<std::string>& worker_args) {
+  std::vector<std::string> argv;
+  if (v.torch) {
+    std::ostringstream mi;
+    mi << v.monitor_interval;
+    argv = {kPython,
+            b.opt.shim,
+            "--nproc=" + std::to_string(nproc),
+            "--port=" + std::to_string(port),
+            "--addr=" + std::string(kHost),
+            "--max-restarts=" + std::to_string(max_restarts),
+            "--monitor-interval=" + mi.str(),
+            "--rdzv-backend=static",
+            b.opt.worker};
+  } else {
+    argv = {b.opt.cpprun,
+            "--nproc-per-node=" + std::to_string(nproc),
+            "--max-restarts=" + std::to_string(max_restarts),
+            "--master-addr=" + std::string(kHost),
+            "--master-port=" + std::to_string(port),
+            "--no-python",
+            b.opt.worker};
+  }
+  for (const auto& a : worker_args) argv.push_back(a);
+  return argv;
+}
+
+// Runs after every launcher run: a launcher must leave no process behind. Returns false (and
+// records the error) when it did; such a run does not count.
+bool checkLeftovers(Bench* b, const std::string& what) {
+  std::string left = reapLeftovers();
+  if (left.empty()) return true;
+  b->errors.push_back(what + ": processes left running after the launcher exited (killed):" + left);
+  return false;
+}
+
+// Waits for the launcher's exit within the timeout; returns an error text ("" when it exited
+// with status 0).
+std::string finishRun(const Bench& b, Launcher* l, Clock::time_point deadline) {
+  if (!l->waitUntil(deadline)) {
+    l->kill();
+    return "did not exit within " + fmt(b.opt.timeout_s, 1) + " s (killed)" + l->logTail();
+  }
+  if (!WIFEXITED(l->status()) || WEXITSTATUS(l->status()) != 0) {
+    return describeStatus(l->status()) + l->logTail();
+  }
+  return "";
+}
+
+std::optional<int64_t> readNs(const std::string& path) {
+  std::string s = readFile(path);
+  if (s.empty() || s.find_first_not_of("0123456789\n") != std::string::npos) return std::nullopt;
+  return std::strtoll(s.c_str(), nullptr, 10);
+}
+
+// ---- the three scenarios; each returns nullopt on failure (the error is recorded).
+
+std::optional<double> runLaunch(Bench* b, const Variant& v, int nproc) {
+  TempDir dir;
+  uint16_t port = pickFreePort();
+  std::string what = "launch np=" + std::to_string(nproc) + " " + v.label;
+  auto deadline =
+      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(b->opt.timeout_s * 1000));
+  std::string err;
+  double ms = 0;
+  {
+    Launcher l(launcherArgv(*b, v, nproc, 0, port, {"launch", dir.path()}), dir.path() + "/log");
+    err = finishRun(*b, &l, deadline);
+    ms = l.wallMs();
+  }
+  bool clean = checkLeftovers(b, what);
+  if (!err.empty()) {
+    b->errors.push_back(what + ": " + err);
+    return std::nullopt;
+  }
+  if (!clean) return std::nullopt;
+  return ms;
+}
+
+struct FailureSample {
+  double detect_ms = 0;
+  double restart_ms = 0;
+};
+
+std::optional<FailureSample> runFailure(Bench* b, const Variant& v) {
+  TempDir dir;
+  uint16_t port = pickFreePort();
+  std::string what = "failure " + v.label;
+  auto deadline =
+      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(b->opt.timeout_s * 1000));
+  std::string err;
+  {
+    Launcher l(launcherArgv(*b, v, 2, 1, port, {"fail", dir.path()}), dir.path() + "/log");
+    err = finishRun(*b, &l, deadline);
+  }
+  bool clean = checkLeftovers(b, what);
+  if (!err.empty()) {
+    b->errors.push_back(what + ": " + err);
+    return std::nullopt;
+  }
+  if (!clean) return std::nullopt;
+  auto death = readNs(dir.path() + "/death");
+  auto term = readNs(dir.path() + "/term.0");
+  std::optional<int64_t> first_start;
+  for (int r = 0; r < 2; ++r) {
+    auto s = readNs(dir.path() + "/start.1." + std::to_string(r));
+    if (s && (!first_start || *s < *first_start)) first_start = s;
+  }
+  if (!death || !term || !first_start) {
+    b->errors.push_back(what + ": missing timestamp files (death " + (death ? "ok" : "missing") +
+                        ", rank 0 SIGTERM " + (term ? "ok" : "missing") + ", attempt-1 start " +
+                        (first_start ? "ok" : "missing") + ")");
+    return std::nullopt;
+  }
+  FailureSample s;
+  s.detect_ms = static_cast<double>(*term - *death) / 1e6;
+  s.restart_ms = static_cast<double>(*first_start - *death) / 1e6;
+  return s;
+}
+
+struct MemorySample {
+  double total_mib = 0;
+  double first_mib = 0;  // the launched process (cpprun: guardian; torch: python)
+  double rest_mib = 0;   // the others (cpprun: agent; torch: helpers, usually none)
+  int helpers = 0;       // non-worker processes besides the launched one
+};
+
+std::optional<MemorySample> runMemory(Bench* b, const Variant& v, int nproc) {
+  TempDir dir;
+  uint16_t port = pickFreePort();
+  std::string what = "memory np=" + std::to_string(nproc) + " " + v.label;
+  auto deadline =
+      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(b->opt.timeout_s * 1000));
+  std::string err;
+  MemorySample s;
+  {
+    Launcher l(launcherArgv(*b, v, nproc, 0, port, {"hold", dir.path()}), dir.path() + "/log");
+    try {
+      TcpStoreClientOptions o;
+      o.host = kHost;
+      o.port = port;
+      o.dialect = cpprun::rendezvous::wire::Dialect::kLegacy;
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      o.connect_timeout = std::min<std::chrono::milliseconds>(left, 60s);
+      o.timeout = o.connect_timeout;
+      TcpStoreClient store(o);
+      store.wait({"bench/hold/all_ready"}, o.timeout);
+      // Every worker is connected and blocked: sample the tree.
+      int workers = 0;
+      long first = vmHwmKb(l.pid());
+      long rest = 0;
+      for (pid_t p : descendantsOf(l.pid())) {
+        if (exeOf(p) == b->worker_real) {
+          ++workers;
+          continue;
+        }
+        long kb = vmHwmKb(p);
+        if (kb > 0) rest += kb;
+        ++s.helpers;
+      }
+      store.set("bench/hold/release", toBytes("1"));
+      if (first <= 0) throw std::runtime_error("cannot read VmHWM of the launcher");
+      if (workers != nproc) {
+        throw std::runtime_error("found " + std::to_string(workers) + " workers, expected " +
+                                 std::to_string(nproc));
+      }
+      s.first_mib = static_cast<double>(first) / 1024.0;
+      s.rest_mib = static_cast<double>(rest) / 1024.0;
+      s.total_mib = s.first_mib + s.rest_mib;
+    } catch (const Interrupted&) {
+      throw;
+    } catch (const std::exception& e) {
+      err = std::string("sampling failed: ") + e.what();
+      l.kill();
+      err += l.logTail();
+    }
+    if (err.empty()) err = finishRun(*b, &l, deadline);
+  }
+  bool clean = checkLeftovers(b, what);
+  if (!err.empty()) {
+    b->errors.push_back(what + ": " + err);
+    return std::nullopt;
+  }
+  if (!clean) return std::nullopt;
+  return s;
+}
+
+// ------------------------------------------------------------------------------------------
+// Statistics and output
+
+double median(std::vector<double> v) {
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+double minOf(const std::vector<double>& v) {
+  return v.empty() ? std::nan("") : *std::min_element(v.begin(), v.end());
+}
+
+std::string fmt(double v, int decimals) {
+  if (std::isnan(v)) return "nan";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+  return buf;
+}
+
+// One figure: samples per variant (same order as Bench::variants).
+struct Figure {
+  std::string name;  // RESULT name
+  std::string label;
+  std::string unit;
+  int decimals = 1;
+  std::vector<std::vector<double>> samples;
+};
+
+std::string cell(const std::vector<double>& s, int decimals) {
+  if (s.empty()) return "failed";
+  return fmt(median(s), decimals) + " (" + fmt(minOf(s), decimals) + ")";
+}
+
+void printTable(const Bench& b, const std::string& title, const std::vector<Figure>& figs) {
+  std::printf("\n== %s\n", title.c_str());
+  std::printf("%-28s", "figure");
+  for (const auto& v : b.variants) std::printf(" %22s", v.label.c_str());
+  for (size_t i = 1; i < b.variants.size(); ++i) {
+    std::printf(" %14s", ("ratio " + b.variants[i].label.substr(5)).c_str());
+  }
+  std::printf(" %6s\n", "runs");
+  for (const auto& f : figs) {
+    std::printf("%-28s", (f.label + " " + f.unit).c_str());
+    for (const auto& s : f.samples) std::printf(" %22s", cell(s, f.decimals).c_str());
+    for (size_t i = 1; i < f.samples.size(); ++i) {
+      std::printf(" %14s", fmt(median(f.samples[i]) / median(f.samples[0]), 1).c_str());
+    }
+    std::string runs;
+    for (const auto& s : f.samples) runs += (runs.empty() ? "" : "/") + std::to_string(s.size());
+    std::printf(" %6s\n", runs.c_str());
+  }
+}
+
+void printResults(const Bench& b, const std::vector<Figure>& figs) {
+  for (const auto& f : figs) {
+    double ours = median(f.samples[0]);
+    for (size_t i = 1; i < f.samples.size(); ++i) {
+      double peer = median(f.samples[i]);
+      std::string name = f.name;
+      if (i > 1) {
+        std::ostringstream mi;
+        mi << b.variants[i].monitor_interval;
+        name += "_mi" + mi.str();
+      }
+      std::printf("RESULT %s %s %s peer=%s ratio=%s\n", name.c_str(), fmt(ours, f.decimals).c_str(),
+                  f.unit.c_str(), fmt(peer, f.decimals).c_str(), fmt(peer / ours, 2).c_str());
+    }
+  }
+}
+
+void progress(const std::string& what) { std::fprintf(stderr, "launch_bench: %s\n", what.c_str()); }
+
+int benchMain(Bench* b) {
+  const Options& opt = b->opt;
+  char real[PATH_MAX];
+  if (::realpath(opt.worker.c_str(), real) == nullptr) {
+    throw std::runtime_error("bench worker " + opt.worker + ": " + std::strerror(errno));
+  }
+  b->worker_real = real;
+  if (::access(opt.cpprun.c_str(), X_OK) != 0) {
+    throw std::runtime_error("cpprun binary " + opt.cpprun + ": " + std::strerror(errno));
+  }
+  if (::access(kPython, X_OK) != 0 || ::access(opt.shim.c_str(), R_OK) != 0) {
+    throw std::runtime_error(std::string("the peer needs ") + kPython + " and " + opt.shim);
+  }
+  b->variants.push_back({"cpprun", false, 0});
+  for (double mi : opt.monitor_intervals) {
+    std::ostringstream label;
+    label << "torch(mi=" << mi << ")";
+    b->variants.push_back({label.str(), true, mi});
+  }
+  const size_t nv = b->variants.size();
+  // Rotates the order of the variants by the repetition index.
+  auto order = [&](int run) {
+    std::vector<size_t> idx(nv);
+    for (size_t i = 0; i < nv; ++i) idx[i] = (i + static_cast<size_t>(run)) % nv;
+    return idx;
+  };
+  auto t_start = Clock::now();
+
+  std::printf(
+      "launch_bench: cpprun %s vs torch 1.13 elastic_launch (%s %s; static rendezvous,\n"
+      "agent-hosted store, start_method spawn), worker %s\n",
+      opt.cpprun.c_str(), kPython, opt.shim.c_str(), opt.worker.c_str());
+  std::printf(
+      "runs per figure: %d, variants alternating; table cells: median (min); "
+      "ratio = torch/cpprun (> 1: cpprun better)\n",
+      opt.runs);
+  std::fflush(stdout);
+
+  std::vector<Figure> launch_figs, failure_figs, memory_figs;
+  if (opt.figures.count("launch")) {
+    for (int n : opt.nprocs) {
+      launch_figs.push_back({"launch_np" + std::to_string(n) + "_ms",
+                             "launch nproc " + std::to_string(n), "ms", 1,
+                             std::vector<std::vector<double>>(nv)});
+    }
+    for (int run = 0; run < opt.runs; ++run) {
+      for (size_t fi = 0; fi < opt.nprocs.size(); ++fi) {
+        for (size_t vi : order(run)) {
+          progress("launch nproc " + std::to_string(opt.nprocs[fi]) + " " + b->variants[vi].label +
+                   " run " + std::to_string(run + 1));
+          auto ms = runLaunch(b, b->variants[vi], opt.nprocs[fi]);
+          if (ms) launch_figs[fi].samples[vi].push_back(*ms);
+        }
+      }
+    }
+  }
+  if (opt.figures.count("failure")) {
+    failure_figs.push_back({"failure_detect_ms", "failure: SIGTERM to rank 0", "ms", 2,
+                            std::vector<std::vector<double>>(nv)});
+    failure_figs.push_back({"failure_restart_ms", "failure: attempt 1 started", "ms", 1,
+                            std::vector<std::vector<double>>(nv)});
+    for (int run = 0; run < opt.runs; ++run) {
+      for (size_t vi : order(run)) {
+        progress("failure " + b->variants[vi].label + " run " + std::to_string(run + 1));
+        auto s = runFailure(b, b->variants[vi]);
+        if (!s) continue;
+        failure_figs[0].samples[vi].push_back(s->detect_ms);
+        failure_figs[1].samples[vi].push_back(s->restart_ms);
+      }
+    }
+  }
+  std::vector<double> guardian_mib, agent_mib;
+  std::vector<int> torch_helpers;
+  if (opt.figures.count("memory")) {
+    std::string np = std::to_string(opt.memory_nproc);
+    memory_figs.push_back({"agent_peak_rss_np" + np + "_mib", "launcher VmHWM, nproc " + np, "MiB",
+                           2, std::vector<std::vector<double>>(nv)});
+    for (int run = 0; run < opt.runs; ++run) {
+      for (size_t vi : order(run)) {
+        progress("memory " + b->variants[vi].label + " run " + std::to_string(run + 1));
+        auto s = runMemory(b, b->variants[vi], opt.memory_nproc);
+        if (!s) continue;
+        memory_figs[0].samples[vi].push_back(s->total_mib);
+        if (vi == 0) {
+          guardian_mib.push_back(s->first_mib);
+          agent_mib.push_back(s->rest_mib);
+        } else {
+          torch_helpers.push_back(s->helpers);
+        }
+      }
+    }
+  }
+
+  if (!launch_figs.empty()) {
+    printTable(*b, "Launch: fork of the launcher -> launcher exited; worker = connect + set",
+               launch_figs);
+  }
+  if (!failure_figs.empty()) {
+    printTable(*b, "Failure (nproc 2, max restarts 1): times after rank 1's SIGKILL of itself",
+               failure_figs);
+  }
+  if (!memory_figs.empty()) {
+    printTable(*b, "Agent memory: VmHWM summed over the launcher's non-worker processes",
+               memory_figs);
+    std::printf(
+        "  cpprun: guardian %s MiB + agent %s MiB (medians); torch: non-worker processes "
+        "besides python: max %d\n",
+        fmt(median(guardian_mib), 2).c_str(), fmt(median(agent_mib), 2).c_str(),
+        torch_helpers.empty() ? 0 : *std::max_element(torch_helpers.begin(), torch_helpers.end()));
+  }
+
+  std::printf("\n== Targets (information, not enforced; torch = the first torch variant)\n");
+  auto target = [](const std::string& what, bool measured, bool pass, const std::string& detail) {
+    std::printf("   %-50s %s  %s\n", what.c_str(),
+                !measured ? "NOT MEASURED"
+                : pass    ? "MET"
+                          : "NOT MET",
+                detail.c_str());
+  };
+  if (nv > 1) {
+    for (const auto& f : launch_figs) {
+      double r = median(f.samples[1]) / median(f.samples[0]);
+      double r_last = median(f.samples[nv - 1]) / median(f.samples[0]);
+      bool measured = !f.samples[0].empty() && !f.samples[1].empty();
+      target(
+          f.label + ": cpprun >= 20x faster", measured, r >= 20,
+          "ratio " + fmt(r, 1) + " (vs " + b->variants[nv - 1].label + ": " + fmt(r_last, 1) + ")");
+    }
+    if (!failure_figs.empty()) {
+      double d = median(failure_figs[0].samples[0]);
+      target("failure detection < 5 ms", !failure_figs[0].samples[0].empty(), d < 5,
+             fmt(d, 2) + " ms");
+    }
+    if (!memory_figs.empty()) {
+      double r = median(memory_figs[0].samples[1]) / median(memory_figs[0].samples[0]);
+      bool measured = !memory_figs[0].samples[0].empty() && !memory_figs[0].samples[1].empty();
+      target("agent peak RSS <= 1/20 of torch's", measured, r >= 20, "ratio " + fmt(r, 1));
+    }
+  }
+
+  std::printf("\n");
+  if (nv > 1) {
+    printResults(*b, launch_figs);
+    printResults(*b, failure_figs);
+    printResults(*b, memory_figs);
+  }
+  if (!b->errors.empty()) {
+    std::printf("\n%zu run(s) failed:\n", b->errors.size());
+    for (const auto& e : b->errors) std::printf("  - %s\n", e.c_str());
+  }
+  std::printf("\ntotal %.1f s\n", std::chrono::duration<double>(Clock::now() - t_start).count());
+  std::fflush(stdout);
+  return b->errors.empty() ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Bench b;
+  b.opt = parseFlags(argc, argv);
+  ::signal(SIGPIPE, SIG_IGN);
+  struct sigaction sa {};
+  sa.sa_handler = onSignal;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGHUP, &sa, nullptr);
+  // Orphans of a launcher come back here, to be found and reaped (see reapLeftovers).
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  try {
+    return benchMain(&b);
+  } catch (const Interrupted&) {
+    // The launcher and its directory are gone by now (destructors); collect any orphans.
+    std::string left = reapLeftovers();
+    std::fflush(stdout);
+    std::fprintf(stderr, "launch_bench: interrupted by signal %d%s\n", g_interrupted.load(),
+                 left.empty() ? "" : ("; killed leftover processes:" + left).c_str());
+    return 128 + g_interrupted.load();
+  } catch (const std::exception& e) {
+    reapLeftovers();
+    std::fflush(stdout);
+    std::fprintf(stderr, "launch_bench: error: %s\n", e.what());
+    return 1;
+  }
+}
