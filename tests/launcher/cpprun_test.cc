@@ -120,12 +120,35 @@ TEST_CASE("restarts count up and a later attempt sees none of the earlier keys",
   TempDir dir;
   std::string d = dir.path();
   // Attempt 0 and 1 write a key without any prefix (as torch 2.x's workers do) and fail;
-  // attempt 2 checks that the key is gone, records the NCCL id key and succeeds.
-  ChildProcess run(
-      cpprunCommand({"--nproc-per-node=2", "--max-restarts=2", "--no-python", kWorker,
-                     "store-check", "stale-{rank}", d + "/check-{restart}-{rank}", "store-set",
-                     "stale-{rank}", "x", "exit-if-restart", "0", "3", "exit-if-restart", "1", "4",
-                     "env-json", d + "/env-{rank}.json"}));
+  // attempt 2 checks that the key is gone and succeeds. Every rank fails only once both ranks
+  // have made their checks (each blocks on both "checked" keys), so no check is cut short.
+  ChildProcess run(cpprunCommand({"--nproc-per-node=2",
+                                  "--max-restarts=2",
+                                  "--no-python",
+                                  kWorker,
+                                  "store-check",
+                                  "stale-{rank}",
+                                  d + "/check-{restart}-{rank}",
+                                  "store-set",
+                                  "stale-{rank}",
+                                  "x",
+                                  "store-set",
+                                  "checked-{rank}",
+                                  "x",
+                                  "store-get",
+                                  "checked-0",
+                                  d + "/seen-{restart}-{rank}",
+                                  "store-get",
+                                  "checked-1",
+                                  d + "/seen-{restart}-{rank}",
+                                  "exit-if-restart",
+                                  "0",
+                                  "3",
+                                  "exit-if-restart",
+                                  "1",
+                                  "4",
+                                  "env-json",
+                                  d + "/env-{rank}.json"}));
   auto status = run.wait(60s);
   REQUIRE(status.has_value());
   INFO(run.output());
@@ -134,6 +157,7 @@ TEST_CASE("restarts count up and a later attempt sees none of the earlier keys",
   CHECK(readFile(d + "/check-2-0") == "0");
   CHECK(readFile(d + "/check-2-1") == "0");
   CHECK(readFile(d + "/check-1-0") == "0");
+  CHECK(readFile(d + "/check-1-1") == "0");
   CHECK(run.output().find("restart 2 of 2") != std::string::npos);
 }
 
@@ -167,28 +191,12 @@ TEST_CASE("a failure is reported with the root cause its error file and its stde
           "[integration]") {
   TempDir dir;
   std::string own_error_file = dir.path() + "/cpprun-error.json";
-  ChildProcess run(cpprunCommand({"--nproc-per-node=3",
-                                  "--shutdown-timeout=5",
-                                  kWorker,
-                                  "print",
-                                  "up {rank}",
-                                  "exit-if-rank",
-                                  "0",
-                                  "0",
-                                  "kill-self-if-rank",
-                                  "2",
-                                  "TERM",
-                                  "eprint",
-                                  "loading shard 7",
-                                  "eprint",
-                                  "about to fail",
-                                  "write-error-file",
-                                  "nested",
-                                  "ValueError: bad shard",
-                                  "exit-if-rank",
-                                  "1",
-                                  "7"}),
-                   {{"TORCHELASTIC_ERROR_FILE", own_error_file}});
+  ChildProcess run(
+      cpprunCommand({"--nproc-per-node=3", "--shutdown-timeout=5", kWorker, "print", "up {rank}",
+                     "exit-if-rank", "0", "0", "eprint", "loading shard 7", "eprint",
+                     "about to fail", "write-error-file", "nested", "ValueError: bad shard",
+                     "exit-if-rank", "1", "7", "sleep-forever"}),
+      {{"TORCHELASTIC_ERROR_FILE", own_error_file}});
   auto status = run.wait(60s);
   REQUIRE(status.has_value());
   const std::string& out = run.output();
@@ -199,10 +207,11 @@ TEST_CASE("a failure is reported with the root cause its error file and its stde
   CHECK(out.find("about to fail") != std::string::npos);  // the stderr tail torchrun loses
   CHECK(out.find("[default1]:loading shard 7") != std::string::npos);
   Json doc = readJson(own_error_file);
-  // Rank 1 (exit 7) and rank 2 (SIGTERM to itself) both failed; rank 1's file wins only if it
-  // was first, so accept either root cause but require the shape.
+  // Rank 1 is the only worker that fails on its own (rank 2 waits and is torn down), so it is the
+  // root cause: cpprun's own error file carries rank 1's message in torchrun's shape.
   REQUIRE(doc.contains("message"));
   CHECK(doc["message"].contains("errorCode"));
+  CHECK(doc.dump().find("ValueError: bad shard") != std::string::npos);
 }
 
 TEST_CASE("teardown is bounded: SIGTERM then SIGKILL after the shutdown timeout", "[integration]") {
