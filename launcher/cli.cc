@@ -594,6 +594,8 @@ Result<CliResult> parseCommandLine(const std::vector<std::string>& args, const E
     given.insert(&spec);
   }
 
+  for (const OptionSpec* spec : given) config.given.insert(spec->name);
+
   if (given.count(findLong("--shutdown-timeout")) == 0) {
     auto it = env.find("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
     if (it != env.end()) {

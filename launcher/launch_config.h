@@ -5,6 +5,7 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,10 @@ struct LaunchConfig {
   bool virtual_local_rank = false;     // --virtual-local-rank
   bool worker_hosts_store = false;     // --worker-hosts-store: rank 0 hosts its own store
   bool dry_run = false;                // --dry-run
+
+  // Canonical long names ("--node-rank") of the options set on the command line or by their
+  // PET_ variable: scheduler discovery fills only the others.
+  std::set<std::string> given;
 
   std::string entrypoint;  // the script, module or program
   std::vector<std::string> entrypoint_args;

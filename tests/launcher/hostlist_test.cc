@@ -43,8 +43,7 @@ TEST_CASE("hostlist: Slurm's documented examples", "[unit]") {
         Hosts{"node01", "node02", "node03", "node04", "node07", "gpu-1a", "gpu-2a", "gpu-3a"});
   CHECK(hosts("r[1-2]n[1-2]") == Hosts{"r1n1", "r1n2", "r2n1", "r2n2"});
   CHECK(hosts("n[1-3]-ib") == Hosts{"n1-ib", "n2-ib", "n3-ib"});
-  CHECK(hosts("a[1-3,7],b[02-05]") ==
-        Hosts{"a1", "a2", "a3", "a7", "b02", "b03", "b04", "b05"});
+  CHECK(hosts("a[1-3,7],b[02-05]") == Hosts{"a1", "a2", "a3", "a7", "b02", "b03", "b04", "b05"});
   CHECK(hosts("n[1-]") == Hosts{"n1"});
   CHECK(hosts("odd]name") == Hosts{"odd]name"});
 }
