@@ -107,13 +107,14 @@ std::vector<std::string> formatEntry(size_t idx, const std::string& host, const 
   std::vector<std::string> lines;
   lines.push_back("[" + std::to_string(idx) + "]:");
   lines.push_back("  time      : " + formatLocalTime(f.time));
-  lines.push_back("  host      : " + host);
+  lines.push_back("  host      : " + (f.host.empty() ? host : f.host));
   lines.push_back("  rank      : " + std::to_string(f.rank) +
                   " (local_rank: " + std::to_string(f.local_rank) + ")");
   std::string exitcode =
       "  exitcode  : " + std::to_string(torchExitCode(f)) + " (pid: " + std::to_string(f.pid) + ")";
   if (f.signal > 0) exitcode += " " + signalName(f.signal);
   if (f.teardown) exitcode += " (stopped by cpprun during teardown)";
+  if (f.collateral) exitcode += " (collateral: failed after the root cause had stopped the job)";
   lines.push_back(std::move(exitcode));
   lines.push_back("  error_file: " +
                   (f.error_file.empty() ? std::string(kNotAvailable) : f.error_file));
@@ -318,12 +319,13 @@ WorkerFailure describeFailure(int local_rank, int rank, int pid, int wait_status
 
 size_t rootCauseIndex(const std::vector<WorkerFailure>& failures) {
   CPPRUN_CHECK(!failures.empty());
+  auto secondary = [](const WorkerFailure& f) { return f.teardown || f.collateral; };
   bool any_primary = std::any_of(failures.begin(), failures.end(),
-                                 [](const WorkerFailure& f) { return !f.teardown; });
+                                 [&](const WorkerFailure& f) { return !secondary(f); });
   std::optional<size_t> best;
   for (size_t i = 0; i < failures.size(); ++i) {
     const WorkerFailure& f = failures[i];
-    if (any_primary && f.teardown) continue;
+    if (any_primary && secondary(f)) continue;
     if (!best || f.time < failures[*best].time ||
         (f.time == failures[*best].time && f.rank < failures[*best].rank)) {
       best = i;

@@ -63,6 +63,11 @@ struct WorkerFailure {
   bool teardown = false;  // killed/ended by the agent during teardown (collateral, never a root
                           // cause unless nothing else)
   nlohmann::json error_document;  // the error file's whole document; null when none was read
+  // Multi-node jobs: the worker's host (empty: the report's host), and whether it failed on its
+  // own after another node's failure had already stopped the attempt (an NCCL or gloo error
+  // once a peer is gone): listed, never a root cause.
+  std::string host;
+  bool collateral = false;
 };
 
 // What torchrun and @record call the exit code: -signal when killed by a signal, else exit_code.

@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <optional>
+#include <thread>
 
 #include "agent/child_reaper.h"
 #include "agent/nccl_unique_id.h"
@@ -29,12 +30,12 @@ Result<JobOutcome> runLocalAgent(const LocalAgentOptions& options,
   int store_port = options.store_port;
   if (options.host_store) {
     rendezvous::TcpStoreServerOptions so;
-    so.host = options.store_host;
+    so.host = options.store_bind_host.empty() ? options.store_host : options.store_bind_host;
     so.port = static_cast<uint16_t>(options.store_port);
     auto created = rendezvous::TcpStoreServer::create(io, so);
     if (!created.isOk()) return created.status();
     store = std::move(created).value();
-    store_host = store->host();
+    if (options.store_bind_host.empty()) store_host = store->host();
     store_port = store->port();
     CPPRUN_LOG(kDebug) << "store listening on " << store_host << ":" << store_port;
   }
@@ -52,11 +53,59 @@ Result<JobOutcome> runLocalAgent(const LocalAgentOptions& options,
 
   auto launcher = makeSystemProcessLauncher();
   std::optional<JobOutcome> outcome;
+
+  // The host's part of every attempt: a clean store and one NCCL id for the whole job.
+  auto host_prepare = [&](int restart_count) -> std::string {
+    if (store) {
+      size_t erased = store->eraseKeysExcept(kAgentKeyPrefix);
+      if (erased > 0) {
+        CPPRUN_LOG(kDebug) << "attempt " << restart_count << ": erased " << erased
+                           << " store keys of the previous attempt";
+      }
+    }
+    if (!nccl) return "";
+    auto id = nccl->next();
+    if (!id.isOk()) {
+      CPPRUN_LOG(kWarn) << "ncclGetUniqueId failed: " << id.status().message()
+                        << "; CPPRUN_NCCL_UNIQUE_ID is not set for this attempt";
+      return "";
+    }
+    if (store) store->set(kNcclUniqueIdKey, id.value());
+    return id.value();
+  };
+
+  Supervisor* supervisor_ptr = nullptr;
+  std::unique_ptr<JobCoordinator> coordinator;
+  SupervisorOptions supervisor_options = options.supervisor;
+  if (options.multi_node) {
+    StoreCoordinatorOptions co = *options.multi_node;
+    co.store_host = options.host_store ? "127.0.0.1" : store_host;
+    if (options.host_store && store_host.find(':') != std::string::npos) co.store_host = "::1";
+    co.store_port = store_port;
+    co.max_restarts = options.supervisor.max_restarts;
+    coordinator = makeStoreCoordinator(
+        io, co, host_prepare,
+        [&](int n, const std::string& reason) {
+          if (supervisor_ptr) supervisor_ptr->onPeerStop(n, reason);
+        },
+        [&](const Status& s) {
+          if (supervisor_ptr) supervisor_ptr->onCoordinatorLost(s);
+        });
+    supervisor_options.coordinator = coordinator.get();
+  }
+
   auto prepare = [&](int restart_count) -> Result<AttemptSpec> {
     AttemptContext context;
     context.restart_count = restart_count;
     context.store_host = store_host;
     context.store_port = store_port;
+    if (coordinator) {
+      const auto& start = supervisor_ptr->attemptStart();
+      if (!start) return internalError("attempt prepared before the nodes agreed on it");
+      context.membership = start->membership;
+      context.nccl_unique_id_hex = start->nccl_unique_id_hex;
+      return make_attempt(context);
+    }
     if (store) {
       size_t erased = store->eraseKeysExcept(kAgentKeyPrefix);
       if (erased > 0) {
@@ -76,10 +125,11 @@ Result<JobOutcome> runLocalAgent(const LocalAgentOptions& options,
     return make_attempt(context);
   };
 
-  Supervisor supervisor(io, *launcher, options.supervisor, prepare, [&](const JobOutcome& result) {
+  Supervisor supervisor(io, *launcher, supervisor_options, prepare, [&](const JobOutcome& result) {
     outcome = result;
     io.stop();
   });
+  supervisor_ptr = &supervisor;
   ChildReaper reaper(io, [&](pid_t pid, int status) { supervisor.onChildExit(pid, status); });
 
   asio::signal_set handled(io);
@@ -96,6 +146,17 @@ Result<JobOutcome> runLocalAgent(const LocalAgentOptions& options,
   supervisor.start();
   if (!outcome) io.run();
   reaper.stop();
+  if (coordinator) {
+    // Its threads may be in the middle of a store request, and on node 0 that store is served
+    // by this loop: keep the loop running until they have left.
+    io.restart();
+    std::thread closer([&] {
+      coordinator.reset();
+      io.stop();
+    });
+    io.run();
+    closer.join();
+  }
   if (store) store->stop();
   if (!outcome) return internalError("the agent's event loop ended before the job did");
   return *outcome;

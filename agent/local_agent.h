@@ -13,6 +13,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,8 +28,13 @@ inline constexpr const char* kNcclUniqueIdKey = "cpprun/nccl_unique_id";
 
 struct LocalAgentOptions {
   bool host_store = true;
-  std::string store_host = "127.0.0.1";
-  int store_port = 0;  // 0: the kernel picks (no collisions between jobs on one host)
+  std::string store_host = "127.0.0.1";  // the workers' MASTER_ADDR, and where the store binds
+  int store_port = 0;           // 0: the kernel picks (no collisions between jobs on one host)
+  std::string store_bind_host;  // bind here instead of store_host when not empty ("::", all)
+  // Multi-node jobs (group_world_size > 1): the coordination with the other agents. The agent
+  // of group rank 0 serves the store (host_store); the others connect to store_host:store_port.
+  // store_host, store_port, max_restarts are filled in by the agent.
+  std::optional<StoreCoordinatorOptions> multi_node;
   std::vector<int> signals_to_handle;
   bool use_nccl = true;
   std::string nccl_library = "libnccl.so.2";
@@ -37,6 +43,7 @@ struct LocalAgentOptions {
 
 struct AttemptContext {
   int restart_count = 0;
+  std::optional<Membership> membership;  // multi-node: ranks and world size from the rendezvous
   std::string store_host;  // where the workers' store is (the agent's, when it serves one)
   int store_port = 0;
   std::string nccl_unique_id_hex;  // empty without NCCL

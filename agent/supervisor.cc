@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "common/asio.h"
 #include "common/logging.h"
@@ -27,6 +28,8 @@ int JobOutcome::exitCode() const {
       return 128 + signal;
     case Kind::kStartFailed:
       return 3;
+    case Kind::kLostPeers:
+      return 4;
   }
   return 1;
 }
@@ -70,6 +73,27 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
         drain_timer_(io) {}
 
   void startAttempt() {
+    if (options_.coordinator == nullptr) {
+      launchAttempt();
+      return;
+    }
+    // Every node must be ready (its previous attempt torn down) before any starts this one.
+    state_ = State::kIdle;
+    options_.coordinator->beginAttempt(
+        restart_count_, [weak = weak_from_this(), n = restart_count_](Result<AttemptStart> r) {
+          auto self = weak.lock();
+          if (!self || self->state_ == State::kDone || n != self->restart_count_) return;
+          if (!r.isOk()) {
+            self->lost_error_ = r.status();
+            self->finishJob();
+            return;
+          }
+          self->attempt_start_ = r.value();
+          self->launchAttempt();
+        });
+  }
+
+  void launchAttempt() {
     auto attempt = prepare_(restart_count_);
     if (!attempt.isOk()) {
       start_error_ = attempt.status();
@@ -80,6 +104,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     workers_.resize(attempt.value().workers.size());
     state_ = State::kRunning;
     attempt_failed_ = false;
+    peer_stopped_ = false;
     stop_signal_ = 0;
     for (size_t i = 0; i < workers_.size(); ++i) {
       workers_[i].spec = std::move(attempt.value().workers[i]);
@@ -91,6 +116,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
           if (workers_[j].pid < 0) workers_[j].exited = true;
         }
         CPPRUN_LOG(kError) << s.message();
+        announce("node could not start its workers: " + s.message());
         beginStop(SIGKILL);
         return;
       }
@@ -161,6 +187,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
                          << ", pid " << pid << ") " << describeStatus(status)
                          << "; stopping the other workers";
       attempt_failed_ = true;
+      announce("rank " + std::to_string(w->spec.rank) + " " + describeStatus(status));
       beginStop(SIGTERM);
       return;
     }
@@ -175,6 +202,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     if (state_ == State::kDone) return;
     received_signal_ = signo;
     CPPRUN_LOG(kWarn) << "received " << signalName(signo) << "; forwarding it to the workers";
+    if (state_ == State::kRunning) announce("received " + signalName(signo));
     switch (state_) {
       case State::kIdle:
         finishJob();
@@ -188,6 +216,30 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
       case State::kDraining:
       case State::kDone:
         break;
+    }
+  }
+
+  // Multi-node: claim the attempt's stop so every other node tears its workers down too.
+  void announce(const std::string& reason) {
+    if (options_.coordinator != nullptr) options_.coordinator->announceStop(restart_count_, reason);
+  }
+
+  void onPeerStop(int n, const std::string& reason) {
+    if (n != restart_count_ || state_ != State::kRunning) return;
+    CPPRUN_LOG(kWarn) << "another node stopped attempt " << n << " (" << reason
+                      << "); stopping the workers";
+    peer_stopped_ = true;
+    beginStop(SIGTERM);
+  }
+
+  void onCoordinatorLost(const Status& status) {
+    if (state_ == State::kDone) return;
+    CPPRUN_LOG(kError) << status.message() << "; stopping the workers";
+    lost_error_ = status;
+    if (state_ == State::kRunning) {
+      beginStop(SIGTERM);
+    } else if (state_ == State::kIdle) {
+      finishJob();  // between attempts: nothing is running
     }
   }
 
@@ -268,7 +320,11 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
 
   void finishAttempt() {
     failures_ = collectFailures();
-    if (received_signal_ != 0 || !start_error_.isOk() || !attempt_failed_) {
+    if (options_.coordinator != nullptr && lost_error_.isOk()) {
+      endAttemptWithPeers();
+      return;
+    }
+    if (received_signal_ != 0 || !start_error_.isOk() || !lost_error_.isOk() || !attempt_failed_) {
       finishJob();
       return;
     }
@@ -282,6 +338,63 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     if (options_.max_restarts > 0) {
       CPPRUN_LOG(kError) << "worker group failed and all " << options_.max_restarts
                          << " restarts are used";
+    }
+    finishJob();
+  }
+
+  // Multi-node: tell the others how this node's attempt ended; act on the job's decision.
+  void endAttemptWithPeers() {
+    AttemptReport report;
+    report.failures = failures_;
+    if (!start_error_.isOk()) {
+      report.kind = AttemptReport::Kind::kStartFailed;
+      report.error = start_error_.message();
+    } else if (received_signal_ != 0) {
+      report.kind = AttemptReport::Kind::kSignalled;
+      report.signal = received_signal_;
+    } else if (attempt_failed_) {
+      report.kind = AttemptReport::Kind::kFailed;
+    } else if (peer_stopped_) {
+      report.kind = AttemptReport::Kind::kStopped;
+    }
+    state_ = State::kIdle;
+    options_.coordinator->endAttempt(
+        restart_count_, report,
+        [weak = weak_from_this(), n = restart_count_](Result<JobDecision> r) {
+          auto self = weak.lock();
+          if (!self || self->state_ == State::kDone || n != self->restart_count_) return;
+          self->onDecision(r);
+        });
+  }
+
+  void onDecision(const Result<JobDecision>& r) {
+    if (!r.isOk()) {
+      lost_error_ = r.status();
+      finishJob();
+      return;
+    }
+    const JobDecision& d = r.value();
+    summary_ = d.summary;
+    switch (d.kind) {
+      case JobDecision::Kind::kRestart:
+        ++restart_count_;
+        CPPRUN_LOG(kWarn) << "the job's worker groups failed (" << d.summary
+                          << "); restarting every node (restart " << restart_count_ << " of "
+                          << options_.max_restarts << ")";
+        startAttempt();
+        return;
+      case JobDecision::Kind::kSucceeded:
+        attempt_failed_ = false;
+        start_error_ = Status::ok();
+        break;
+      case JobDecision::Kind::kFailed:
+        attempt_failed_ = true;
+        failures_ = d.failures;
+        if (!start_error_.isOk()) start_error_ = Status::ok();  // reported as a failure
+        break;
+      case JobDecision::Kind::kStopped:
+        if (received_signal_ == 0) received_signal_ = d.signal;
+        break;
     }
     finishJob();
   }
@@ -311,7 +424,11 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     JobOutcome outcome;
     outcome.restarts = restart_count_;
     outcome.failures = failures_;
-    if (!start_error_.isOk()) {
+    outcome.summary = summary_;
+    if (!lost_error_.isOk()) {
+      outcome.kind = JobOutcome::Kind::kLostPeers;
+      outcome.error = lost_error_;
+    } else if (!start_error_.isOk()) {
       outcome.kind = JobOutcome::Kind::kStartFailed;
       outcome.error = start_error_;
     } else if (received_signal_ != 0) {
@@ -351,6 +468,10 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
   std::vector<Worker> workers_;
   std::vector<WorkerFailure> failures_;
   bool attempt_failed_ = false;
+  bool peer_stopped_ = false;
+  Status lost_error_;
+  std::optional<AttemptStart> attempt_start_;
+  std::string summary_;
   int stop_signal_ = 0;
   int received_signal_ = 0;
   Status start_error_;
@@ -366,6 +487,13 @@ Supervisor::~Supervisor() = default;
 void Supervisor::start() { impl_->startAttempt(); }
 void Supervisor::onChildExit(pid_t pid, int wait_status) { impl_->onChildExit(pid, wait_status); }
 void Supervisor::onSignal(int signo) { impl_->onSignal(signo); }
+void Supervisor::onPeerStop(int restart_count, const std::string& reason) {
+  impl_->onPeerStop(restart_count, reason);
+}
+const std::optional<AttemptStart>& Supervisor::attemptStart() const {
+  return impl_->attempt_start_;
+}
+void Supervisor::onCoordinatorLost(const Status& status) { impl_->onCoordinatorLost(status); }
 bool Supervisor::done() const { return impl_->state_ == Impl::State::kDone; }
 int Supervisor::restartCount() const { return impl_->restart_count_; }
 

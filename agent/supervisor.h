@@ -26,10 +26,12 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "agent/failure_report.h"
+#include "agent/job_coordinator.h"
 #include "agent/process_launcher.h"
 #include "agent/worker_output.h"
 #include "agent/worker_spec.h"
@@ -54,16 +56,24 @@ struct SupervisorOptions {
   // wait for the pipes to reach EOF before giving up on the rest of the output.
   std::chrono::milliseconds drain_timeout{2000};
   OutputOptions output;
+  // Multi-node jobs: the other agents (null on one node). Attempts start when every node is
+  // ready, the first failure anywhere stops every node's workers, and the coordinator's
+  // decision (one restart budget for the job) replaces max_restarts. Must outlive the
+  // supervisor.
+  JobCoordinator* coordinator = nullptr;
 };
 
 struct JobOutcome {
-  enum class Kind { kSucceeded, kWorkersFailed, kSignalled, kStartFailed };
+  enum class Kind { kSucceeded, kWorkersFailed, kSignalled, kStartFailed, kLostPeers };
   Kind kind = Kind::kSucceeded;
-  int restarts = 0;                     // attempts restarted
-  int signal = 0;                       // kSignalled: the signal received
-  Status error;                         // kStartFailed: why
-  std::vector<WorkerFailure> failures;  // the last failed attempt's, in local-rank order
-  // 0 succeeded, 1 workers failed, 128+N signalled, 3 could not start (see README).
+  int restarts = 0;  // attempts restarted
+  int signal = 0;    // kSignalled: the signal received
+  Status error;      // kStartFailed, kLostPeers: why
+  // The last failed attempt's: this node's in local-rank order, or (multi-node) every node's.
+  std::vector<WorkerFailure> failures;
+  std::string summary;  // multi-node: who stopped the job first, or why it ended
+  // 0 succeeded, 1 workers failed, 128+N signalled, 3 could not start, 4 lost the other nodes
+  // (see README).
   int exitCode() const;
 };
 
@@ -87,6 +97,13 @@ class Supervisor {
   // A handled signal reached the agent: forward it to every group, then tear down. No restart
   // follows.
   void onSignal(int signo);
+  // Multi-node: another node's failure (or a lost agent) stopped attempt `restart_count`.
+  void onPeerStop(int restart_count, const std::string& reason);
+  // Multi-node: the job's store cannot be reached; the workers are stopped and the job ends.
+  void onCoordinatorLost(const Status& status);
+  // Multi-node: what the nodes agreed for the attempt being prepared (membership, NCCL id);
+  // set before PrepareAttempt runs. nullopt on one node.
+  const std::optional<AttemptStart>& attemptStart() const;
 
   bool done() const;
   int restartCount() const;

@@ -21,6 +21,8 @@
 #include "launcher/cli.h"
 #include "launcher/launch_plan.h"
 #include "launcher/node_resources.h"
+#include "launcher/rendezvous_settings.h"
+#include "launcher/scheduler_env.h"
 
 extern char** environ;
 
@@ -35,6 +37,7 @@ using namespace cpprun::launcher;
 
 constexpr int kExitUsage = 2;
 constexpr int kExitLaunchError = 3;
+constexpr int kExitLostPeers = 4;
 
 std::map<std::string, std::string> processEnvironment() {
   std::map<std::string, std::string> env;
@@ -118,8 +121,8 @@ Status makeRunDirectory(const LaunchConfig& config, RunDirectory* dir) {
   return Status::ok();
 }
 
-int runJob(const LaunchConfig& config, const NodeResources& node, int nproc,
-           const std::map<std::string, std::string>& env) {
+int runJob(const LaunchConfig& config, const RendezvousSettings& rdzv_settings,
+           const NodeResources& node, int nproc, const std::map<std::string, std::string>& env) {
   RunDirectory run_dir;
   Status dir_status = makeRunDirectory(config, &run_dir);
   if (!dir_status.isOk()) {
@@ -133,9 +136,20 @@ int runJob(const LaunchConfig& config, const NodeResources& node, int nproc,
   }
 
   agent::LocalAgentOptions options;
-  options.host_store = !config.worker_hosts_store;
-  options.store_host = config.master_addr;
-  options.store_port = config.master_port_given ? config.master_port : 0;
+  options.host_store = !config.worker_hosts_store && rdzv_settings.node_rank == 0;
+  options.store_host = rdzv_settings.store.host;
+  options.store_port = rdzv_settings.store.port;
+  if (rdzv_settings.multi_node) {
+    options.store_bind_host = rdzv_settings.bind_host;
+    agent::StoreCoordinatorOptions co;
+    co.group_rank = rdzv_settings.node_rank;
+    co.group_world_size = rdzv_settings.nnodes;
+    co.self = agent::AgentInfo{node.hostname, nproc};
+    co.join_timeout = rdzv_settings.join_timeout;
+    co.keep_alive_interval = rdzv_settings.keep_alive_interval;
+    co.keep_alive_max_attempt = rdzv_settings.keep_alive_max_attempt;
+    options.multi_node = co;
+  }
   options.signals_to_handle = config.signals_to_handle;
   options.supervisor.max_restarts = config.max_restarts;
   options.supervisor.shutdown_timeout =
@@ -151,12 +165,20 @@ int runJob(const LaunchConfig& config, const NodeResources& node, int nproc,
   }
 
   bool logged_notes = false;
+  int world_size = nproc;
   auto make_attempt = [&](const agent::AttemptContext& context) -> Result<agent::AttemptSpec> {
     RendezvousOutcome rdzv;
     rdzv.group_rank = 0;
     rdzv.group_world_size = 1;
     rdzv.base_rank = 0;
     rdzv.world_size = nproc;
+    if (context.membership) {
+      rdzv.group_rank = context.membership->group_rank;
+      rdzv.group_world_size = context.membership->group_world_size;
+      rdzv.base_rank = context.membership->base_rank;
+      rdzv.world_size = context.membership->world_size;
+    }
+    world_size = rdzv.world_size;
     rdzv.master_addr = context.store_host;
     rdzv.master_port = context.store_port;
     rdzv.run_id = config.rdzv_id;
@@ -184,12 +206,17 @@ int runJob(const LaunchConfig& config, const NodeResources& node, int nproc,
   const agent::JobOutcome& outcome = result.value();
   switch (outcome.kind) {
     case agent::JobOutcome::Kind::kSucceeded:
-      CPPRUN_LOG(kInfo) << "all " << nproc << " workers succeeded"
-                        << (outcome.restarts
-                                ? " after " + std::to_string(outcome.restarts) + " restart(s)"
-                                : "");
+      CPPRUN_LOG(kInfo)
+          << "all " << world_size << " workers"
+          << (rdzv_settings.multi_node ? " of " + std::to_string(rdzv_settings.nnodes) + " nodes"
+                                       : std::string())
+          << " succeeded"
+          << (outcome.restarts ? " after " + std::to_string(outcome.restarts) + " restart(s)" : "");
       break;
     case agent::JobOutcome::Kind::kWorkersFailed: {
+      if (rdzv_settings.multi_node && !outcome.summary.empty()) {
+        CPPRUN_LOG(kError) << "the job failed; first failure: " << outcome.summary;
+      }
       std::fputs(
           agent::formatFailureReport(config.entrypoint, node.hostname, outcome.failures).c_str(),
           stderr);
@@ -211,6 +238,10 @@ int runJob(const LaunchConfig& config, const NodeResources& node, int nproc,
     case agent::JobOutcome::Kind::kStartFailed:
       CPPRUN_LOG(kError) << "cannot start the workers: " << outcome.error.message();
       break;
+    case agent::JobOutcome::Kind::kLostPeers:
+      CPPRUN_LOG(kError) << "the job cannot go on without the other nodes: "
+                         << outcome.error.message();
+      return kExitLostPeers;
   }
   return outcome.exitCode();
 }
@@ -235,12 +266,24 @@ int main(int argc, char** argv) {
     std::printf("cpprun %s\n", CPPRUN_VERSION);
     return 0;
   }
-  const LaunchConfig& config = parsed.value().config;
-  if (config.max_nodes > 1) {
+  LaunchConfig config = parsed.value().config;
+  auto sched = discoverScheduler(env);
+  Provenance provenance;
+  Status discovered =
+      sched.isOk() ? applySchedulerEnvironment(sched.value(), config, provenance) : sched.status();
+  if (!discovered.isOk()) {
+    std::fprintf(stderr, "cpprun: error: %s\n", discovered.message().c_str());
+    return kExitUsage;
+  }
+  auto rdzv_settings = resolveRendezvous(config);
+  if (!rdzv_settings.isOk()) {
+    std::fprintf(stderr, "cpprun: error: %s\n", rdzv_settings.status().message().c_str());
+    return kExitUsage;
+  }
+  if (rdzv_settings.value().multi_node && config.worker_hosts_store) {
     std::fprintf(stderr,
-                 "cpprun: error: --nnodes %d:%d: this version runs one node only; multi-node "
-                 "rendezvous is not implemented yet\n",
-                 config.min_nodes, config.max_nodes);
+                 "cpprun: error: --worker-hosts-store is for one node: the agents of a "
+                 "multi-node job meet in the store the agent of node 0 serves\n");
     return kExitUsage;
   }
   NodeResources node = discoverNodeResources(env);
@@ -252,9 +295,11 @@ int main(int argc, char** argv) {
 
   if (config.dry_run) {
     RendezvousOutcome rdzv;
+    rdzv.group_rank = config.node_rank;
+    rdzv.group_world_size = config.max_nodes;
     rdzv.world_size = nproc.value();
-    rdzv.master_addr = config.master_addr;
-    rdzv.master_port = config.master_port_given ? config.master_port : 0;
+    rdzv.master_addr = rdzv_settings.value().store.host;
+    rdzv.master_port = rdzv_settings.value().store.port;
     rdzv.run_id = config.rdzv_id;
     std::string run_dir = (config.log_dir.empty() ? std::string("<temporary run dir>")
                                                   : config.log_dir + "/" + config.rdzv_id);
@@ -264,6 +309,24 @@ int main(int argc, char** argv) {
       return kExitUsage;
     }
     std::fputs(describeLaunchPlan(config, node, rdzv, plan.value()).c_str(), stdout);
+    if (sched.value().scheduler.empty()) {
+      std::puts("  discovered  no scheduler or MPI launcher in the environment");
+    } else {
+      std::printf("  discovered  %s\n", sched.value().scheduler.c_str());
+    }
+    for (const auto& [option, source] : provenance) {
+      if (option == "note") {
+        std::printf("  note        %s", source.c_str());
+      } else {
+        std::printf("  %-11s from %s\n", option.c_str(), source.c_str());
+      }
+    }
+    if (rdzv_settings.value().multi_node) {
+      std::printf(
+          "  (ranks shown as if this node came first: the rendezvous decides the base rank and "
+          "the world size; node 0 serves the store on %s:%d)\n",
+          rdzv_settings.value().bind_host.c_str(), rdzv_settings.value().store.port);
+    }
     if (rdzv.master_port == 0) {
       std::puts("  (store port 0: the agent binds a free port at start; MASTER_PORT is that port)");
     }
@@ -271,8 +334,9 @@ int main(int argc, char** argv) {
   }
 
   raiseOpenFileLimit();
-  int code = agent::runUnderGuardian([&] { return runJob(config, node, nproc.value(), env); },
-                                     config.signals_to_handle);
+  int code = agent::runUnderGuardian(
+      [&] { return runJob(config, rdzv_settings.value(), node, nproc.value(), env); },
+      config.signals_to_handle);
   if (code < 0) {
     std::perror("cpprun: fork");
     return kExitLaunchError;

@@ -17,6 +17,7 @@
 
 #include "agent/process_launcher.h"
 #include "rendezvous/tcp_store_server.h"
+#include "tests/launcher/cpprun_test_helpers.h"
 #include "tests/support/test_support.h"
 
 namespace {
@@ -24,60 +25,6 @@ namespace {
 using namespace cpprun::testing;
 using Json = nlohmann::json;
 namespace fs = std::filesystem;
-
-const std::string kWorker = CPPRUN_TEST_WORKER;
-
-std::vector<std::string> cpprunCommand(std::vector<std::string> args) {
-  args.insert(args.begin(), CPPRUN_BINARY);
-  return args;
-}
-
-std::string readFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-Json readJson(const std::string& path) { return Json::parse(readFile(path)); }
-
-std::vector<pid_t> pidsIn(const std::string& path) {
-  std::vector<pid_t> pids;
-  std::ifstream in(path);
-  long pid;
-  while (in >> pid) pids.push_back(static_cast<pid_t>(pid));
-  return pids;
-}
-
-// A process that exists and is not a zombie.
-bool alive(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string text;
-  if (!std::getline(stat, text)) return false;
-  size_t close = text.rfind(')');
-  return close != std::string::npos && text.size() > close + 2 && text[close + 2] != 'Z';
-}
-
-// Processes that are not our children die asynchronously; wait (bounded) until none is alive.
-bool allGone(const std::vector<pid_t>& pids, std::chrono::milliseconds bound = 10s) {
-  auto deadline = std::chrono::steady_clock::now() + bound;
-  for (;;) {
-    bool any = false;
-    for (pid_t p : pids) any = any || alive(p);
-    if (!any) return true;
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(10ms);
-  }
-}
-
-// The line has been relayed already, or arrives within the bound.
-bool relayed(ChildProcess& run, const std::string& line_start) {
-  if (run.output().find("\n" + line_start) != std::string::npos ||
-      run.output().rfind(line_start, 0) == 0) {
-    return true;
-  }
-  return run.waitForLine(line_start, 30s).has_value();
-}
 
 }  // namespace
 

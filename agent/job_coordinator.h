@@ -1,0 +1,124 @@
+// JobCoordinator: what makes one job out of the agents of several nodes. The store host (the
+// agent of node 0, which serves the store) and every other agent meet in the store:
+//
+//   join        every agent publishes its host and worker count; all wait for all (join_timeout)
+//   attempt n   every agent says it is ready; the host clears the workers' keys, makes the NCCL
+//               id and says "go" with it; every agent starts its workers
+//   failure     the first agent whose workers fail (or that gets a signal) claims the attempt's
+//               stop key (compare-and-set: the store decides who was first); every agent's
+//               watcher wakes and tears its workers down
+//   end of n    every agent reports how its workers ended; the host decides for the whole job —
+//               restart (one restart budget for the job), succeeded, failed (the root cause is
+//               the stop key's owner's first failure; the rest are listed as collateral) or
+//               stopped by a signal — and every agent acts on that one decision
+//   liveness    every agent bumps a heartbeat key each keep-alive interval; the host declares an
+//               agent lost after keep_alive_max_attempt silent intervals and stops the attempt;
+//               an agent that cannot reach the store within the same bound stops its workers
+//               and ends with exit code 4
+//
+// Keys live under "cpprun/" (kept across attempts); docs/rendezvous.md lists them. The store
+// operations per agent per attempt are a constant number (join: 3, attempt: 2, report: 3),
+// whatever the number of agents.
+//
+// Thread safety: the methods are called from the agent's loop thread; callbacks are posted to
+// that loop. The implementation does its blocking store calls on threads of its own.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agent/failure_report.h"
+#include "common/status.h"
+
+namespace boost::asio {
+class io_context;
+}
+
+namespace cpprun::agent {
+
+struct AgentInfo {
+  std::string host;
+  int nproc = 0;
+};
+
+// The outcome of the join: fixed for the whole job (static rendezvous).
+struct Membership {
+  int group_rank = 0;
+  int group_world_size = 1;
+  int base_rank = 0;              // global rank of this agent's local rank 0
+  int world_size = 0;             // workers in the whole job
+  std::vector<AgentInfo> agents;  // by group rank
+};
+
+struct AttemptStart {
+  Membership membership;
+  std::string nccl_unique_id_hex;  // the host's, the same on every node; empty without NCCL
+};
+
+// How this agent's workers ended in one attempt.
+struct AttemptReport {
+  enum class Kind { kSucceeded, kFailed, kStopped, kSignalled, kStartFailed };
+  Kind kind = Kind::kSucceeded;
+  int signal = 0;     // kSignalled
+  std::string error;  // kStartFailed
+  std::vector<WorkerFailure> failures;
+};
+
+// The host's decision for the whole job after an attempt.
+struct JobDecision {
+  enum class Kind { kRestart, kSucceeded, kFailed, kStopped };
+  Kind kind = Kind::kSucceeded;
+  int signal = 0;                       // kStopped: the signal an agent received
+  std::vector<WorkerFailure> failures;  // kFailed: every node's, with host; root cause first
+  std::string summary;                  // one line: who failed first, or why the job stopped
+};
+
+class JobCoordinator {
+ public:
+  using StartDone = std::function<void(Result<AttemptStart>)>;
+  using DecisionDone = std::function<void(Result<JobDecision>)>;
+  // Another agent claimed the attempt's stop (or an agent was lost): tear the workers down.
+  using PeerStop = std::function<void(int restart_count, const std::string& reason)>;
+  // The store cannot be reached any more (this agent is cut off from the job).
+  using Lost = std::function<void(const Status&)>;
+  // Host only, run on the loop before every attempt: clear the workers' keys and make the
+  // attempt's NCCL id (empty without NCCL).
+  using HostPrepare = std::function<std::string(int restart_count)>;
+
+  virtual ~JobCoordinator() = default;
+  virtual void beginAttempt(int restart_count, StartDone done) = 0;
+  // This agent's workers failed (or it received a signal): claim the attempt's stop.
+  virtual void announceStop(int restart_count, const std::string& reason) = 0;
+  virtual void endAttempt(int restart_count, const AttemptReport& report, DecisionDone done) = 0;
+};
+
+struct StoreCoordinatorOptions {
+  std::string store_host;  // to connect to (the host agent connects to its own store)
+  int store_port = 0;
+  int group_rank = 0;
+  int group_world_size = 1;
+  int max_restarts = 0;
+  AgentInfo self;
+  std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};
+  std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};
+  int keep_alive_max_attempt = 3;
+  // How long the host keeps serving after the final decision for the others to read it.
+  std::chrono::milliseconds final_linger{std::chrono::seconds(10)};
+};
+
+// REQUIRES: `io` outlives the coordinator, and runs while any request is pending.
+// `host_prepare` is required when group_rank == 0.
+std::unique_ptr<JobCoordinator> makeStoreCoordinator(boost::asio::io_context& io,
+                                                     StoreCoordinatorOptions options,
+                                                     JobCoordinator::HostPrepare host_prepare,
+                                                     JobCoordinator::PeerStop on_peer_stop,
+                                                     JobCoordinator::Lost on_lost);
+
+// JSON form of a failure as it crosses the store (time as epoch microseconds).
+nlohmann::json failureToJson(const WorkerFailure& failure);
+WorkerFailure failureFromJson(const nlohmann::json& doc);
+
+}  // namespace cpprun::agent

@@ -1,0 +1,660 @@
+// The store-backed JobCoordinator (job_coordinator.h): a control thread runs the requests of
+// the loop one at a time with its own client; a watcher thread waits on the current attempt's
+// stop key, bumps this agent's heartbeat and, on the host, watches the others' heartbeats.
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <future>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "agent/job_coordinator.h"
+#include "common/asio.h"
+#include "common/logging.h"
+#include "rendezvous/tcp_store_client.h"
+
+namespace cpprun::agent {
+
+namespace asio = boost::asio;
+using nlohmann::json;
+using rendezvous::StoreError;
+using rendezvous::StoreTimeout;
+using rendezvous::TcpStoreClient;
+using rendezvous::toString;
+using SteadyClock = std::chrono::steady_clock;
+using SystemClock = std::chrono::system_clock;
+
+json failureToJson(const WorkerFailure& f) {
+  return {
+      {"local_rank", f.local_rank},
+      {"rank", f.rank},
+      {"pid", f.pid},
+      {"exit_code", f.exit_code},
+      {"signal", f.signal},
+      {"time_us",
+       std::chrono::duration_cast<std::chrono::microseconds>(f.time.time_since_epoch()).count()},
+      {"error_file", f.error_file},
+      {"message", f.message},
+      {"traceback", f.traceback},
+      {"stderr_tail", f.stderr_tail},
+      {"teardown", f.teardown},
+      {"collateral", f.collateral},
+      {"host", f.host},
+      {"error_document", f.error_document}};
+}
+
+WorkerFailure failureFromJson(const json& d) {
+  WorkerFailure f;
+  f.local_rank = d.value("local_rank", 0);
+  f.rank = d.value("rank", 0);
+  f.pid = d.value("pid", 0);
+  f.exit_code = d.value("exit_code", 0);
+  f.signal = d.value("signal", 0);
+  f.time = SystemClock::time_point(std::chrono::duration_cast<SystemClock::duration>(
+      std::chrono::microseconds(d.value("time_us", int64_t{0}))));
+  f.error_file = d.value("error_file", "");
+  f.message = d.value("message", "");
+  f.traceback = d.value("traceback", "");
+  f.stderr_tail = d.value("stderr_tail", std::vector<std::string>{});
+  f.teardown = d.value("teardown", false);
+  f.collateral = d.value("collateral", false);
+  f.host = d.value("host", "");
+  if (d.contains("error_document")) f.error_document = d["error_document"];
+  return f;
+}
+
+namespace {
+
+const char* reportKindName(AttemptReport::Kind k) {
+  switch (k) {
+    case AttemptReport::Kind::kSucceeded:
+      return "succeeded";
+    case AttemptReport::Kind::kFailed:
+      return "failed";
+    case AttemptReport::Kind::kStopped:
+      return "stopped";
+    case AttemptReport::Kind::kSignalled:
+      return "signalled";
+    case AttemptReport::Kind::kStartFailed:
+      return "start_failed";
+  }
+  return "failed";
+}
+
+const char* decisionKindName(JobDecision::Kind k) {
+  switch (k) {
+    case JobDecision::Kind::kRestart:
+      return "restart";
+    case JobDecision::Kind::kSucceeded:
+      return "succeeded";
+    case JobDecision::Kind::kFailed:
+      return "failed";
+    case JobDecision::Kind::kStopped:
+      return "stopped";
+  }
+  return "failed";
+}
+
+JobDecision::Kind decisionKindFromName(const std::string& s) {
+  if (s == "restart") return JobDecision::Kind::kRestart;
+  if (s == "succeeded") return JobDecision::Kind::kSucceeded;
+  if (s == "stopped") return JobDecision::Kind::kStopped;
+  return JobDecision::Kind::kFailed;
+}
+
+std::string attemptKey(int n, const std::string& what) {
+  return "cpprun/attempt/" + std::to_string(n) + "/" + what;
+}
+std::string nodeKey(int r) { return "cpprun/rdzv/node/" + std::to_string(r); }
+std::string heartbeatKey(int r) { return "cpprun/heartbeat/" + std::to_string(r); }
+
+std::string formatSeconds(SteadyClock::duration d) {
+  char buf[32];
+  std::snprintf(
+      buf, sizeof buf, "%.1f s",
+      static_cast<double>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()) /
+          1000.0);
+  return buf;
+}
+
+// Thrown inside the control thread when the job is over or the store is gone.
+struct Abandoned {
+  Status status;
+};
+
+class StoreCoordinator : public JobCoordinator {
+ public:
+  StoreCoordinator(asio::io_context& io, StoreCoordinatorOptions options, HostPrepare host_prepare,
+                   PeerStop on_peer_stop, Lost on_lost)
+      : io_(io),
+        opts_(std::move(options)),
+        host_prepare_(std::move(host_prepare)),
+        on_peer_stop_(std::move(on_peer_stop)),
+        on_lost_(std::move(on_lost)) {
+    control_ = std::thread([this] { controlLoop(); });
+  }
+
+  ~StoreCoordinator() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      shutting_down_ = true;
+    }
+    cv_.notify_all();
+    control_.join();
+    if (watcher_.joinable()) watcher_.join();
+  }
+
+  void beginAttempt(int n, StartDone done) override {
+    enqueue([this, n, done = std::move(done)] {
+      Result<AttemptStart> result = guarded<AttemptStart>([&] { return doBeginAttempt(n); });
+      post([done, result] { done(result); });
+    });
+  }
+
+  void announceStop(int n, const std::string& reason) override {
+    enqueue([this, n, reason] {
+      Result<bool> claimed = guarded<bool>([&] {
+        claimStop(
+            *control_client_, n, opts_.group_rank,
+            "node " + std::to_string(opts_.group_rank) + " (" + opts_.self.host + "): " + reason);
+        return true;
+      });
+      if (!claimed.isOk()) {
+        CPPRUN_LOG(kWarn) << "cannot tell the other nodes: " << claimed.status().message();
+      }
+    });
+  }
+
+  void endAttempt(int n, const AttemptReport& report, DecisionDone done) override {
+    enqueue([this, n, report, done = std::move(done)] {
+      Result<JobDecision> result = guarded<JobDecision>([&] { return doEndAttempt(n, report); });
+      post([done, result] { done(result); });
+    });
+  }
+
+ private:
+  bool isHost() const { return opts_.group_rank == 0; }
+
+  template <typename F>
+  void post(F f) {
+    asio::post(io_, std::move(f));
+  }
+
+  void enqueue(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      tasks_.push_back(std::move(task));
+    }
+    cv_.notify_all();
+  }
+
+  // Runs `f`, turning store trouble into a Status.
+  template <typename T, typename F>
+  Result<T> guarded(F f) {
+    try {
+      return f();
+    } catch (const Abandoned& a) {
+      return a.status;
+    } catch (const StoreTimeout& e) {
+      return timeoutError(e.what());
+    } catch (const StoreError& e) {
+      return unavailable(storeWhere() + ": " + e.what());
+    }
+  }
+
+  std::string storeWhere() const {
+    return "the job's store at " + opts_.store_host + ":" + std::to_string(opts_.store_port) +
+           " (served by the agent of node 0)";
+  }
+
+  std::unique_ptr<TcpStoreClient> connect(std::chrono::milliseconds connect_timeout,
+                                          std::chrono::milliseconds timeout) {
+    rendezvous::TcpStoreClientOptions o;
+    o.host = opts_.store_host;
+    o.port = static_cast<uint16_t>(opts_.store_port);
+    o.connect_timeout = connect_timeout;
+    o.timeout = timeout;
+    // Agents usually start within moments of each other: retry often, so node 0 coming up a
+    // little later costs milliseconds, not a second of backoff.
+    o.initial_backoff = std::chrono::milliseconds(5);
+    o.max_backoff = std::chrono::milliseconds(100);
+    return std::make_unique<TcpStoreClient>(o);
+  }
+
+  void controlLoop() {
+    while (true) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return shutting_down_ || !tasks_.empty(); });
+        // Shutting down: the loop no longer runs, so the callbacks of what is left could not
+        // be delivered; drop it.
+        if (shutting_down_) break;
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      task();
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    watch_attempt_ = -2;  // tells the watcher to leave
+  }
+
+  // Waits for `keys` in keep-alive-sized slices, so a lost store, a lost agent (host) or the
+  // end of the job is noticed within one interval. `what` names the wait in errors.
+  void waitKeys(TcpStoreClient& client, const std::vector<std::string>& keys,
+                std::chrono::milliseconds total, const std::string& what,
+                const std::function<void()>& on_slice = {}) {
+    const auto deadline = SteadyClock::now() + total;
+    while (true) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!store_status_.isOk()) throw Abandoned{store_status_};
+        if (shutting_down_) throw Abandoned{internalError("the agent is shutting down")};
+      }
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
+      if (left.count() <= 0) {
+        throw Abandoned{timeoutError(what + ": not done after " +
+                                     std::to_string(total.count() / 1000.0) + " s")};
+      }
+      try {
+        client.wait(keys, std::min(left, opts_.keep_alive_interval));
+        return;
+      } catch (const StoreTimeout&) {
+        if (on_slice) on_slice();
+      }
+    }
+  }
+
+  Membership join() {
+    const int n = opts_.group_world_size;
+    json self = {{"host", opts_.self.host}, {"nproc", opts_.self.nproc}};
+    control_client_->set(nodeKey(opts_.group_rank), self.dump());
+    control_client_->add(heartbeatKey(opts_.group_rank), 1);
+    std::vector<std::string> keys;
+    for (int r = 0; r < n; ++r) keys.push_back(nodeKey(r));
+    CPPRUN_LOG(kInfo) << "rendezvous: node " << opts_.group_rank << " of " << n
+                      << " joined; waiting for the others (join timeout "
+                      << opts_.join_timeout.count() / 1000.0 << " s)";
+    try {
+      control_client_->wait(keys, opts_.join_timeout);
+    } catch (const StoreTimeout&) {
+      std::string missing;
+      for (int r = 0; r < n; ++r) {
+        if (!control_client_->check({nodeKey(r)})) {
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        }
+      }
+      throw Abandoned{timeoutError("rendezvous: nodes " + missing + " did not join within " +
+                                   std::to_string(opts_.join_timeout.count() / 1000.0) +
+                                   " s (--rdzv-conf join_timeout)")};
+    }
+    auto values = control_client_->multiGet(keys);
+    Membership m;
+    m.group_rank = opts_.group_rank;
+    m.group_world_size = n;
+    for (int r = 0; r < n; ++r) {
+      json doc = json::parse(toString(values[static_cast<size_t>(r)]), nullptr, false);
+      if (!doc.is_object() || !doc.contains("nproc") || !doc["nproc"].is_number_integer()) {
+        throw Abandoned{internalError("rendezvous: node " + std::to_string(r) +
+                                      " published a malformed record in the store")};
+      }
+      AgentInfo info{doc.value("host", ""), doc["nproc"].get<int>()};
+      if (r < opts_.group_rank) m.base_rank += info.nproc;
+      m.world_size += info.nproc;
+      m.agents.push_back(info);
+    }
+    CPPRUN_LOG(kInfo) << "rendezvous complete: " << n << " nodes, " << m.world_size
+                      << " workers; this node has ranks " << m.base_rank << ".."
+                      << m.base_rank + opts_.self.nproc - 1;
+    return m;
+  }
+
+  AttemptStart doBeginAttempt(int n) {
+    if (!control_client_) {
+      // The first agents may start long before node 0: keep trying for the join timeout.
+      control_client_ = connect(opts_.join_timeout, opts_.keep_alive_interval * 2);
+    }
+    if (!membership_) {
+      membership_ = join();
+      watcher_ = std::thread([this] { watchLoop(); });
+    }
+    control_client_->set(attemptKey(n, "ready/" + std::to_string(opts_.group_rank)), "1");
+    std::string go;
+    if (isHost()) {
+      std::vector<std::string> keys;
+      for (int r = 0; r < opts_.group_world_size; ++r) {
+        keys.push_back(attemptKey(n, "ready/" + std::to_string(r)));
+      }
+      try {
+        waitKeys(*control_client_, keys, opts_.join_timeout,
+                 "attempt " + std::to_string(n) + ": waiting for every node to be ready",
+                 [&] { throwIfAgentLost(); });
+      } catch (const Abandoned& a) {
+        control_client_->set(attemptKey(n, "go"), "!" + a.status.message());
+        throw;
+      }
+      go = runOnLoop([this, n] { return host_prepare_(n); });
+      control_client_->set(attemptKey(n, "go"), go);
+    } else {
+      waitKeys(*control_client_, {attemptKey(n, "go")}, opts_.join_timeout,
+               "attempt " + std::to_string(n) + ": waiting for node 0's go");
+      go = toString(control_client_->get(attemptKey(n, "go")));
+      if (!go.empty() && go[0] == '!') throw Abandoned{unavailable(go.substr(1))};
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      watch_attempt_ = n;
+    }
+    cv_.notify_all();
+    return AttemptStart{*membership_, go};
+  }
+
+  std::string runOnLoop(std::function<std::string()> f) {
+    auto task = std::make_shared<std::packaged_task<std::string()>>(std::move(f));
+    auto result = task->get_future();
+    post([task] { (*task)(); });
+    while (result.wait_for(opts_.keep_alive_interval) != std::future_status::ready) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (shutting_down_) throw Abandoned{internalError("the agent is shutting down")};
+    }
+    return result.get();
+  }
+
+  void throwIfAgentLost() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!lost_agents_.empty()) {
+      throw Abandoned{unavailable(lost_agents_.begin()->second)};
+    }
+  }
+
+  static void claimStop(TcpStoreClient& client, int n, int by, const std::string& reason) {
+    json doc = {{"by", by}, {"reason", reason}};
+    client.compareSet(attemptKey(n, "stop"), {}, rendezvous::toBytes(doc.dump()));
+  }
+
+  JobDecision doEndAttempt(int n, const AttemptReport& report) {
+    json doc = {{"kind", reportKindName(report.kind)},
+                {"signal", report.signal},
+                {"error", report.error},
+                {"failures", json::array()}};
+    for (const WorkerFailure& f : report.failures) {
+      WorkerFailure with_host = f;
+      with_host.host = opts_.self.host;
+      doc["failures"].push_back(failureToJson(with_host));
+    }
+    control_client_->set(attemptKey(n, "report/" + std::to_string(opts_.group_rank)), doc.dump());
+    JobDecision decision;
+    if (isHost()) {
+      decision = decide(n);
+      int readers = opts_.group_world_size;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        readers -= static_cast<int>(lost_agents_.size());
+      }
+      decision_readers_ = readers;
+      json d = {{"kind", decisionKindName(decision.kind)},
+                {"readers", readers},
+                {"signal", decision.signal},
+                {"summary", decision.summary},
+                {"failures", json::array()}};
+      for (const WorkerFailure& f : decision.failures) d["failures"].push_back(failureToJson(f));
+      control_client_->set(attemptKey(n, "decision"), d.dump());
+    } else {
+      waitKeys(*control_client_, {attemptKey(n, "decision")}, opts_.join_timeout,
+               "attempt " + std::to_string(n) + ": waiting for node 0's decision");
+      json d =
+          json::parse(toString(control_client_->get(attemptKey(n, "decision"))), nullptr, false);
+      if (!d.is_object()) throw Abandoned{internalError("malformed decision in the store")};
+      decision.kind = decisionKindFromName(d.value("kind", ""));
+      decision_readers_ = d.value("readers", opts_.group_world_size);
+      decision.signal = d.value("signal", 0);
+      decision.summary = d.value("summary", "");
+      for (const json& f : d.value("failures", json::array())) {
+        decision.failures.push_back(failureFromJson(f));
+      }
+    }
+    if (decision.kind != JobDecision::Kind::kRestart) finishJob(n);
+    return decision;
+  }
+
+  // Host: every report (or a lost agent's stand-in), then one decision for the job.
+  JobDecision decide(int n) {
+    const int world = opts_.group_world_size;
+    std::map<int, json> reports;
+    while (static_cast<int>(reports.size()) < world) {
+      std::vector<std::string> missing;
+      std::vector<int> missing_ranks;
+      for (int r = 0; r < world; ++r) {
+        if (reports.count(r)) continue;
+        std::lock_guard<std::mutex> lock(mu_);
+        auto lost = lost_agents_.find(r);
+        if (lost != lost_agents_.end()) {
+          reports[r] = {{"kind", "lost"}, {"error", lost->second}};
+          continue;
+        }
+        missing.push_back(attemptKey(n, "report/" + std::to_string(r)));
+        missing_ranks.push_back(r);
+      }
+      if (missing.empty()) break;
+      try {
+        control_client_->wait(missing, opts_.keep_alive_interval);
+      } catch (const StoreTimeout&) {
+        continue;  // look at the lost agents again
+      }
+      auto values = control_client_->multiGet(missing);
+      for (size_t i = 0; i < missing.size(); ++i) {
+        json r = json::parse(toString(values[i]), nullptr, false);
+        reports[missing_ranks[i]] = r.is_object() ? r : json{{"kind", "failed"}};
+      }
+    }
+
+    int owner = -1;
+    std::string stop_reason;
+    if (control_client_->check({attemptKey(n, "stop")})) {
+      json stop =
+          json::parse(toString(control_client_->get(attemptKey(n, "stop"))), nullptr, false);
+      if (stop.is_object()) {
+        owner = stop.value("by", -1);
+        stop_reason = stop.value("reason", "");
+      }
+    }
+
+    JobDecision d;
+    std::vector<WorkerFailure> root_failures;
+    std::vector<WorkerFailure> other_failures;
+    bool any_failed = false;
+    std::string lost_error;
+    std::string start_error;
+    for (auto& [rank, report] : reports) {
+      const std::string kind = report.value("kind", "failed");
+      if (kind == "lost") {
+        lost_error = report.value("error", "");
+        // The lost agent's workers died with it (parent-death signal) or are cut off; stand in
+        // for them so the report names the node.
+        WorkerFailure stand_in;
+        stand_in.host = membership_->agents[static_cast<size_t>(rank)].host;
+        for (int r = 0; r < rank; ++r) {
+          stand_in.rank += membership_->agents[static_cast<size_t>(r)].nproc;
+        }
+        stand_in.exit_code = 1;
+        stand_in.time = SystemClock::now();
+        stand_in.message = lost_error;
+        root_failures.insert(root_failures.begin(), stand_in);
+        continue;
+      }
+      if (kind == "start_failed" && start_error.empty()) {
+        start_error = "node " + std::to_string(rank) + ": " + report.value("error", "");
+      }
+      if (kind == "signalled" && d.signal == 0) d.signal = report.value("signal", 0);
+      if (kind == "failed") any_failed = true;
+      for (const json& f : report.value("failures", json::array())) {
+        WorkerFailure wf = failureFromJson(f);
+        if (owner >= 0 && rank != owner) wf.collateral = !wf.teardown;
+        (rank == owner ? root_failures : other_failures).push_back(std::move(wf));
+      }
+    }
+    d.failures = std::move(root_failures);
+    d.failures.insert(d.failures.end(), other_failures.begin(), other_failures.end());
+    d.summary = stop_reason;
+    if (d.signal != 0) {
+      d.kind = JobDecision::Kind::kStopped;
+    } else if (!lost_error.empty()) {
+      d.kind = JobDecision::Kind::kFailed;
+      d.summary = lost_error;
+    } else if (!start_error.empty()) {
+      d.kind = JobDecision::Kind::kFailed;
+      d.summary = start_error;
+    } else if (any_failed || owner >= 0) {
+      d.kind = n < opts_.max_restarts ? JobDecision::Kind::kRestart : JobDecision::Kind::kFailed;
+    } else {
+      d.kind = JobDecision::Kind::kSucceeded;
+    }
+    return d;
+  }
+
+  // After the final decision: wake every watcher (the stop key), count this agent out and, on
+  // the host, keep serving until everyone has read the decision (bounded).
+  void finishJob(int n) {
+    claimStop(*control_client_, n, -1, "the job ended");
+    // Lost agents never read it: the host counts only the live ones in ("readers").
+    const int64_t out = control_client_->add(attemptKey(n, "done"), 1);
+    if (out >= decision_readers_) control_client_->set(attemptKey(n, "all_done"), "1");
+    if (isHost()) {
+      try {
+        control_client_->wait({attemptKey(n, "all_done")}, opts_.final_linger);
+      } catch (const StoreTimeout&) {
+        CPPRUN_LOG(kWarn) << "not every node read the job's outcome within "
+                          << opts_.final_linger.count() / 1000.0 << " s; ending anyway";
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    job_over_ = true;
+  }
+
+  // The watcher: this agent's heartbeat, the current attempt's stop key and, on the host,
+  // everyone's heartbeats.
+  void watchLoop() {
+    std::unique_ptr<TcpStoreClient> client;
+    const auto bound = opts_.keep_alive_interval * opts_.keep_alive_max_attempt;
+    try {
+      client = connect(bound, opts_.keep_alive_interval);
+    } catch (const StoreError& e) {
+      reportLost(unavailable("cannot reach " + storeWhere() + ": " + e.what()));
+      return;
+    }
+    int handled_stop = -1;
+    std::map<int, std::pair<int64_t, SteadyClock::time_point>> seen;  // host: rank -> beat
+    while (true) {
+      int n;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (watch_attempt_ == -2 || job_over_) return;
+        n = watch_attempt_;
+        if (n == handled_stop) {
+          cv_.wait_for(lock, opts_.keep_alive_interval,
+                       [&] { return watch_attempt_ != handled_stop || shutting_down_; });
+          if (watch_attempt_ == -2 || job_over_) return;
+          n = watch_attempt_;
+        }
+      }
+      try {
+        if (n != handled_stop) {
+          try {
+            client->wait({attemptKey(n, "stop")}, opts_.keep_alive_interval);
+            json stop = json::parse(toString(client->get(attemptKey(n, "stop"))), nullptr, false);
+            handled_stop = n;
+            const int by = stop.is_object() ? stop.value("by", -1) : -1;
+            if (by != opts_.group_rank && by != -1) {
+              std::string reason = stop.is_object() ? stop.value("reason", "") : "";
+              post([this, n, reason] { on_peer_stop_(n, reason); });
+            }
+          } catch (const StoreTimeout&) {
+          }
+        }
+        client->add(heartbeatKey(opts_.group_rank), 1);
+        if (isHost()) checkHeartbeats(*client, n, seen, bound);
+      } catch (const StoreError& e) {
+        reportLost(unavailable("lost " + storeWhere() + ": " + e.what()));
+        return;
+      }
+    }
+  }
+
+  void checkHeartbeats(TcpStoreClient& client, int n,
+                       std::map<int, std::pair<int64_t, SteadyClock::time_point>>& seen,
+                       std::chrono::milliseconds bound) {
+    std::vector<std::string> keys;
+    for (int r = 1; r < opts_.group_world_size; ++r) keys.push_back(heartbeatKey(r));
+    if (keys.empty()) return;
+    auto values = client.multiGet(keys);
+    const auto now = SteadyClock::now();
+    for (int r = 1; r < opts_.group_world_size; ++r) {
+      const int64_t beat = std::atoll(toString(values[static_cast<size_t>(r - 1)]).c_str());
+      auto it = seen.find(r);
+      if (it == seen.end() || it->second.first != beat) {
+        seen[r] = {beat, now};
+        continue;
+      }
+      if (now - it->second.second < bound) continue;
+      std::string reason;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (lost_agents_.count(r)) continue;
+        const AgentInfo& info = membership_->agents[static_cast<size_t>(r)];
+        reason = "the agent of node " + std::to_string(r) + " (" + info.host +
+                 ") stopped responding: no heartbeat for " + formatSeconds(now - it->second.second);
+        lost_agents_[r] = reason;
+      }
+      CPPRUN_LOG(kError) << reason;
+      if (n >= 0) {
+        claimStop(client, n, r, reason);
+        post([this, n, reason] { on_peer_stop_(n, reason); });
+      }
+    }
+  }
+
+  void reportLost(const Status& status) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (job_over_ || shutting_down_ || !store_status_.isOk()) return;
+      store_status_ = status;
+    }
+    post([this, status] { on_lost_(status); });
+  }
+
+  asio::io_context& io_;
+  StoreCoordinatorOptions opts_;
+  HostPrepare host_prepare_;
+  PeerStop on_peer_stop_;
+  Lost on_lost_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;         // guarded by mu_
+  bool shutting_down_ = false;                      // guarded by mu_
+  bool job_over_ = false;                           // guarded by mu_
+  int watch_attempt_ = -1;                          // guarded by mu_; -2: watcher must leave
+  Status store_status_;                             // guarded by mu_
+  std::map<int, std::string> lost_agents_;          // guarded by mu_ (host)
+  std::unique_ptr<TcpStoreClient> control_client_;  // control thread only
+  std::optional<Membership> membership_;            // written once by the control thread
+  int decision_readers_ = 0;                        // control thread only
+  std::thread control_;
+  std::thread watcher_;
+};
+
+}  // namespace
+
+std::unique_ptr<JobCoordinator> makeStoreCoordinator(asio::io_context& io,
+                                                     StoreCoordinatorOptions options,
+                                                     JobCoordinator::HostPrepare host_prepare,
+                                                     JobCoordinator::PeerStop on_peer_stop,
+                                                     JobCoordinator::Lost on_lost) {
+  return std::make_unique<StoreCoordinator>(io, std::move(options), std::move(host_prepare),
+                                            std::move(on_peer_stop), std::move(on_lost));
+}
+
+}  // namespace cpprun::agent

@@ -1,0 +1,125 @@
+#include "launcher/rendezvous_settings.h"
+
+#include <cmath>
+#include <cstdlib>
+
+namespace cpprun::launcher {
+
+namespace {
+
+Result<std::chrono::milliseconds> confSeconds(const LaunchConfig& config, const std::string& key,
+                                              std::chrono::milliseconds fallback) {
+  auto it = config.rdzv_conf.find(key);
+  if (it == config.rdzv_conf.end()) return fallback;
+  char* end = nullptr;
+  const double seconds = std::strtod(it->second.c_str(), &end);
+  if (end == it->second.c_str() || *end != '\0' || !std::isfinite(seconds) || seconds <= 0 ||
+      seconds > 1e7) {
+    return invalidArgument("--rdzv-conf " + key + "=" + it->second +
+                           ": expected a positive number of seconds");
+  }
+  return std::chrono::milliseconds(static_cast<int64_t>(std::llround(seconds * 1000)));
+}
+
+bool isIpv6Literal(const std::string& host) { return host.find(':') != std::string::npos; }
+
+}  // namespace
+
+Result<Endpoint> parseEndpoint(const std::string& text, int default_port) {
+  Endpoint e;
+  std::string port_text;
+  if (!text.empty() && text[0] == '[') {
+    const size_t close = text.find(']');
+    if (close == std::string::npos) {
+      return invalidArgument("endpoint '" + text + "': '[' without ']'");
+    }
+    e.host = text.substr(1, close - 1);
+    if (close + 1 < text.size()) {
+      if (text[close + 1] != ':') {
+        return invalidArgument("endpoint '" + text + "': expected ':PORT' after ']'");
+      }
+      port_text = text.substr(close + 2);
+      if (port_text.empty()) return invalidArgument("endpoint '" + text + "': empty port");
+    }
+  } else {
+    const size_t colon = text.rfind(':');
+    if (colon != std::string::npos && text.find(':') != colon) {
+      e.host = text;  // a bare IPv6 address: no port
+    } else if (colon != std::string::npos) {
+      e.host = text.substr(0, colon);
+      port_text = text.substr(colon + 1);
+      if (port_text.empty()) return invalidArgument("endpoint '" + text + "': empty port");
+    } else {
+      e.host = text;
+    }
+  }
+  if (e.host.empty()) return invalidArgument("endpoint '" + text + "': no host");
+  e.port = default_port;
+  if (!port_text.empty()) {
+    char* end = nullptr;
+    const long port = std::strtol(port_text.c_str(), &end, 10);
+    if (*end != '\0' || port < 0 || port > 65535) {
+      return invalidArgument("endpoint '" + text + "': port '" + port_text +
+                             "' is not a number in 0-65535");
+    }
+    e.port = static_cast<int>(port);
+  }
+  return e;
+}
+
+Result<RendezvousSettings> resolveRendezvous(const LaunchConfig& config) {
+  RendezvousSettings s;
+  s.nnodes = config.max_nodes;
+  s.node_rank = config.node_rank;
+  s.multi_node = config.max_nodes > 1;
+  if (s.multi_node && config.min_nodes != config.max_nodes) {
+    return invalidArgument("--nnodes " + std::to_string(config.min_nodes) + ":" +
+                           std::to_string(config.max_nodes) +
+                           ": elastic membership (MIN < MAX) is not implemented yet; give a "
+                           "fixed node count");
+  }
+  if (config.node_rank >= config.max_nodes) {
+    return invalidArgument("--node-rank " + std::to_string(config.node_rank) +
+                           " must be below --nnodes " + std::to_string(config.max_nodes));
+  }
+  const int default_port = config.master_port_given ? config.master_port
+                           : s.multi_node           ? kDefaultMasterPort
+                                                    : 0;
+  if (!config.rdzv_endpoint.empty() && !config.standalone) {
+    auto e = parseEndpoint(config.rdzv_endpoint, default_port);
+    if (!e.isOk()) return invalidArgument("--rdzv-endpoint: " + e.status().message());
+    s.store = e.value();
+  } else {
+    s.store.host = config.master_addr;
+    s.store.port = default_port;
+  }
+  if (s.store.host == "localhost" && !s.multi_node) s.store.host = "127.0.0.1";
+  if (s.multi_node) {
+    if (s.store.port == 0) {
+      return invalidArgument(
+          "the store port is 0: the nodes of a multi-node job must know it "
+          "in advance (--master-port or --rdzv-endpoint HOST:PORT)");
+    }
+    // Node 0 serves every node: listen on every interface, as torch's TCPStore does.
+    s.bind_host = isIpv6Literal(s.store.host) ? "::" : "0.0.0.0";
+  }
+  auto join = confSeconds(config, "join_timeout", s.join_timeout);
+  if (!join.isOk()) return join.status();
+  s.join_timeout = join.value();
+  auto interval = confSeconds(config, "keep_alive_interval", s.keep_alive_interval);
+  if (!interval.isOk()) return interval.status();
+  s.keep_alive_interval = interval.value();
+  auto it = config.rdzv_conf.find("keep_alive_max_attempt");
+  if (it != config.rdzv_conf.end()) {
+    char* end = nullptr;
+    const long n = std::strtol(it->second.c_str(), &end, 10);
+    if (*end != '\0' || n < 1 || n > 1000) {
+      return invalidArgument("--rdzv-conf keep_alive_max_attempt=" + it->second +
+                             ": expected an integer in 1-1000");
+    }
+    s.keep_alive_max_attempt = static_cast<int>(n);
+  }
+  return s;
+}
+
+}  // namespace cpprun::launcher

@@ -1,0 +1,115 @@
+// Helpers for the tests that run the cpprun binary end to end: its command line, files the
+// workers write, and bounded waits on processes and relayed output lines.
+// Thread safety: none; each test uses them from its own thread.
+#pragma once
+
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/support/test_support.h"
+
+namespace cpprun::testing {
+
+using Json = nlohmann::json;
+
+inline const std::string kWorker = CPPRUN_TEST_WORKER;
+
+inline std::vector<std::string> cpprunCommand(std::vector<std::string> args) {
+  args.insert(args.begin(), CPPRUN_BINARY);
+  return args;
+}
+
+inline std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+inline Json readJson(const std::string& path) { return Json::parse(readFile(path)); }
+
+inline std::vector<pid_t> pidsIn(const std::string& path) {
+  std::vector<pid_t> pids;
+  std::ifstream in(path);
+  long pid;
+  while (in >> pid) pids.push_back(static_cast<pid_t>(pid));
+  return pids;
+}
+
+// A process that exists and is not a zombie.
+inline bool alive(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!std::getline(stat, text)) return false;
+  size_t close = text.rfind(')');
+  return close != std::string::npos && text.size() > close + 2 && text[close + 2] != 'Z';
+}
+
+// Processes that are not our children die asynchronously; wait (bounded) until none is alive.
+inline bool allGone(const std::vector<pid_t>& pids, std::chrono::milliseconds bound = 10s) {
+  auto deadline = std::chrono::steady_clock::now() + bound;
+  for (;;) {
+    bool any = false;
+    for (pid_t p : pids) any = any || alive(p);
+    if (!any) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(10ms);
+  }
+}
+
+// The line has been relayed already, or arrives within the bound.
+inline bool relayed(ChildProcess& run, const std::string& line_start) {
+  if (run.output().find("\n" + line_start) != std::string::npos ||
+      run.output().rfind(line_start, 0) == 0) {
+    return true;
+  }
+  return run.waitForLine(line_start, 30s).has_value();
+}
+
+// Pids of the live processes whose command line has an argument containing `token` (a test's
+// temporary directory, say): what a test started, wherever it ended up in the process tree.
+inline std::vector<pid_t> processesMentioning(const std::string& token) {
+  std::vector<pid_t> found;
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return found;
+  while (dirent* e = ::readdir(proc)) {
+    const pid_t pid = static_cast<pid_t>(std::atol(e->d_name));
+    if (pid <= 0 || pid == ::getpid()) continue;
+    std::ifstream in(std::string("/proc/") + e->d_name + "/cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmdline.find(token) != std::string::npos && alive(pid)) found.push_back(pid);
+  }
+  ::closedir(proc);
+  return found;
+}
+
+// A TCP port nobody listens on right now (multi-node jobs must know the store port in advance).
+inline int freeTcpPort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  int port = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+}  // namespace cpprun::testing

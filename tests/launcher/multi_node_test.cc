@@ -1,0 +1,256 @@
+// Several cpprun agents forming one job on this host (one "node" each, all on 127.0.0.1): the
+// static rendezvous, job-wide restarts from one budget, one root cause on every node, lost
+// agents and a lost store host, scheduler discovery. Every wait is bounded; synchronisation
+// goes through relayed worker lines and process exits.
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <memory>
+#include <set>
+
+#include "agent/process_launcher.h"
+#include "tests/launcher/cpprun_test_helpers.h"
+#include "tests/support/test_support.h"
+
+namespace {
+
+using namespace cpprun::testing;
+
+struct Node {
+  int rank;
+  int nproc;
+  std::vector<std::string> worker_args;
+  std::map<std::string, std::string> env = {};
+};
+
+// Starts one agent per node, node 0 last (the others must wait for its store).
+std::vector<std::unique_ptr<ChildProcess>> startJob(int port, const std::vector<Node>& nodes,
+                                                    const std::vector<std::string>& extra = {}) {
+  std::vector<std::unique_ptr<ChildProcess>> agents(nodes.size());
+  for (size_t i = nodes.size(); i-- > 0;) {
+    const Node& n = nodes[i];
+    std::vector<std::string> args = {"--nnodes=" + std::to_string(nodes.size()),
+                                     "--node-rank=" + std::to_string(n.rank),
+                                     "--nproc-per-node=" + std::to_string(n.nproc),
+                                     "--master-addr=127.0.0.1",
+                                     "--master-port=" + std::to_string(port),
+                                     "--rdzv-conf=keep_alive_interval=0.3,join_timeout=60"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.push_back("--no-python");
+    args.push_back(kWorker);
+    args.insert(args.end(), n.worker_args.begin(), n.worker_args.end());
+    agents[i] = std::make_unique<ChildProcess>(cpprunCommand(args), n.env);
+  }
+  return agents;
+}
+
+int waitExit(ChildProcess& agent, std::chrono::milliseconds bound = 60s) {
+  auto status = agent.wait(bound);
+  REQUIRE(status.has_value());
+  return exitCodeOf(*status);
+}
+
+}  // namespace
+
+TEST_CASE("three agents form one job: ranks contiguous in node order, one store, one NCCL id",
+          "[integration][multinode]") {
+  TempDir dir;
+  const std::string d = dir.path();
+  const std::vector<std::string> env_json = {"env-json", d + "/env-{rank}.json"};
+  // Node 2's last worker writes a key; node 0's first worker reads it through the same store.
+  std::vector<std::string> writer = env_json;
+  writer.insert(writer.end(), {"store-set", "from-{rank}", "hello"});
+  std::vector<std::string> reader = env_json;
+  reader.insert(reader.end(), {"store-get", "from-5", d + "/read-{rank}"});
+  auto agents = startJob(freeTcpPort(), {{0, 2, reader}, {1, 1, env_json}, {2, 3, writer}},
+                         {"--rdzv-id=three"});
+  for (auto& a : agents) {
+    INFO(a->output());
+    CHECK(waitExit(*a) == 0);
+  }
+  const int group_of[] = {0, 0, 1, 2, 2, 2};
+  const int local_of[] = {0, 1, 0, 0, 1, 2};
+  const int local_size_of[] = {2, 2, 1, 3, 3, 3};
+  std::set<std::string> ports;
+  std::set<std::string> nccl_ids;
+  for (int r = 0; r < 6; ++r) {
+    Json e = readJson(d + "/env-" + std::to_string(r) + ".json");
+    INFO("rank " << r);
+    CHECK(e["RANK"] == std::to_string(r));
+    CHECK(e["WORLD_SIZE"] == "6");
+    CHECK(e["LOCAL_RANK"] == std::to_string(local_of[r]));
+    CHECK(e["LOCAL_WORLD_SIZE"] == std::to_string(local_size_of[r]));
+    CHECK(e["GROUP_RANK"] == std::to_string(group_of[r]));
+    CHECK(e["GROUP_WORLD_SIZE"] == "3");
+    CHECK(e["ROLE_RANK"] == std::to_string(r));
+    CHECK(e["ROLE_WORLD_SIZE"] == "6");
+    CHECK(e["MASTER_ADDR"] == "127.0.0.1");
+    CHECK(e["TORCHELASTIC_RUN_ID"] == "three");
+    ports.insert(e["MASTER_PORT"].get<std::string>());
+    if (e.contains("CPPRUN_NCCL_UNIQUE_ID")) nccl_ids.insert(e["CPPRUN_NCCL_UNIQUE_ID"]);
+  }
+  CHECK(ports.size() == 1);
+  CHECK(nccl_ids.size() <= 1);  // one id for the whole job (none without NCCL)
+  CHECK(readFile(d + "/read-0") == "hello");
+}
+
+TEST_CASE("a worker failure on one node restarts every node from one job-wide budget",
+          "[integration][multinode]") {
+  TempDir dir;
+  const std::string d = dir.path();
+  // Rank 2 (node 1) fails in attempts 0 and 1; the budget of 2 restarts is the job's, so
+  // attempt 2 runs everywhere and succeeds.
+  std::vector<std::string> failing = {"env-json",
+                                      d + "/env-{rank}-{restart}.json",
+                                      "exit-if-restart",
+                                      "0",
+                                      "3",
+                                      "exit-if-restart",
+                                      "1",
+                                      "4"};
+  auto agents = startJob(freeTcpPort(),
+                         {{0, 2, {"env-json", d + "/env-{rank}-{restart}.json"}}, {1, 1, failing}},
+                         {"--max-restarts=2"});
+  for (auto& a : agents) {
+    INFO(a->output());
+    CHECK(waitExit(*a) == 0);
+    CHECK(a->output().find("restarting every node (restart 2 of 2)") != std::string::npos);
+  }
+  for (int r = 0; r < 3; ++r) {
+    Json e = readJson(d + "/env-" + std::to_string(r) + "-2.json");
+    CHECK(e["TORCHELASTIC_RESTART_COUNT"] == "2");
+    CHECK(e["TORCHELASTIC_MAX_RESTARTS"] == "2");
+  }
+}
+
+TEST_CASE("with no restart left every node names the same root cause and exits 1",
+          "[integration][multinode]") {
+  TempDir dir;
+  const std::string d = dir.path();
+  auto agents =
+      startJob(freeTcpPort(), {{0, 2, {"print", "ready {rank}", "sleep-forever"}},
+                               {1,
+                                1,
+                                {"eprint", "loading shard 9", "write-error-file", "nested",
+                                 "ValueError: shard 9 is corrupt", "exit", "7"}}});
+  std::string root_cause_lines[2];
+  for (size_t i = 0; i < agents.size(); ++i) {
+    ChildProcess& a = *agents[i];
+    INFO(a.output());
+    CHECK(waitExit(a) == 1);
+    const std::string& out = a.output();
+    const size_t root = out.find("Root Cause (first observed failure):");
+    REQUIRE(root != std::string::npos);
+    root_cause_lines[i] = out.substr(root, out.find("=====", root) - root);
+    CHECK_THAT(root_cause_lines[i], Catch::Contains("rank      : 2 (local_rank: 0)") &&
+                                        Catch::Contains("ValueError: shard 9 is corrupt") &&
+                                        Catch::Contains("loading shard 9"));
+    // Node 0's workers were stopped because of it: listed, never the root cause.
+    CHECK_THAT(out, Catch::Contains("(stopped by cpprun during teardown)"));
+  }
+  // The same root cause on every node (the time line is formatted in local time, the same
+  // here); only the order of the other entries may differ.
+  CHECK(root_cause_lines[0] == root_cause_lines[1]);
+}
+
+TEST_CASE("a killed agent is named by every node and the job ends within the heartbeat bound",
+          "[integration][multinode]") {
+  TempDir dir;
+  const std::string d = dir.path();
+  // The directory in every worker's command line lets the test find them wherever they are.
+  const std::vector<std::string> wait_args = {"touch", d + "/up-{rank}", "print", "ready {rank}",
+                                              "sleep-forever"};
+  auto agents = startJob(freeTcpPort(), {{0, 2, wait_args}, {1, 1, wait_args}});
+  REQUIRE(relayed(*agents[1], "[default2]:ready"));
+  REQUIRE(relayed(*agents[0], "[default0]:ready"));
+  std::vector<pid_t> node1_agent = cpprun::agent::childrenOf(agents[1]->pid());
+  REQUIRE(node1_agent.size() == 1);
+  const auto killed = std::chrono::steady_clock::now();
+  REQUIRE(::kill(node1_agent[0], SIGKILL) == 0);
+  INFO(agents[0]->output());
+  CHECK(waitExit(*agents[0]) == 1);
+  // keep_alive_interval 0.3 s x 3 attempts, plus one interval of checking and the teardown.
+  CHECK(std::chrono::steady_clock::now() - killed < 5s);
+  CHECK_THAT(agents[0]->output(),
+             Catch::Contains("the agent of node 1") && Catch::Contains("stopped responding"));
+  waitExit(*agents[1]);
+  CHECK(allGone(processesMentioning(d)));
+}
+
+TEST_CASE("the store host killed: the other nodes stop their workers and exit 4",
+          "[integration][multinode]") {
+  TempDir dir;
+  const std::string d = dir.path();
+  // The directory in every worker's command line lets the test find them wherever they are.
+  const std::vector<std::string> wait_args = {"touch", d + "/up-{rank}", "print", "ready {rank}",
+                                              "sleep-forever"};
+  auto agents = startJob(freeTcpPort(), {{0, 1, wait_args}, {1, 2, wait_args}});
+  REQUIRE(relayed(*agents[0], "[default0]:ready"));
+  REQUIRE(relayed(*agents[1], "[default2]:ready"));
+  // The agent itself dies (an OOM kill, say), not the cpprun process above it, which would
+  // first pass a SIGTERM on to the agent and let it stop the job in order.
+  std::vector<pid_t> node0_agent = cpprun::agent::childrenOf(agents[0]->pid());
+  REQUIRE(node0_agent.size() == 1);
+  const auto killed = std::chrono::steady_clock::now();
+  REQUIRE(::kill(node0_agent[0], SIGKILL) == 0);
+  INFO(agents[1]->output());
+  CHECK(waitExit(*agents[1]) == 4);
+  CHECK(std::chrono::steady_clock::now() - killed < 5s);
+  CHECK_THAT(agents[1]->output(), Catch::Contains("lost the job's store at 127.0.0.1:"));
+  waitExit(*agents[0]);
+  CHECK(allGone(processesMentioning(d)));
+}
+
+TEST_CASE("a node that never comes: the join times out naming it", "[integration][multinode]") {
+  ChildProcess alone(
+      cpprunCommand({"--nnodes=3", "--node-rank=0", "--master-addr=127.0.0.1",
+                     "--master-port=" + std::to_string(freeTcpPort()), "--rdzv-conf=join_timeout=1",
+                     "--no-python", kWorker, "exit", "0"}));
+  INFO(alone.output());
+  CHECK(waitExit(alone) == 4);
+  CHECK_THAT(alone.output(), Catch::Contains("nodes 1, 2 did not join within 1"));
+}
+
+TEST_CASE("mpirun's and srun's variables form the job without rendezvous flags",
+          "[integration][multinode]") {
+  TempDir dir;
+  const std::string d = dir.path();
+  const std::string port = std::to_string(freeTcpPort());
+  std::vector<std::unique_ptr<ChildProcess>> agents;
+  for (int r = 1; r >= 0; --r) {
+    agents.push_back(std::make_unique<ChildProcess>(
+        cpprunCommand({"--no-python", kWorker, "env-json", d + "/env-{rank}.json"}),
+        std::map<std::string, std::string>{{"OMPI_COMM_WORLD_RANK", std::to_string(r)},
+                                           {"OMPI_COMM_WORLD_SIZE", "2"},
+                                           {"PMIX_NAMESPACE", "prterun-test@1"},
+                                           {"MASTER_ADDR", "127.0.0.1"},
+                                           {"MASTER_PORT", port}}));
+  }
+  for (auto& a : agents) {
+    INFO(a->output());
+    CHECK(waitExit(*a) == 0);
+  }
+  for (int r = 0; r < 2; ++r) {
+    Json e = readJson(d + "/env-" + std::to_string(r) + ".json");
+    CHECK(e["WORLD_SIZE"] == "2");
+    CHECK(e["GROUP_RANK"] == std::to_string(r));
+    CHECK(e["MASTER_PORT"] == port);
+    CHECK(e["TORCHELASTIC_RUN_ID"] == "prterun-test@1");
+  }
+
+  // Slurm: --dry-run shows each discovered value and where it came from.
+  ChildProcess dry(cpprunCommand({"--dry-run", "--no-python", kWorker}),
+                   {{"SLURM_JOB_ID", "4242"},
+                    {"SLURM_STEP_ID", "0"},
+                    {"SLURM_PROCID", "1"},
+                    {"SLURM_STEP_NUM_TASKS", "2"},
+                    {"SLURM_STEP_NODELIST", "gpu[07-08]"}});
+  INFO(dry.output());
+  CHECK(waitExit(dry) == 0);
+  CHECK_THAT(dry.output(), Catch::Contains("discovered  slurm") &&
+                               Catch::Contains("--node-rank from SLURM_PROCID=1") &&
+                               Catch::Contains("--nnodes    from SLURM_STEP_NUM_TASKS=2") &&
+                               Catch::Contains("--master-addr from first host of "
+                                               "SLURM_STEP_NODELIST") &&
+                               Catch::Contains("store       gpu07:14242"));
+}

@@ -1,0 +1,80 @@
+#include "launcher/rendezvous_settings.h"
+
+#include <catch2/catch.hpp>
+
+using namespace cpprun::launcher;
+
+TEST_CASE("endpoints: host, host:port, IPv6 in brackets, bad ports named", "[unit]") {
+  CHECK(parseEndpoint("n1", 7).value().host == "n1");
+  CHECK(parseEndpoint("n1", 7).value().port == 7);
+  CHECK(parseEndpoint("n1:29400", 7).value().port == 29400);
+  CHECK(parseEndpoint("[::1]:5000", 7).value().host == "::1");
+  CHECK(parseEndpoint("[::1]:5000", 7).value().port == 5000);
+  CHECK(parseEndpoint("[fe80::1]", 7).value().port == 7);
+  CHECK(parseEndpoint("fe80::1", 7).value().host == "fe80::1");
+  CHECK_THAT(parseEndpoint("n1:http", 7).status().message(), Catch::Contains("'http'"));
+  CHECK_THAT(parseEndpoint("n1:70000", 7).status().message(), Catch::Contains("0-65535"));
+  CHECK_THAT(parseEndpoint("[::1", 7).status().message(), Catch::Contains("without ']'"));
+  CHECK_THAT(parseEndpoint(":5", 7).status().message(), Catch::Contains("no host"));
+  CHECK_THAT(parseEndpoint("n1:", 7).status().message(), Catch::Contains("empty port"));
+}
+
+TEST_CASE("one node: loopback and a kernel-picked port unless one is given", "[unit]") {
+  LaunchConfig c;
+  auto s = resolveRendezvous(c).value();
+  CHECK_FALSE(s.multi_node);
+  CHECK(s.store.host == "127.0.0.1");
+  CHECK(s.store.port == 0);
+  CHECK(s.bind_host.empty());
+  c.master_port = 4242;
+  c.master_port_given = true;
+  CHECK(resolveRendezvous(c).value().store.port == 4242);
+}
+
+TEST_CASE("several nodes: torchrun's port, every interface, the endpoint wins", "[unit]") {
+  LaunchConfig c;
+  c.min_nodes = c.max_nodes = 3;
+  c.node_rank = 2;
+  c.master_addr = "10.0.0.1";
+  auto s = resolveRendezvous(c).value();
+  CHECK(s.multi_node);
+  CHECK(s.nnodes == 3);
+  CHECK(s.store.host == "10.0.0.1");
+  CHECK(s.store.port == kDefaultMasterPort);
+  CHECK(s.bind_host == "0.0.0.0");
+  c.rdzv_endpoint = "head:1234";
+  s = resolveRendezvous(c).value();
+  CHECK(s.store.host == "head");
+  CHECK(s.store.port == 1234);
+  c.rdzv_endpoint = "[fd00::1]:99";
+  CHECK(resolveRendezvous(c).value().bind_host == "::");
+}
+
+TEST_CASE("rendezvous bounds come from --rdzv-conf and bad ones are named", "[unit]") {
+  LaunchConfig c;
+  c.min_nodes = c.max_nodes = 2;
+  c.rdzv_conf = {
+      {"join_timeout", "30"}, {"keep_alive_interval", "0.5"}, {"keep_alive_max_attempt", "4"}};
+  auto s = resolveRendezvous(c).value();
+  CHECK(s.join_timeout == std::chrono::seconds(30));
+  CHECK(s.keep_alive_interval == std::chrono::milliseconds(500));
+  CHECK(s.keep_alive_max_attempt == 4);
+  c.rdzv_conf = {{"join_timeout", "soon"}};
+  CHECK_THAT(resolveRendezvous(c).status().message(), Catch::Contains("join_timeout=soon"));
+  c.rdzv_conf = {{"keep_alive_max_attempt", "0"}};
+  CHECK_THAT(resolveRendezvous(c).status().message(), Catch::Contains("keep_alive_max_attempt=0"));
+}
+
+TEST_CASE("inconsistent multi-node settings are refused", "[unit]") {
+  LaunchConfig c;
+  c.min_nodes = 1;
+  c.max_nodes = 4;
+  CHECK_THAT(resolveRendezvous(c).status().message(), Catch::Contains("not implemented yet"));
+  c.min_nodes = 4;
+  c.node_rank = 4;
+  CHECK_THAT(resolveRendezvous(c).status().message(), Catch::Contains("must be below"));
+  c.node_rank = 0;
+  c.master_port = 0;
+  c.master_port_given = true;
+  CHECK_THAT(resolveRendezvous(c).status().message(), Catch::Contains("port is 0"));
+}
