@@ -165,6 +165,15 @@ Status applySchedulerEnvironment(const SchedulerEnvironment& sched, LaunchConfig
     config.master_addr = sched.endpoint_host->value;
     provenance["--master-addr"] = sched.endpoint_host->source;
   }
+  if (config.max_nodes > 1 && !sched.endpoint_host && !endpoint_given) {
+    // Without a host list (mpirun, PMI) nothing says where node 0 is; guessing 127.0.0.1 would
+    // leave every other node waiting for the join timeout.
+    return invalidArgument(
+        "this " + sched.scheduler + " job has " + std::to_string(config.max_nodes) +
+        " agents but no rendezvous endpoint: give --rdzv-endpoint HOST:PORT or --master-addr, "
+        "or export MASTER_ADDR (and MASTER_PORT) to every rank, e.g. mpirun -x MASTER_ADDR=" +
+        "$(hostname) -x MASTER_PORT=29500 ...");
+  }
   if (sched.endpoint_port && !given("--master-port") && !given("--rdzv-endpoint") &&
       !config.standalone) {
     config.master_port = sched.endpoint_port->value;

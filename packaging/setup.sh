@@ -13,6 +13,8 @@ packages=(
   libboost-dev libboost-system-dev libboost-filesystem-dev nlohmann-json3-dev catch2
   # tests and benchmarks: the real PyTorch 1.13 (interop peer), process tools
   python3 python3-torch procps iproute2
+  # multi-node tests: real Open MPI and Slurm (slurmctld + slurmd + munge started by the tests)
+  openmpi-bin slurmctld slurmd slurm-client munge
 )
 
 missing=()

@@ -3,6 +3,7 @@
 // agents and a lost store host, scheduler discovery. Every wait is bounded; synchronisation
 // goes through relayed worker lines and process exits.
 #include <signal.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <memory>
@@ -253,4 +254,32 @@ TEST_CASE("mpirun's and srun's variables form the job without rendezvous flags",
                                Catch::Contains("--master-addr from first host of "
                                                "SLURM_STEP_NODELIST") &&
                                Catch::Contains("store       gpu07:14242"));
+}
+
+TEST_CASE("mpirun -np 2 cpprun: one agent per rank forms one job", "[integration][mpi]") {
+  // Open MPI comes from the set-up script: missing here is a failure, not a skip.
+  REQUIRE(::access("/usr/bin/mpirun", X_OK) == 0);
+  TempDir dir;
+  const std::string d = dir.path();
+  const std::string port = std::to_string(freeTcpPort());
+  ChildProcess run(
+      {"/usr/bin/mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", "-x",
+       "MASTER_ADDR=127.0.0.1", "-x", "MASTER_PORT=" + port, CPPRUN_BINARY, "--nproc-per-node=2",
+       "--no-python", kWorker, "env-json", d + "/env-{rank}.json"},
+      {{"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}});
+  INFO(run.output());
+  CHECK(waitExit(run) == 0);
+  std::set<std::string> run_ids;
+  for (int r = 0; r < 4; ++r) {
+    Json e = readJson(d + "/env-" + std::to_string(r) + ".json");
+    INFO("rank " << r);
+    CHECK(e["WORLD_SIZE"] == "4");
+    CHECK(e["GROUP_RANK"] == std::to_string(r / 2));
+    CHECK(e["GROUP_WORLD_SIZE"] == "2");
+    CHECK(e["LOCAL_RANK"] == std::to_string(r % 2));
+    CHECK(e["MASTER_PORT"] == port);
+    run_ids.insert(e["TORCHELASTIC_RUN_ID"].get<std::string>());
+  }
+  CHECK(run_ids.size() == 1);
+  CHECK(run_ids.count("none") == 0);  // the job id came from mpirun (PMIX_NAMESPACE)
 }

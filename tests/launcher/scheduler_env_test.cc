@@ -140,3 +140,15 @@ TEST_CASE("a rank outside the agent count is an error naming both sources", "[un
   CHECK_THAT(st.message(), Catch::Contains("OMPI_COMM_WORLD_RANK=3") &&
                                Catch::Contains("OMPI_COMM_WORLD_SIZE=2"));
 }
+
+TEST_CASE("several MPI ranks without an endpoint are refused with the recipe", "[unit]") {
+  SchedulerEnvironment s = discover({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}});
+  LaunchConfig config;
+  Provenance p;
+  cpprun::Status st = applySchedulerEnvironment(s, config, p);
+  REQUIRE_FALSE(st.isOk());
+  CHECK_THAT(st.message(),
+             Catch::Contains("no rendezvous endpoint") && Catch::Contains("-x MASTER_ADDR"));
+  config.given.insert("--master-addr");
+  CHECK(applySchedulerEnvironment(s, config, p).isOk());
+}
