@@ -1,0 +1,215 @@
+// cpprun across hosts: three network namespaces on one bridge, one agent in each, the store on
+// the first host's address (reference/platform.md §8). A route in the root namespace makes the
+// test subnet unreachable from it, so nothing can leave the machine; every process that talks
+// to a namespace address runs inside a namespace. The namespaces, the route and every process
+// started here are removed by the test.
+#include <signal.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <memory>
+#include <set>
+
+#include "agent/process_launcher.h"
+#include "tests/launcher/cpprun_test_helpers.h"
+#include "tests/support/test_support.h"
+
+namespace {
+
+using namespace cpprun::testing;
+
+// Runs a short command (ip ...) and returns its exit code; its output on failure.
+int runTool(const std::vector<std::string>& argv, std::string* output = nullptr) {
+  ChildProcess p(argv);
+  auto status = p.wait(30s);
+  if (output != nullptr) *output = p.output();
+  return status ? exitCodeOf(*status) : -1;
+}
+
+// Three hosts: namespaces <prefix>1..3 with eth0 = <subnet>.1..3/24, joined by a bridge in
+// namespace <prefix>sw. Names and subnet derive from the test process's pid, so concurrent
+// test processes never share them.
+class ThreeHosts {
+ public:
+  ThreeHosts() {
+    const int pid = static_cast<int>(::getpid());
+    prefix_ = "cpt" + std::to_string(pid % 100000) + "h";
+    subnet_ = "10." + std::to_string(200 + (pid >> 8) % 50) + "." + std::to_string(pid % 256);
+    REQUIRE(::access("/usr/sbin/ip", X_OK) == 0);
+    std::string out;
+    // The guard first: from here on, the root namespace cannot reach the test subnet.
+    const int rc =
+        runTool({"/usr/sbin/ip", "route", "add", "unreachable", subnet_ + ".0/24"}, &out);
+    INFO("ip route add unreachable " << subnet_ << ".0/24: " << out);
+    REQUIRE(rc == 0);
+    guarded_ = true;
+    ip({"netns", "add", sw()});
+    ip({"-n", sw(), "link", "add", "br0", "type", "bridge"});
+    ip({"-n", sw(), "link", "set", "br0", "up"});
+    for (int i = 1; i <= 3; ++i) {
+      const std::string h = host(i);
+      const std::string veth = prefix_ + "v" + std::to_string(i);
+      ip({"netns", "add", h});
+      ip({"link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", h});
+      ip({"link", "set", veth, "netns", sw()});
+      ip({"-n", sw(), "link", "set", veth, "master", "br0", "up"});
+      ip({"-n", h, "addr", "add", address(i) + "/24", "dev", "eth0"});
+      ip({"-n", h, "link", "set", "eth0", "up"});
+      ip({"-n", h, "link", "set", "lo", "up"});
+    }
+  }
+
+  ~ThreeHosts() {
+    for (int i = 1; i <= 3; ++i) runTool({"/usr/sbin/ip", "netns", "del", host(i)});
+    runTool({"/usr/sbin/ip", "netns", "del", sw()});  // the veths go with it
+    if (guarded_) runTool({"/usr/sbin/ip", "route", "del", "unreachable", subnet_ + ".0/24"});
+  }
+
+  std::string host(int i) const { return prefix_ + std::to_string(i); }
+  std::string address(int i) const { return subnet_ + "." + std::to_string(i); }
+  // Cuts host i off the bridge (its own eth0 stays up: packets just vanish).
+  void cut(int i) { ip({"-n", sw(), "link", "set", prefix_ + "v" + std::to_string(i), "down"}); }
+
+  // cpprun as node `node_rank` on host node_rank + 1, store on host 1.
+  std::unique_ptr<ChildProcess> agent(int node_rank, const std::vector<std::string>& args,
+                                      const std::map<std::string, std::string>& env = {}) {
+    std::vector<std::string> argv = {"/usr/sbin/ip",
+                                     "netns",
+                                     "exec",
+                                     host(node_rank + 1),
+                                     CPPRUN_BINARY,
+                                     "--nnodes=3",
+                                     "--node-rank=" + std::to_string(node_rank),
+                                     "--master-addr=" + address(1),
+                                     "--master-port=29500",
+                                     "--rdzv-conf=keep_alive_interval=0.5,join_timeout=60"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return std::make_unique<ChildProcess>(argv, env);
+  }
+
+ private:
+  std::string sw() const { return prefix_ + "sw"; }
+  void ip(std::vector<std::string> args) {
+    args.insert(args.begin(), "/usr/sbin/ip");
+    std::string out;
+    const int rc = runTool(args, &out);
+    INFO("ip command failed: " << out);
+    REQUIRE(rc == 0);
+  }
+
+  std::string prefix_;
+  std::string subnet_;
+  bool guarded_ = false;
+};
+
+int waitExit(ChildProcess& agent, std::chrono::milliseconds bound = 90s) {
+  auto status = agent.wait(bound);
+  REQUIRE(status.has_value());
+  return exitCodeOf(*status);
+}
+
+// Node 2 and 1 first, node 0 (the store) last, as a scheduler might start them.
+std::vector<std::unique_ptr<ChildProcess>> startAgents(ThreeHosts& hosts,
+                                                       const std::vector<std::string>& args) {
+  std::vector<std::unique_ptr<ChildProcess>> agents(3);
+  for (int r = 2; r >= 0; --r) agents[static_cast<size_t>(r)] = hosts.agent(r, args);
+  return agents;
+}
+
+}  // namespace
+
+TEST_CASE("three hosts: a PyTorch gloo DDP script spans them unchanged", "[integration][netns]") {
+  ThreeHosts hosts;
+  TempDir dir;
+  std::vector<std::unique_ptr<ChildProcess>> agents(3);
+  for (int r = 2; r >= 0; --r) {
+    agents[static_cast<size_t>(r)] =
+        hosts.agent(r,
+                    {"--nproc-per-node=1", sourcePath("examples/python/ddp_train.py"), "--out",
+                     dir.path(), "--steps", "10"},
+                    {{"PYTHON_EXEC", CPPRUN_PYTHON}, {"GLOO_SOCKET_IFNAME", "eth0"}});
+  }
+  for (auto& a : agents) {
+    INFO(a->output());
+    CHECK(waitExit(*a) == 0);
+  }
+  std::set<double> checksums;
+  for (int r = 0; r < 3; ++r) {
+    Json result = readJson(dir.path() + "/result-" + std::to_string(r) + ".json");
+    CHECK(result["world_size"] == 3);
+    CHECK(result["all_reduce"] == 6.0);  // 1 + 2 + 3 across three hosts
+    checksums.insert(result["param_checksum"].get<double>());
+  }
+  CHECK(checksums.size() == 1);  // DDP kept every replica identical
+}
+
+TEST_CASE("a cut link is detected within the heartbeat bound and no host hangs",
+          "[integration][netns]") {
+  ThreeHosts hosts;
+  TempDir dir;
+  const std::string d = dir.path();
+  auto agents = startAgents(hosts, {"--nproc-per-node=1", "--no-python", kWorker, "touch",
+                                    d + "/up-{rank}", "print", "ready {rank}", "sleep-forever"});
+  for (int r = 0; r < 3; ++r) {
+    REQUIRE(relayed(*agents[static_cast<size_t>(r)], "[default" + std::to_string(r) + "]:ready"));
+  }
+  const auto cut = std::chrono::steady_clock::now();
+  hosts.cut(2);  // node 1
+  CHECK(waitExit(*agents[0]) == 1);
+  CHECK(waitExit(*agents[2]) == 1);
+  CHECK(waitExit(*agents[1]) == 4);
+  // 0.5 s x 3 silent intervals, one interval of checking, the client's own bound, teardown.
+  CHECK(std::chrono::steady_clock::now() - cut < 6s);
+  CHECK_THAT(agents[0]->output(), Catch::Contains("the agent of node 1"));
+  CHECK_THAT(agents[2]->output(), Catch::Contains("the agent of node 1"));
+  CHECK_THAT(agents[1]->output(), Catch::Contains("lost the job's store at " + hosts.address(1)));
+  CHECK(allGone(processesMentioning(d)));
+}
+
+TEST_CASE("across hosts: a killed agent fails the static job, a killed store host ends it",
+          "[integration][netns]") {
+  ThreeHosts hosts;
+  TempDir dir;
+  const std::string d = dir.path();
+  const std::vector<std::string> wait_args = {
+      "--nproc-per-node=1", "--no-python", kWorker,        "touch",
+      d + "/up-{rank}",     "print",       "ready {rank}", "sleep-forever"};
+  {
+    auto agents = startAgents(hosts, wait_args);
+    for (int r = 0; r < 3; ++r) {
+      REQUIRE(relayed(*agents[static_cast<size_t>(r)], "[default" + std::to_string(r) + "]:ready"));
+    }
+    std::vector<pid_t> node2_agent = cpprun::agent::childrenOf(agents[2]->pid());
+    REQUIRE(node2_agent.size() == 1);
+    REQUIRE(::kill(node2_agent[0], SIGKILL) == 0);
+    for (int r : {0, 1}) {
+      ChildProcess& a = *agents[static_cast<size_t>(r)];
+      INFO(a.output());
+      CHECK(waitExit(a) == 1);
+      CHECK_THAT(a.output(), Catch::Contains("Root Cause") &&
+                                 Catch::Contains("the agent of node 2") &&
+                                 Catch::Contains("stopped responding"));
+    }
+    waitExit(*agents[2]);
+    CHECK(allGone(processesMentioning(d)));
+  }
+  {
+    auto agents = startAgents(hosts, wait_args);
+    for (int r = 0; r < 3; ++r) {
+      REQUIRE(relayed(*agents[static_cast<size_t>(r)], "[default" + std::to_string(r) + "]:ready"));
+    }
+    std::vector<pid_t> store_agent = cpprun::agent::childrenOf(agents[0]->pid());
+    REQUIRE(store_agent.size() == 1);
+    const auto killed = std::chrono::steady_clock::now();
+    REQUIRE(::kill(store_agent[0], SIGKILL) == 0);
+    for (int r : {1, 2}) {
+      ChildProcess& a = *agents[static_cast<size_t>(r)];
+      INFO(a.output());
+      CHECK(waitExit(a) == 4);
+      CHECK_THAT(a.output(), Catch::Contains("lost the job's store at " + hosts.address(1)));
+    }
+    CHECK(std::chrono::steady_clock::now() - killed < 5s);
+    waitExit(*agents[0]);
+    CHECK(allGone(processesMentioning(d)));
+  }
+}
