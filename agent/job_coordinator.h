@@ -42,9 +42,12 @@ namespace cpprun::agent {
 struct AgentInfo {
   std::string host;
   int nproc = 0;
+  std::string id;           // unique per agent process (host, pid, random)
+  int scheduler_rank = -1;  // the scheduler's rank for this agent (SLURM_PROCID, ...), -1: none
 };
 
-// The outcome of the join: fixed for the whole job (static rendezvous).
+// The outcome of a rendezvous round: fixed for the whole job with the static rendezvous, new
+// for every attempt with the elastic one.
 struct Membership {
   int group_rank = 0;
   int group_world_size = 1;
@@ -54,6 +57,7 @@ struct Membership {
 };
 
 struct AttemptStart {
+  int attempt = 0;  // the job's attempt number (an agent joining late starts at a later one)
   Membership membership;
   std::string nccl_unique_id_hex;  // the host's, the same on every node; empty without NCCL
 };
@@ -74,6 +78,9 @@ struct JobDecision {
   int signal = 0;                       // kStopped: the signal an agent received
   std::vector<WorkerFailure> failures;  // kFailed: every node's, with host; root cause first
   std::string summary;                  // one line: who failed first, or why the job stopped
+  int restarts_used = 0;  // of the job's budget (a re-formed group after a membership change
+                          // is a new attempt but does not use the budget)
+  bool membership_change = false;  // kRestart because agents were lost or are waiting to join
 };
 
 class JobCoordinator {
@@ -98,8 +105,17 @@ class JobCoordinator {
 struct StoreCoordinatorOptions {
   std::string store_host;  // to connect to (the host agent connects to its own store)
   int store_port = 0;
+  bool is_host = false;  // this agent serves the store and decides for the job
+  // Static: this agent's fixed rank and the fixed number of agents.
   int group_rank = 0;
   int group_world_size = 1;
+  // Elastic (--rdzv-backend c10d): rounds of min_nodes..max_nodes agents, ranks by the
+  // scheduler's rank where known, else by the previous round's rank, else by join order; a
+  // round closes at max_nodes, or last_call_timeout after min_nodes have joined.
+  bool elastic = false;
+  int min_nodes = 1;
+  int max_nodes = 1;
+  std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};
   int max_restarts = 0;
   AgentInfo self;
   std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};

@@ -28,20 +28,31 @@ Result<JobOutcome> runLocalAgent(const LocalAgentOptions& options,
   std::unique_ptr<rendezvous::TcpStoreServer> store;
   std::string store_host = options.store_host;
   int store_port = options.store_port;
-  if (options.host_store) {
+  if (options.host_store || options.host_store_if_free) {
     rendezvous::TcpStoreServerOptions so;
     so.host = options.store_bind_host.empty() ? options.store_host : options.store_bind_host;
     so.port = static_cast<uint16_t>(options.store_port);
     auto created = rendezvous::TcpStoreServer::create(io, so);
-    if (!created.isOk()) return created.status();
-    store = std::move(created).value();
-    if (options.store_bind_host.empty()) store_host = store->host();
-    store_port = store->port();
-    CPPRUN_LOG(kDebug) << "store listening on " << store_host << ":" << store_port;
+    if (created.isOk()) {
+      store = std::move(created).value();
+      if (options.store_bind_host.empty()) store_host = store->host();
+      store_port = store->port();
+      if (options.host_store_if_free) {
+        CPPRUN_LOG(kInfo) << "this agent serves the job's store on " << so.host << ":"
+                          << store_port;
+      }
+    } else if (!(options.host_store_if_free &&
+                 created.status().code() == StatusCode::kAlreadyExists)) {
+      return created.status();
+    }
   }
+  const bool is_store_host = store != nullptr;
 
   std::unique_ptr<NcclUniqueIdProvider> nccl;
-  if (options.use_nccl) {
+  // Multi-node: only node 0 makes the ids (one per attempt for the whole job); the others get
+  // them with the attempt's "go" and need not load the library at all.
+  const bool makes_nccl_ids = !options.multi_node || is_store_host;
+  if (options.use_nccl && makes_nccl_ids) {
     auto provider = NcclUniqueIdProvider::create(options.nccl_library);
     if (provider.isOk()) {
       nccl = std::move(provider).value();
@@ -79,8 +90,9 @@ Result<JobOutcome> runLocalAgent(const LocalAgentOptions& options,
   SupervisorOptions supervisor_options = options.supervisor;
   if (options.multi_node) {
     StoreCoordinatorOptions co = *options.multi_node;
-    co.store_host = options.host_store ? "127.0.0.1" : store_host;
-    if (options.host_store && store_host.find(':') != std::string::npos) co.store_host = "::1";
+    co.is_host = is_store_host;
+    co.store_host = is_store_host ? "127.0.0.1" : store_host;
+    if (is_store_host && store_host.find(':') != std::string::npos) co.store_host = "::1";
     co.store_port = store_port;
     co.max_restarts = options.supervisor.max_restarts;
     coordinator = makeStoreCoordinator(

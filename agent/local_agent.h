@@ -28,6 +28,9 @@ inline constexpr const char* kNcclUniqueIdKey = "cpprun/nccl_unique_id";
 
 struct LocalAgentOptions {
   bool host_store = true;
+  // Elastic jobs: serve the store if the port is free here, else be a client of whichever
+  // agent does (torchrun's c10d rule: the first agent at the endpoint hosts it).
+  bool host_store_if_free = false;
   std::string store_host = "127.0.0.1";  // the workers' MASTER_ADDR, and where the store binds
   int store_port = 0;           // 0: the kernel picks (no collisions between jobs on one host)
   std::string store_bind_host;  // bind here instead of store_host when not empty ("::", all)

@@ -1,6 +1,8 @@
 // The store-backed JobCoordinator (job_coordinator.h): a control thread runs the requests of
 // the loop one at a time with its own client; a watcher thread waits on the current attempt's
 // stop key, bumps this agent's heartbeat and, on the host, watches the others' heartbeats.
+#include <atomic>
+#include <climits>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -9,6 +11,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "agent/job_coordinator.h"
 #include "common/asio.h"
@@ -108,7 +111,10 @@ std::string attemptKey(int n, const std::string& what) {
   return "cpprun/attempt/" + std::to_string(n) + "/" + what;
 }
 std::string nodeKey(int r) { return "cpprun/rdzv/node/" + std::to_string(r); }
-std::string heartbeatKey(int r) { return "cpprun/heartbeat/" + std::to_string(r); }
+std::string heartbeatKey(const std::string& id) { return "cpprun/heartbeat/" + id; }
+std::string roundKey(int r, const std::string& what) {
+  return "cpprun/rdzv/round/" + std::to_string(r) + "/" + what;
+}
 
 std::string formatSeconds(SteadyClock::duration d) {
   char buf[32];
@@ -156,9 +162,9 @@ class StoreCoordinator : public JobCoordinator {
   void announceStop(int n, const std::string& reason) override {
     enqueue([this, n, reason] {
       Result<bool> claimed = guarded<bool>([&] {
-        claimStop(
-            *control_client_, n, opts_.group_rank,
-            "node " + std::to_string(opts_.group_rank) + " (" + opts_.self.host + "): " + reason);
+        const int rank = myRank();
+        claimStop(*control_client_, n, rank,
+                  "node " + std::to_string(rank) + " (" + opts_.self.host + "): " + reason);
         return true;
       });
       if (!claimed.isOk()) {
@@ -175,7 +181,7 @@ class StoreCoordinator : public JobCoordinator {
   }
 
  private:
-  bool isHost() const { return opts_.group_rank == 0; }
+  bool isHost() const { return opts_.is_host; }
 
   template <typename F>
   void post(F f) {
@@ -206,7 +212,7 @@ class StoreCoordinator : public JobCoordinator {
 
   std::string storeWhere() const {
     return "the job's store at " + opts_.store_host + ":" + std::to_string(opts_.store_port) +
-           " (served by the agent of node 0)";
+           " (served by the store host's agent)";
   }
 
   std::unique_ptr<TcpStoreClient> connect(std::chrono::milliseconds connect_timeout,
@@ -268,11 +274,59 @@ class StoreCoordinator : public JobCoordinator {
     }
   }
 
-  Membership join() {
+  // This agent's rank and the number of agents in the current membership.
+  int myRank() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return membership_ ? membership_->group_rank : opts_.group_rank;
+  }
+  int worldSize() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return membership_ ? membership_->group_world_size : opts_.group_world_size;
+  }
+  Membership currentMembership() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return *membership_;
+  }
+
+  json selfRecord(int previous_rank) const {
+    return {{"host", opts_.self.host},
+            {"nproc", opts_.self.nproc},
+            {"id", opts_.self.id},
+            {"scheduler_rank", opts_.self.scheduler_rank},
+            {"previous_rank", previous_rank}};
+  }
+
+  static AgentInfo agentFromRecord(const json& doc, const std::string& where) {
+    if (!doc.is_object() || !doc.contains("nproc") || !doc["nproc"].is_number_integer()) {
+      throw Abandoned{internalError("rendezvous: " + where + " is malformed in the store")};
+    }
+    return AgentInfo{doc.value("host", ""), doc["nproc"].get<int>(), doc.value("id", ""),
+                     doc.value("scheduler_rank", -1)};
+  }
+
+  static Membership membershipOf(const std::vector<AgentInfo>& agents, int my_rank) {
+    Membership m;
+    m.group_rank = my_rank;
+    m.group_world_size = static_cast<int>(agents.size());
+    for (int r = 0; r < m.group_world_size; ++r) {
+      if (r < my_rank) m.base_rank += agents[static_cast<size_t>(r)].nproc;
+      m.world_size += agents[static_cast<size_t>(r)].nproc;
+    }
+    m.agents = agents;
+    return m;
+  }
+
+  void logMembership(const Membership& m) {
+    CPPRUN_LOG(kInfo) << "rendezvous complete: " << m.group_world_size << " nodes, " << m.world_size
+                      << " workers; this node is node " << m.group_rank << " with ranks "
+                      << m.base_rank << ".." << m.base_rank + opts_.self.nproc - 1;
+  }
+
+  // Static: every agent publishes its record under its fixed rank and reads everyone's.
+  Membership joinStatic() {
     const int n = opts_.group_world_size;
-    json self = {{"host", opts_.self.host}, {"nproc", opts_.self.nproc}};
-    control_client_->set(nodeKey(opts_.group_rank), self.dump());
-    control_client_->add(heartbeatKey(opts_.group_rank), 1);
+    control_client_->set(nodeKey(opts_.group_rank), selfRecord(-1).dump());
+    control_client_->add(heartbeatKey(opts_.self.id), 1);
     std::vector<std::string> keys;
     for (int r = 0; r < n; ++r) keys.push_back(nodeKey(r));
     CPPRUN_LOG(kInfo) << "rendezvous: node " << opts_.group_rank << " of " << n
@@ -292,64 +346,194 @@ class StoreCoordinator : public JobCoordinator {
                                    " s (--rdzv-conf join_timeout)")};
     }
     auto values = control_client_->multiGet(keys);
-    Membership m;
-    m.group_rank = opts_.group_rank;
-    m.group_world_size = n;
+    std::vector<AgentInfo> agents;
     for (int r = 0; r < n; ++r) {
-      json doc = json::parse(toString(values[static_cast<size_t>(r)]), nullptr, false);
-      if (!doc.is_object() || !doc.contains("nproc") || !doc["nproc"].is_number_integer()) {
-        throw Abandoned{internalError("rendezvous: node " + std::to_string(r) +
-                                      " published a malformed record in the store")};
-      }
-      AgentInfo info{doc.value("host", ""), doc["nproc"].get<int>()};
-      if (r < opts_.group_rank) m.base_rank += info.nproc;
-      m.world_size += info.nproc;
-      m.agents.push_back(info);
+      agents.push_back(
+          agentFromRecord(json::parse(toString(values[static_cast<size_t>(r)]), nullptr, false),
+                          "node " + std::to_string(r) + "'s record"));
     }
-    CPPRUN_LOG(kInfo) << "rendezvous complete: " << n << " nodes, " << m.world_size
-                      << " workers; this node has ranks " << m.base_rank << ".."
-                      << m.base_rank + opts_.self.nproc - 1;
+    Membership m = membershipOf(agents, opts_.group_rank);
+    logMembership(m);
     return m;
+  }
+
+  // Elastic, host: closes round r once max_nodes joined, or last_call_timeout after min_nodes
+  // did (the whole wait bounded by join_timeout), and publishes its members in rank order.
+  // Returns the members document.
+  json closeRound(int r, int64_t my_index) {
+    try {
+      waitKeys(*control_client_, {roundKey(r, "agent/" + std::to_string(opts_.min_nodes))},
+               opts_.join_timeout, "rendezvous round " + std::to_string(r));
+    } catch (const Abandoned& a) {
+      const int64_t joined = control_client_->add(roundKey(r, "joined"), 0);
+      json members = {{"error", "rendezvous: only " + std::to_string(joined) + " of at least " +
+                                    std::to_string(opts_.min_nodes) + " nodes joined within " +
+                                    formatSeconds(opts_.join_timeout) +
+                                    " (--rdzv-conf join_timeout)"}};
+      control_client_->set(roundKey(r, "members"), members.dump());
+      throw Abandoned{timeoutError(members["error"].get<std::string>())};
+    }
+    if (opts_.max_nodes > opts_.min_nodes) {
+      try {  // last call: more may come, up to max_nodes
+        control_client_->wait({roundKey(r, "agent/" + std::to_string(opts_.max_nodes))},
+                              opts_.last_call_timeout);
+      } catch (const StoreTimeout&) {
+      }
+    }
+    // Later joiners see the next round; this one is closing.
+    control_client_->set("cpprun/rdzv/round", std::to_string(r + 1));
+    const int64_t joined = control_client_->add(roundKey(r, "joined"), 0);
+    const int64_t take = std::min<int64_t>(joined, opts_.max_nodes);
+    std::vector<std::string> keys;
+    for (int64_t i = 1; i <= take; ++i) keys.push_back(roundKey(r, "agent/" + std::to_string(i)));
+    if (my_index > take) keys.back() = roundKey(r, "agent/" + std::to_string(my_index));
+    auto values = control_client_->multiGet(keys);
+    struct Candidate {
+      json record;
+      int64_t index;
+    };
+    std::vector<Candidate> candidates;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      json doc = json::parse(toString(values[i]), nullptr, false);
+      agentFromRecord(doc, keys[i]);  // validates
+      candidates.push_back({doc, std::stoll(keys[i].substr(keys[i].rfind('/') + 1))});
+    }
+    // Stable order: the scheduler's rank, else the previous round's rank, else join order.
+    auto order_key = [](const Candidate& c) {
+      const int sched = c.record.value("scheduler_rank", -1);
+      const int previous = c.record.value("previous_rank", -1);
+      return std::make_tuple(sched >= 0 ? sched : INT_MAX, previous >= 0 ? previous : INT_MAX,
+                             c.index);
+    };
+    std::stable_sort(
+        candidates.begin(), candidates.end(),
+        [&](const Candidate& a, const Candidate& b) { return order_key(a) < order_key(b); });
+    json members = {{"attempt", next_attempt_}, {"round", r}, {"members", json::array()}};
+    for (const Candidate& c : candidates) {
+      json m = c.record;
+      m["index"] = c.index;
+      members["members"].push_back(m);
+    }
+    control_client_->set(roundKey(r, "members"), members.dump());
+    return members;
+  }
+
+  // Elastic: joins rounds until this agent is a member of one; returns its membership and
+  // sets `attempt` to the job's attempt number for it.
+  Membership joinElastic(int* attempt) {
+    if (next_round_snapshot() < 0) {
+      const int current = static_cast<int>(control_client_->add("cpprun/rdzv/round", 0));
+      std::lock_guard<std::mutex> lock(mu_);
+      next_round_ = current;
+    }
+    while (true) {
+      const int r = next_round_snapshot();
+      const int64_t index = control_client_->add(roundKey(r, "joined"), 1);
+      control_client_->set(roundKey(r, "agent/" + std::to_string(index)),
+                           selfRecord(previous_rank_).dump());
+      control_client_->add(heartbeatKey(opts_.self.id), 1);
+      CPPRUN_LOG(kInfo) << "rendezvous round " << r << ": joined as number " << index
+                        << "; waiting for " << opts_.min_nodes << ".." << opts_.max_nodes
+                        << " nodes (join timeout " << formatSeconds(opts_.join_timeout)
+                        << ", last call " << formatSeconds(opts_.last_call_timeout) << ")";
+      json members;
+      if (opts_.is_host) {
+        members = closeRound(r, index);
+      } else {
+        waitKeys(*control_client_, {roundKey(r, "members")},
+                 opts_.join_timeout + opts_.last_call_timeout,
+                 "rendezvous round " + std::to_string(r));
+        members =
+            json::parse(toString(control_client_->get(roundKey(r, "members"))), nullptr, false);
+      }
+      if (!members.is_object()) throw Abandoned{internalError("malformed round in the store")};
+      if (members.contains("error")) {
+        throw Abandoned{unavailable(members["error"].get<std::string>())};
+      }
+      if (members.contains("job_over")) {
+        throw Abandoned{
+            Status(StatusCode::kAlreadyExists, "the job ended before this node could join it: " +
+                                                   members.value("job_over", std::string()))};
+      }
+      std::vector<AgentInfo> agents;
+      int my_rank = -1;
+      for (const json& m : members["members"]) {
+        if (m.value("id", "") == opts_.self.id) my_rank = static_cast<int>(agents.size());
+        agents.push_back(agentFromRecord(m, "a member record"));
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        next_round_ = r + 1;
+      }
+      if (my_rank < 0) {
+        CPPRUN_LOG(kInfo) << "rendezvous round " << r << " closed with " << agents.size()
+                          << " nodes, this one not among them; waiting for the next round";
+        continue;
+      }
+      previous_rank_ = my_rank;
+      *attempt = members.value("attempt", 0);
+      Membership m = membershipOf(agents, my_rank);
+      logMembership(m);
+      return m;
+    }
   }
 
   AttemptStart doBeginAttempt(int n) {
     if (!control_client_) {
-      // The first agents may start long before node 0: keep trying for the join timeout.
+      // The first agents may start long before the store's host: keep trying for the join
+      // timeout.
       control_client_ = connect(opts_.join_timeout, opts_.keep_alive_interval * 2);
     }
-    if (!membership_) {
-      membership_ = join();
-      watcher_ = std::thread([this] { watchLoop(); });
+    int attempt = n;
+    if (opts_.elastic) {
+      Membership m = joinElastic(&attempt);
+      std::lock_guard<std::mutex> lock(mu_);
+      membership_ = m;
+      lost_agents_.clear();
+      waiting_claimed_ = false;
+    } else if (!membership_) {
+      Membership m = joinStatic();
+      std::lock_guard<std::mutex> lock(mu_);
+      membership_ = m;
     }
-    control_client_->set(attemptKey(n, "ready/" + std::to_string(opts_.group_rank)), "1");
+    if (!watcher_.joinable()) watcher_ = std::thread([this] { watchLoop(); });
+    const int world = worldSize();
     std::string go;
     if (isHost()) {
-      std::vector<std::string> keys;
-      for (int r = 0; r < opts_.group_world_size; ++r) {
-        keys.push_back(attemptKey(n, "ready/" + std::to_string(r)));
+      if (!opts_.elastic) {
+        // Static: every node must have torn its previous attempt down.
+        control_client_->set(attemptKey(attempt, "ready/" + std::to_string(myRank())), "1");
+        std::vector<std::string> keys;
+        for (int r = 0; r < world; ++r) {
+          keys.push_back(attemptKey(attempt, "ready/" + std::to_string(r)));
+        }
+        try {
+          waitKeys(*control_client_, keys, opts_.join_timeout,
+                   "attempt " + std::to_string(attempt) + ": waiting for every node to be ready",
+                   [&] { throwIfAgentLost(); });
+        } catch (const Abandoned& a) {
+          control_client_->set(attemptKey(attempt, "go"), "!" + a.status.message());
+          throw;
+        }
       }
-      try {
-        waitKeys(*control_client_, keys, opts_.join_timeout,
-                 "attempt " + std::to_string(n) + ": waiting for every node to be ready",
-                 [&] { throwIfAgentLost(); });
-      } catch (const Abandoned& a) {
-        control_client_->set(attemptKey(n, "go"), "!" + a.status.message());
-        throw;
-      }
-      go = runOnLoop([this, n] { return host_prepare_(n); });
-      control_client_->set(attemptKey(n, "go"), go);
+      // Elastic: joining the round was the barrier (members join after their teardown).
+      go = runOnLoop([this, attempt] { return host_prepare_(attempt); });
+      control_client_->set(attemptKey(attempt, "go"), go);
     } else {
-      waitKeys(*control_client_, {attemptKey(n, "go")}, opts_.join_timeout,
-               "attempt " + std::to_string(n) + ": waiting for node 0's go");
-      go = toString(control_client_->get(attemptKey(n, "go")));
+      if (!opts_.elastic) {
+        control_client_->set(attemptKey(attempt, "ready/" + std::to_string(myRank())), "1");
+      }
+      waitKeys(*control_client_, {attemptKey(attempt, "go")}, opts_.join_timeout,
+               "attempt " + std::to_string(attempt) + ": waiting for the store host's go");
+      go = toString(control_client_->get(attemptKey(attempt, "go")));
       if (!go.empty() && go[0] == '!') throw Abandoned{unavailable(go.substr(1))};
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
-      watch_attempt_ = n;
+      watch_attempt_ = attempt;
     }
     cv_.notify_all();
-    return AttemptStart{*membership_, go};
+    return AttemptStart{attempt, currentMembership(), go};
   }
 
   std::string runOnLoop(std::function<std::string()> f) {
@@ -370,8 +554,12 @@ class StoreCoordinator : public JobCoordinator {
     }
   }
 
-  static void claimStop(TcpStoreClient& client, int n, int by, const std::string& reason) {
-    json doc = {{"by", by}, {"reason", reason}};
+  // `by`: the claiming agent's rank; kByHost for the host speaking for a lost agent or joiners,
+  // kByNobody at the end of the job.
+  static constexpr int kByNobody = -1;
+  static void claimStop(TcpStoreClient& client, int n, int by, const std::string& reason,
+                        const std::string& cause = "failure") {
+    json doc = {{"by", by}, {"reason", reason}, {"cause", cause}};
     client.compareSet(attemptKey(n, "stop"), {}, rendezvous::toBytes(doc.dump()));
   }
 
@@ -385,11 +573,11 @@ class StoreCoordinator : public JobCoordinator {
       with_host.host = opts_.self.host;
       doc["failures"].push_back(failureToJson(with_host));
     }
-    control_client_->set(attemptKey(n, "report/" + std::to_string(opts_.group_rank)), doc.dump());
+    control_client_->set(attemptKey(n, "report/" + std::to_string(myRank())), doc.dump());
     JobDecision decision;
     if (isHost()) {
       decision = decide(n);
-      int readers = opts_.group_world_size;
+      int readers = worldSize();
       {
         std::lock_guard<std::mutex> lock(mu_);
         readers -= static_cast<int>(lost_agents_.size());
@@ -399,30 +587,36 @@ class StoreCoordinator : public JobCoordinator {
                 {"readers", readers},
                 {"signal", decision.signal},
                 {"summary", decision.summary},
+                {"restarts_used", decision.restarts_used},
+                {"membership_change", decision.membership_change},
                 {"failures", json::array()}};
       for (const WorkerFailure& f : decision.failures) d["failures"].push_back(failureToJson(f));
       control_client_->set(attemptKey(n, "decision"), d.dump());
+      next_attempt_ = n + 1;
     } else {
       waitKeys(*control_client_, {attemptKey(n, "decision")}, opts_.join_timeout,
-               "attempt " + std::to_string(n) + ": waiting for node 0's decision");
+               "attempt " + std::to_string(n) + ": waiting for the store host's decision");
       json d =
           json::parse(toString(control_client_->get(attemptKey(n, "decision"))), nullptr, false);
       if (!d.is_object()) throw Abandoned{internalError("malformed decision in the store")};
       decision.kind = decisionKindFromName(d.value("kind", ""));
-      decision_readers_ = d.value("readers", opts_.group_world_size);
+      decision_readers_ = d.value("readers", worldSize());
       decision.signal = d.value("signal", 0);
       decision.summary = d.value("summary", "");
+      decision.restarts_used = d.value("restarts_used", 0);
+      decision.membership_change = d.value("membership_change", false);
       for (const json& f : d.value("failures", json::array())) {
         decision.failures.push_back(failureFromJson(f));
       }
     }
-    if (decision.kind != JobDecision::Kind::kRestart) finishJob(n);
+    if (decision.kind != JobDecision::Kind::kRestart) finishJob(n, decision);
     return decision;
   }
 
   // Host: every report (or a lost agent's stand-in), then one decision for the job.
   JobDecision decide(int n) {
-    const int world = opts_.group_world_size;
+    const Membership membership = currentMembership();
+    const int world = membership.group_world_size;
     std::map<int, json> reports;
     while (static_cast<int>(reports.size()) < world) {
       std::vector<std::string> missing;
@@ -451,37 +645,42 @@ class StoreCoordinator : public JobCoordinator {
       }
     }
 
-    int owner = -1;
+    int owner = kByNobody;
     std::string stop_reason;
+    std::string stop_cause;
     if (control_client_->check({attemptKey(n, "stop")})) {
       json stop =
           json::parse(toString(control_client_->get(attemptKey(n, "stop"))), nullptr, false);
       if (stop.is_object()) {
-        owner = stop.value("by", -1);
+        owner = stop.value("by", kByNobody);
         stop_reason = stop.value("reason", "");
+        stop_cause = stop.value("cause", "");
       }
     }
 
     JobDecision d;
+    d.restarts_used = restarts_used_;
     std::vector<WorkerFailure> root_failures;
     std::vector<WorkerFailure> other_failures;
     bool any_failed = false;
+    int lost = 0;
     std::string lost_error;
     std::string start_error;
     for (auto& [rank, report] : reports) {
       const std::string kind = report.value("kind", "failed");
       if (kind == "lost") {
-        lost_error = report.value("error", "");
+        ++lost;
+        if (lost_error.empty()) lost_error = report.value("error", "");
         // The lost agent's workers died with it (parent-death signal) or are cut off; stand in
         // for them so the report names the node.
         WorkerFailure stand_in;
-        stand_in.host = membership_->agents[static_cast<size_t>(rank)].host;
+        stand_in.host = membership.agents[static_cast<size_t>(rank)].host;
         for (int r = 0; r < rank; ++r) {
-          stand_in.rank += membership_->agents[static_cast<size_t>(r)].nproc;
+          stand_in.rank += membership.agents[static_cast<size_t>(r)].nproc;
         }
         stand_in.exit_code = 1;
         stand_in.time = SystemClock::now();
-        stand_in.message = lost_error;
+        stand_in.message = report.value("error", "");
         root_failures.insert(root_failures.begin(), stand_in);
         continue;
       }
@@ -499,26 +698,51 @@ class StoreCoordinator : public JobCoordinator {
     d.failures = std::move(root_failures);
     d.failures.insert(d.failures.end(), other_failures.begin(), other_failures.end());
     d.summary = stop_reason;
+    const int survivors = world - lost;
     if (d.signal != 0) {
       d.kind = JobDecision::Kind::kStopped;
-    } else if (!lost_error.empty()) {
-      d.kind = JobDecision::Kind::kFailed;
-      d.summary = lost_error;
     } else if (!start_error.empty()) {
       d.kind = JobDecision::Kind::kFailed;
       d.summary = start_error;
+    } else if (lost > 0) {
+      // Static: the lost node cannot be replaced. Elastic: go on with the others while enough
+      // are left; a membership change does not use the restart budget.
+      d.summary = lost_error;
+      if (opts_.elastic && survivors >= opts_.min_nodes) {
+        d.kind = JobDecision::Kind::kRestart;
+        d.membership_change = true;
+      } else {
+        d.kind = JobDecision::Kind::kFailed;
+        if (opts_.elastic) {
+          d.summary += "; " + std::to_string(survivors) + " nodes left, fewer than the minimum " +
+                       std::to_string(opts_.min_nodes);
+        }
+      }
+    } else if (stop_cause == "join" && !any_failed) {
+      d.kind = JobDecision::Kind::kRestart;
+      d.membership_change = true;
     } else if (any_failed || owner >= 0) {
-      d.kind = n < opts_.max_restarts ? JobDecision::Kind::kRestart : JobDecision::Kind::kFailed;
+      if (restarts_used_ < opts_.max_restarts) {
+        d.kind = JobDecision::Kind::kRestart;
+        d.restarts_used = ++restarts_used_;
+      } else {
+        d.kind = JobDecision::Kind::kFailed;
+      }
     } else {
       d.kind = JobDecision::Kind::kSucceeded;
     }
     return d;
   }
 
-  // After the final decision: wake every watcher (the stop key), count this agent out and, on
-  // the host, keep serving until everyone has read the decision (bounded).
-  void finishJob(int n) {
-    claimStop(*control_client_, n, -1, "the job ended");
+  // After the final decision: wake every watcher (the stop key), tell agents still waiting to
+  // join that the job is over, count this agent out and, on the host, keep serving until
+  // everyone has read the decision (bounded).
+  void finishJob(int n, const JobDecision& decision) {
+    claimStop(*control_client_, n, kByNobody, "the job ended", "end");
+    if (isHost() && opts_.elastic) {
+      json over = {{"job_over", decisionKindName(decision.kind)}};
+      control_client_->set(roundKey(next_round_snapshot(), "members"), over.dump());
+    }
     // Lost agents never read it: the host counts only the live ones in ("readers").
     const int64_t out = control_client_->add(attemptKey(n, "done"), 1);
     if (out >= decision_readers_) control_client_->set(attemptKey(n, "all_done"), "1");
@@ -535,7 +759,7 @@ class StoreCoordinator : public JobCoordinator {
   }
 
   // The watcher: this agent's heartbeat, the current attempt's stop key and, on the host,
-  // everyone's heartbeats.
+  // everyone's heartbeats and (elastic) agents waiting to join.
   void watchLoop() {
     std::unique_ptr<TcpStoreClient> client;
     const auto bound = opts_.keep_alive_interval * opts_.keep_alive_max_attempt;
@@ -546,7 +770,8 @@ class StoreCoordinator : public JobCoordinator {
       return;
     }
     int handled_stop = -1;
-    std::map<int, std::pair<int64_t, SteadyClock::time_point>> seen;  // host: rank -> beat
+    int beats_for = -1;
+    std::map<std::string, std::pair<int64_t, SteadyClock::time_point>> seen;  // host: id -> beat
     while (true) {
       int n;
       {
@@ -560,22 +785,29 @@ class StoreCoordinator : public JobCoordinator {
           n = watch_attempt_;
         }
       }
+      if (n != beats_for) {  // a new attempt (elastic: maybe new members): start afresh
+        seen.clear();
+        beats_for = n;
+      }
       try {
-        if (n != handled_stop) {
+        if (n != handled_stop && n >= 0) {
           try {
             client->wait({attemptKey(n, "stop")}, opts_.keep_alive_interval);
             json stop = json::parse(toString(client->get(attemptKey(n, "stop"))), nullptr, false);
             handled_stop = n;
-            const int by = stop.is_object() ? stop.value("by", -1) : -1;
-            if (by != opts_.group_rank && by != -1) {
+            const int by = stop.is_object() ? stop.value("by", kByNobody) : kByNobody;
+            if (by != myRank() && by != kByNobody) {
               std::string reason = stop.is_object() ? stop.value("reason", "") : "";
               post([this, n, reason] { on_peer_stop_(n, reason); });
             }
           } catch (const StoreTimeout&) {
           }
         }
-        client->add(heartbeatKey(opts_.group_rank), 1);
-        if (isHost()) checkHeartbeats(*client, n, seen, bound);
+        client->add(heartbeatKey(opts_.self.id), 1);
+        if (isHost() && n >= 0) {
+          checkHeartbeats(*client, n, seen, bound);
+          if (opts_.elastic) checkJoiners(*client, n);
+        }
       } catch (const StoreError& e) {
         reportLost(unavailable("lost " + storeWhere() + ": " + e.what()));
         return;
@@ -584,18 +816,25 @@ class StoreCoordinator : public JobCoordinator {
   }
 
   void checkHeartbeats(TcpStoreClient& client, int n,
-                       std::map<int, std::pair<int64_t, SteadyClock::time_point>>& seen,
+                       std::map<std::string, std::pair<int64_t, SteadyClock::time_point>>& seen,
                        std::chrono::milliseconds bound) {
+    const Membership m = currentMembership();
     std::vector<std::string> keys;
-    for (int r = 1; r < opts_.group_world_size; ++r) keys.push_back(heartbeatKey(r));
+    std::vector<int> ranks;
+    for (int r = 0; r < m.group_world_size; ++r) {
+      if (r == m.group_rank) continue;
+      keys.push_back(heartbeatKey(m.agents[static_cast<size_t>(r)].id));
+      ranks.push_back(r);
+    }
     if (keys.empty()) return;
     auto values = client.multiGet(keys);
     const auto now = SteadyClock::now();
-    for (int r = 1; r < opts_.group_world_size; ++r) {
-      const int64_t beat = std::atoll(toString(values[static_cast<size_t>(r - 1)]).c_str());
-      auto it = seen.find(r);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const int r = ranks[i];
+      const int64_t beat = std::atoll(toString(values[i]).c_str());
+      auto it = seen.find(keys[i]);
       if (it == seen.end() || it->second.first != beat) {
-        seen[r] = {beat, now};
+        seen[keys[i]] = {beat, now};
         continue;
       }
       if (now - it->second.second < bound) continue;
@@ -603,17 +842,34 @@ class StoreCoordinator : public JobCoordinator {
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (lost_agents_.count(r)) continue;
-        const AgentInfo& info = membership_->agents[static_cast<size_t>(r)];
+        const AgentInfo& info = m.agents[static_cast<size_t>(r)];
         reason = "the agent of node " + std::to_string(r) + " (" + info.host +
                  ") stopped responding: no heartbeat for " + formatSeconds(now - it->second.second);
         lost_agents_[r] = reason;
       }
       CPPRUN_LOG(kError) << reason;
-      if (n >= 0) {
-        claimStop(client, n, r, reason);
-        post([this, n, reason] { on_peer_stop_(n, reason); });
-      }
+      claimStop(client, n, r, reason, "lost");
+      post([this, n, reason] { on_peer_stop_(n, reason); });
     }
+  }
+
+  // Elastic host: agents that joined the next round while this one runs, and room for them:
+  // stop the attempt so the group re-forms with them (no restart budget used).
+  void checkJoiners(TcpStoreClient& client, int n) {
+    if (waiting_claimed_ || worldSize() >= opts_.max_nodes) return;
+    const int64_t waiting = client.add(roundKey(next_round_snapshot(), "joined"), 0);
+    if (waiting <= 0) return;
+    waiting_claimed_ = true;
+    const std::string reason =
+        std::to_string(waiting) + " node(s) waiting to join; re-forming the group";
+    CPPRUN_LOG(kInfo) << reason;
+    claimStop(client, n, myRank(), reason, "join");
+    post([this, n, reason] { on_peer_stop_(n, reason); });
+  }
+
+  int next_round_snapshot() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return next_round_;
   }
 
   void reportLost(const Status& status) {
@@ -638,10 +894,15 @@ class StoreCoordinator : public JobCoordinator {
   bool job_over_ = false;                           // guarded by mu_
   int watch_attempt_ = -1;                          // guarded by mu_; -2: watcher must leave
   Status store_status_;                             // guarded by mu_
-  std::map<int, std::string> lost_agents_;          // guarded by mu_ (host)
+  std::map<int, std::string> lost_agents_;          // guarded by mu_ (host); by group rank
+  std::optional<Membership> membership_;            // guarded by mu_
+  int next_round_ = -1;                             // guarded by mu_ (elastic)
+  std::atomic<bool> waiting_claimed_{false};        // host, elastic: joiners announced
   std::unique_ptr<TcpStoreClient> control_client_;  // control thread only
-  std::optional<Membership> membership_;            // written once by the control thread
   int decision_readers_ = 0;                        // control thread only
+  int previous_rank_ = -1;                          // control thread only (elastic)
+  int next_attempt_ = 0;                            // control thread only (host)
+  int restarts_used_ = 0;                           // control thread only (host)
   std::thread control_;
   std::thread watcher_;
 };

@@ -89,6 +89,8 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
             return;
           }
           self->attempt_start_ = r.value();
+          // The job's attempt number: an agent that joined an elastic job late starts there.
+          self->restart_count_ = r.value().attempt;
           self->launchAttempt();
         });
   }
@@ -378,9 +380,15 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     switch (d.kind) {
       case JobDecision::Kind::kRestart:
         ++restart_count_;
-        CPPRUN_LOG(kWarn) << "the job's worker groups failed (" << d.summary
-                          << "); restarting every node (restart " << restart_count_ << " of "
-                          << options_.max_restarts << ")";
+        if (d.membership_change) {
+          CPPRUN_LOG(kWarn) << "the job's membership changes (" << d.summary
+                            << "); re-forming the group (restarts used: " << d.restarts_used
+                            << " of " << options_.max_restarts << ")";
+        } else {
+          CPPRUN_LOG(kWarn) << "the job's worker groups failed (" << d.summary
+                            << "); restarting every node (restart " << d.restarts_used << " of "
+                            << options_.max_restarts << ")";
+        }
         startAttempt();
         return;
       case JobDecision::Kind::kSucceeded:

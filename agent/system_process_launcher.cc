@@ -4,8 +4,10 @@
 // This is the only translation unit that includes Boost.Process.
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/close_range.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <boost/process.hpp>
@@ -68,6 +70,12 @@ struct WorkerExecSetup : bp::extend::handler {
     ::signal(SIGPIPE, SIG_DFL);
     if (stdout_fd >= 0) ::dup2(stdout_fd, STDOUT_FILENO);
     if (stderr_fd >= 0) ::dup2(stderr_fd, STDERR_FILENO);
+    // Nothing of the agent's beyond stdio reaches the worker: not the store's listening socket
+    // (a worker outliving its agent would keep the port), not its connections. Marked
+    // close-on-exec rather than closed, so Boost.Process's exec-error pipe still works.
+    if (::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) != 0) {
+      for (int fd = 3; fd < 65536; ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+    }
   }
 };
 

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -121,8 +122,18 @@ Status makeRunDirectory(const LaunchConfig& config, RunDirectory* dir) {
   return Status::ok();
 }
 
+// A name no other agent of the job has: host, pid and 32 random bits.
+std::string uniqueAgentId(const std::string& host) {
+  std::random_device rd;
+  char suffix[16];
+  std::snprintf(suffix, sizeof suffix, "%08x", rd());
+  return host + "-" + std::to_string(::getpid()) + "-" + suffix;
+}
+
+// `scheduler_rank`: this agent's rank as the scheduler gave it (elastic ordering), -1 if none.
 int runJob(const LaunchConfig& config, const RendezvousSettings& rdzv_settings,
-           const NodeResources& node, int nproc, const std::map<std::string, std::string>& env) {
+           const NodeResources& node, int nproc, const std::map<std::string, std::string>& env,
+           int scheduler_rank) {
   RunDirectory run_dir;
   Status dir_status = makeRunDirectory(config, &run_dir);
   if (!dir_status.isOk()) {
@@ -144,10 +155,24 @@ int runJob(const LaunchConfig& config, const RendezvousSettings& rdzv_settings,
     agent::StoreCoordinatorOptions co;
     co.group_rank = rdzv_settings.node_rank;
     co.group_world_size = rdzv_settings.nnodes;
-    co.self = agent::AgentInfo{node.hostname, nproc};
+    co.self = agent::AgentInfo{node.hostname, nproc, uniqueAgentId(node.hostname), scheduler_rank};
     co.join_timeout = rdzv_settings.join_timeout;
     co.keep_alive_interval = rdzv_settings.keep_alive_interval;
     co.keep_alive_max_attempt = rdzv_settings.keep_alive_max_attempt;
+    co.final_linger = rdzv_settings.close_timeout;
+    if (rdzv_settings.elastic) {
+      co.elastic = true;
+      co.min_nodes = rdzv_settings.min_nodes;
+      co.max_nodes = rdzv_settings.nnodes;
+      co.last_call_timeout = rdzv_settings.last_call_timeout;
+      using Hosting = RendezvousSettings::StoreHosting;
+      options.host_store = rdzv_settings.store_hosting == Hosting::kAlways;
+      options.host_store_if_free =
+          rdzv_settings.store_hosting == Hosting::kAuto && isLocalHost(rdzv_settings.store.host);
+    }
+    for (const std::string& key : rdzv_settings.ignored_conf_keys) {
+      CPPRUN_LOG(kWarn) << "--rdzv-conf " << key << ": not a key cpprun uses; ignored";
+    }
     options.multi_node = co;
   }
   options.signals_to_handle = config.signals_to_handle;
@@ -166,6 +191,7 @@ int runJob(const LaunchConfig& config, const RendezvousSettings& rdzv_settings,
 
   bool logged_notes = false;
   int world_size = nproc;
+  int group_world_size = 1;
   auto make_attempt = [&](const agent::AttemptContext& context) -> Result<agent::AttemptSpec> {
     RendezvousOutcome rdzv;
     rdzv.group_rank = 0;
@@ -179,6 +205,7 @@ int runJob(const LaunchConfig& config, const RendezvousSettings& rdzv_settings,
       rdzv.world_size = context.membership->world_size;
     }
     world_size = rdzv.world_size;
+    group_world_size = rdzv.group_world_size;
     rdzv.master_addr = context.store_host;
     rdzv.master_port = context.store_port;
     rdzv.run_id = config.rdzv_id;
@@ -208,7 +235,7 @@ int runJob(const LaunchConfig& config, const RendezvousSettings& rdzv_settings,
     case agent::JobOutcome::Kind::kSucceeded:
       CPPRUN_LOG(kInfo)
           << "all " << world_size << " workers"
-          << (rdzv_settings.multi_node ? " of " + std::to_string(rdzv_settings.nnodes) + " nodes"
+          << (rdzv_settings.multi_node ? " of " + std::to_string(group_world_size) + " nodes"
                                        : std::string())
           << " succeeded"
           << (outcome.restarts ? " after " + std::to_string(outcome.restarts) + " restart(s)" : "");
@@ -280,6 +307,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cpprun: error: %s\n", rdzv_settings.status().message().c_str());
     return kExitUsage;
   }
+  // The scheduler's rank orders an elastic job's nodes (flags do not: torchrun ignores
+  // --node-rank with c10d).
+  const int scheduler_rank = provenance.count("--node-rank") && sched.value().agent_rank
+                                 ? sched.value().agent_rank->value
+                                 : -1;
   if (rdzv_settings.value().multi_node && config.worker_hosts_store) {
     std::fprintf(stderr,
                  "cpprun: error: --worker-hosts-store is for one node: the agents of a "
@@ -335,7 +367,9 @@ int main(int argc, char** argv) {
 
   raiseOpenFileLimit();
   int code = agent::runUnderGuardian(
-      [&] { return runJob(config, rdzv_settings.value(), node, nproc.value(), env); },
+      [&] {
+        return runJob(config, rdzv_settings.value(), node, nproc.value(), env, scheduler_rank);
+      },
       config.signals_to_handle);
   if (code < 0) {
     std::perror("cpprun: fork");

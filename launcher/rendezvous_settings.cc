@@ -1,7 +1,15 @@
 #include "launcher/rendezvous_settings.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <iterator>
 
 namespace cpprun::launcher {
 
@@ -24,6 +32,41 @@ Result<std::chrono::milliseconds> confSeconds(const LaunchConfig& config, const 
 bool isIpv6Literal(const std::string& host) { return host.find(':') != std::string::npos; }
 
 }  // namespace
+
+bool isLocalHost(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* resolved = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &resolved) != 0) return false;
+  ifaddrs* interfaces = nullptr;
+  if (::getifaddrs(&interfaces) != 0) interfaces = nullptr;
+  bool local = false;
+  for (addrinfo* a = resolved; a != nullptr && !local; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      const in_addr addr = reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr;
+      if ((ntohl(addr.s_addr) >> 24) == 127) local = true;
+      for (ifaddrs* i = interfaces; i != nullptr && !local; i = i->ifa_next) {
+        if (i->ifa_addr != nullptr && i->ifa_addr->sa_family == AF_INET &&
+            reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == addr.s_addr) {
+          local = true;
+        }
+      }
+    } else if (a->ai_family == AF_INET6) {
+      const in6_addr addr = reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr;
+      if (IN6_IS_ADDR_LOOPBACK(&addr)) local = true;
+      for (ifaddrs* i = interfaces; i != nullptr && !local; i = i->ifa_next) {
+        if (i->ifa_addr != nullptr && i->ifa_addr->sa_family == AF_INET6 &&
+            std::memcmp(&reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr, &addr,
+                        sizeof addr) == 0) {
+          local = true;
+        }
+      }
+    }
+  }
+  if (interfaces != nullptr) ::freeifaddrs(interfaces);
+  ::freeaddrinfo(resolved);
+  return local;
+}
 
 Result<Endpoint> parseEndpoint(const std::string& text, int default_port) {
   Endpoint e;
@@ -70,19 +113,22 @@ Result<Endpoint> parseEndpoint(const std::string& text, int default_port) {
 Result<RendezvousSettings> resolveRendezvous(const LaunchConfig& config) {
   RendezvousSettings s;
   s.nnodes = config.max_nodes;
+  s.min_nodes = config.min_nodes;
   s.node_rank = config.node_rank;
   s.multi_node = config.max_nodes > 1;
-  if (s.multi_node && config.min_nodes != config.max_nodes) {
+  s.elastic = s.multi_node && config.rdzv_backend == "c10d";
+  if (s.multi_node && !s.elastic && config.min_nodes != config.max_nodes) {
     return invalidArgument("--nnodes " + std::to_string(config.min_nodes) + ":" +
                            std::to_string(config.max_nodes) +
-                           ": elastic membership (MIN < MAX) is not implemented yet; give a "
-                           "fixed node count");
+                           ": a node range needs the elastic rendezvous (--rdzv-backend c10d); "
+                           "the static one has a fixed number of nodes");
   }
-  if (config.node_rank >= config.max_nodes) {
+  if (!s.elastic && config.node_rank >= config.max_nodes) {
     return invalidArgument("--node-rank " + std::to_string(config.node_rank) +
                            " must be below --nnodes " + std::to_string(config.max_nodes));
   }
   const int default_port = config.master_port_given ? config.master_port
+                           : s.elastic              ? kDefaultC10dPort
                            : s.multi_node           ? kDefaultMasterPort
                                                     : 0;
   if (!config.rdzv_endpoint.empty() && !config.standalone) {
@@ -106,6 +152,16 @@ Result<RendezvousSettings> resolveRendezvous(const LaunchConfig& config) {
   auto join = confSeconds(config, "join_timeout", s.join_timeout);
   if (!join.isOk()) return join.status();
   s.join_timeout = join.value();
+  auto last_call = confSeconds(config, "last_call_timeout", s.last_call_timeout);
+  if (!last_call.isOk()) return last_call.status();
+  s.last_call_timeout = last_call.value();
+  auto close = confSeconds(config, "close_timeout", s.close_timeout);
+  if (!close.isOk()) return close.status();
+  s.close_timeout = close.value();
+  // "heartbeat" is accepted as another name for the keep-alive interval.
+  auto heartbeat = confSeconds(config, "heartbeat", s.keep_alive_interval);
+  if (!heartbeat.isOk()) return heartbeat.status();
+  s.keep_alive_interval = heartbeat.value();
   auto interval = confSeconds(config, "keep_alive_interval", s.keep_alive_interval);
   if (!interval.isOk()) return interval.status();
   s.keep_alive_interval = interval.value();
@@ -118,6 +174,25 @@ Result<RendezvousSettings> resolveRendezvous(const LaunchConfig& config) {
                              ": expected an integer in 1-1000");
     }
     s.keep_alive_max_attempt = static_cast<int>(n);
+  }
+  auto is_host = config.rdzv_conf.find("is_host");
+  if (is_host != config.rdzv_conf.end()) {
+    const std::string& v = is_host->second;
+    if (v == "1" || v == "true" || v == "True" || v == "yes") {
+      s.store_hosting = RendezvousSettings::StoreHosting::kAlways;
+    } else if (v == "0" || v == "false" || v == "False" || v == "no") {
+      s.store_hosting = RendezvousSettings::StoreHosting::kNever;
+    } else {
+      return invalidArgument("--rdzv-conf is_host=" + v + ": expected true or false");
+    }
+  }
+  for (const auto& entry : config.rdzv_conf) {
+    static const char* const kKnown[] = {
+        "join_timeout",        "last_call_timeout",      "close_timeout", "heartbeat",
+        "keep_alive_interval", "keep_alive_max_attempt", "is_host"};
+    if (std::find(std::begin(kKnown), std::end(kKnown), entry.first) == std::end(kKnown)) {
+      s.ignored_conf_keys.push_back(entry.first);
+    }
   }
   return s;
 }

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "launcher/launch_config.h"
@@ -31,10 +32,25 @@ struct RendezvousSettings {
   std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};
   std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};
   int keep_alive_max_attempt = 3;
+  // Elastic (--rdzv-backend c10d with several nodes): min..max agents per round.
+  bool elastic = false;
+  int min_nodes = 1;
+  std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};
+  // How long the store host keeps serving after the job's outcome for the others to read it.
+  std::chrono::milliseconds close_timeout{std::chrono::seconds(10)};
+  // Elastic: who serves the store. kAuto: the first agent on the endpoint's host to bind it.
+  enum class StoreHosting { kAuto, kAlways, kNever };
+  StoreHosting store_hosting = StoreHosting::kAuto;
+  std::vector<std::string> ignored_conf_keys;  // --rdzv-conf keys cpprun does not use
 };
 
-// torchrun's static default port, used by multi-node jobs that name none.
+// torchrun's default ports when a multi-node job names none: static, and c10d's endpoint.
 inline constexpr int kDefaultMasterPort = 29500;
+inline constexpr int kDefaultC10dPort = 29400;
+
+// True when `host` names this machine: a loopback address, or an address of one of its
+// interfaces (after resolving a name).
+bool isLocalHost(const std::string& host);
 
 Result<RendezvousSettings> resolveRendezvous(const LaunchConfig& config);
 

@@ -237,8 +237,16 @@ Status TcpStoreServer::Impl::listen() {
     acceptor_.set_option(asio::ip::v6_only(false), ec);  // "::" serves IPv4 too
   }
   acceptor_.bind(endpoint, ec);
+  if (ec == asio::error::address_in_use) {
+    // Distinct code: an elastic agent takes it to mean "another agent serves the store".
+    return Status(StatusCode::kAlreadyExists, "bind " + describe(endpoint) + ": " + ec.message());
+  }
   if (ec) return unavailable("bind " + describe(endpoint) + ": " + ec.message());
   acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec == asio::error::address_in_use) {  // SO_REUSEADDR: a racing bind fails only here
+    return Status(StatusCode::kAlreadyExists,
+                  "listen on " + describe(endpoint) + ": " + ec.message());
+  }
   if (ec) return unavailable("listen on " + describe(endpoint) + ": " + ec.message());
   auto local = acceptor_.local_endpoint(ec);
   bound_host_ = local.address().to_string();

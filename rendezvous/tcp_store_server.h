@@ -51,8 +51,8 @@ struct TcpStoreServerStats {
 
 class TcpStoreServer {
  public:
-  // Binds and listens now, so a bad address or a port in use is reported here; serving starts
-  // when `io` runs. REQUIRES: `io` outlives the returned server.
+  // Binds and listens now, so a bad address or a port in use (kAlreadyExists) is reported here;
+  // serving starts when `io` runs. REQUIRES: `io` outlives the returned server.
   static Result<std::unique_ptr<TcpStoreServer>> create(boost::asio::io_context& io,
                                                         TcpStoreServerOptions options);
   ~TcpStoreServer();  // stops (see stop())

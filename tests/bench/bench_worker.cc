@@ -3,6 +3,8 @@
 // TORCHELASTIC_RESTART_COUNT) and talks to the launcher's store with TcpStoreClient in the legacy
 // dialect (the one torch 1.13's TCPStore speaks; our server speaks both).
 //
+//   cpprun_bench_worker started DIR  write the start time to DIR/start.<rank>, exit 0 (the
+//                                    trivial worker of rendezvous_bench)
 //   cpprun_bench_worker launch DIR   connect to the store, set bench/launch/<rank>, exit 0
 //   cpprun_bench_worker hold DIR     connect, add bench/hold/ready (the last one sets
 //                                    bench/hold/all_ready), wait up to 60 s for
@@ -122,6 +124,11 @@ int run(const std::string& mode, const std::string& dir, int64_t start_ns) {
   const int attempt = envInt("TORCHELASTIC_RESTART_COUNT");
   const std::string r = std::to_string(rank);
 
+  if (mode == "started") {
+    writeTimeFile(dir + "/start." + r, start_ns);
+    return 0;
+  }
+
   if (mode == "launch" || (mode == "fail" && attempt > 0)) {
     if (mode == "fail") {
       writeTimeFile(dir + "/start." + std::to_string(attempt) + "." + r, start_ns);
@@ -185,7 +192,7 @@ int run(const std::string& mode, const std::string& dir, int64_t start_ns) {
 int main(int argc, char** argv) {
   const int64_t start_ns = monotonicNs();
   if (argc != 3) {
-    std::fprintf(stderr, "usage: cpprun_bench_worker launch|hold|fail DIR\n");
+    std::fprintf(stderr, "usage: cpprun_bench_worker started|launch|hold|fail DIR\n");
     return 2;
   }
   try {

@@ -1,7 +1,8 @@
 """The peer of launch_bench: torch 1.13's elastic launcher, called as torchrun calls it.
 
     /usr/bin/python3 torch_elastic_launch.py --nproc N --port P [--max-restarts K]
-        [--monitor-interval S] [--rdzv-backend static|c10d] [--run-id ID] -- PROGRAM ARGS...
+        [--monitor-interval S] [--rdzv-backend static|c10d] [--run-id ID] [--nnodes N]
+        -- PROGRAM ARGS...
 
 Does what torch/distributed/run.py (torchrun) does for `torchrun --no_python
 --nproc_per_node=N --master_addr=127.0.0.1 --master_port=P PROGRAM ARGS`: builds the same
@@ -31,6 +32,9 @@ def main() -> int:
     parser.add_argument("--monitor-interval", type=float, default=5.0)
     parser.add_argument("--rdzv-backend", choices=["static", "c10d"], default="static")
     parser.add_argument("--run-id", default="none")  # torchrun's --rdzv_id default
+    # Agents in the job (torchrun --nnodes N): with c10d, every agent runs this shim and the
+    # first to bind the endpoint hosts the store (rendezvous_bench).
+    parser.add_argument("--nnodes", type=int, default=1)
     parser.add_argument("program")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     a = parser.parse_args()
@@ -44,8 +48,8 @@ def main() -> int:
 
     rdzv_configs = {"rank": 0} if a.rdzv_backend == "static" else {}
     config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
+        min_nodes=a.nnodes,
+        max_nodes=a.nnodes,
         nproc_per_node=a.nproc,
         run_id=a.run_id,
         role="default",

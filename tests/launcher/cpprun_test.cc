@@ -384,3 +384,21 @@ TEST_CASE("the line prefix template from TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE i
   CHECK(run.output().find("<trainer:0> hello\n") != std::string::npos);
   CHECK(run.output().find("<trainer:1> hello\n") != std::string::npos);
 }
+
+TEST_CASE("workers get stdio only: no store socket or other agent descriptor leaks to them",
+          "[integration]") {
+  TempDir dir;
+  // The first worker starts after the store listens and a client connected; the restart's
+  // workers after many more agent descriptors existed.
+  ChildProcess run(cpprunCommand({"--nproc-per-node=2", "--max-restarts=1", "--no-python", kWorker,
+                                  "list-fds", dir.path() + "/fds-{restart}-{rank}", "store-set",
+                                  "k", "v", "exit-if-restart", "0", "3"}));
+  auto status = run.wait(60s);
+  REQUIRE(status.has_value());
+  INFO(run.output());
+  CHECK(exitCodeOf(*status) == 0);
+  for (const char* f : {"/fds-0-0", "/fds-0-1", "/fds-1-0", "/fds-1-1"}) {
+    INFO(f);
+    CHECK(readFile(dir.path() + f) == "\n");
+  }
+}

@@ -69,7 +69,15 @@ TEST_CASE("inconsistent multi-node settings are refused", "[unit]") {
   LaunchConfig c;
   c.min_nodes = 1;
   c.max_nodes = 4;
-  CHECK_THAT(resolveRendezvous(c).status().message(), Catch::Contains("not implemented yet"));
+  CHECK_THAT(resolveRendezvous(c).status().message(),
+             Catch::Contains("needs the elastic rendezvous (--rdzv-backend c10d)"));
+  c.rdzv_backend = "c10d";
+  auto elastic = resolveRendezvous(c).value();
+  CHECK(elastic.elastic);
+  CHECK(elastic.min_nodes == 1);
+  CHECK(elastic.nnodes == 4);
+  CHECK(elastic.store.port == kDefaultC10dPort);
+  c.rdzv_backend = "static";
   c.min_nodes = 4;
   c.node_rank = 4;
   CHECK_THAT(resolveRendezvous(c).status().message(), Catch::Contains("must be below"));
@@ -77,4 +85,32 @@ TEST_CASE("inconsistent multi-node settings are refused", "[unit]") {
   c.master_port = 0;
   c.master_port_given = true;
   CHECK_THAT(resolveRendezvous(c).status().message(), Catch::Contains("port is 0"));
+}
+
+TEST_CASE("elastic settings: last call, close timeout, store hosting, unknown keys", "[unit]") {
+  LaunchConfig c;
+  c.min_nodes = 2;
+  c.max_nodes = 3;
+  c.rdzv_backend = "c10d";
+  c.rdzv_conf = {{"last_call_timeout", "2"},
+                 {"close_timeout", "3"},
+                 {"heartbeat", "0.25"},
+                 {"is_host", "false"},
+                 {"timeout", "9"}};
+  auto s = resolveRendezvous(c).value();
+  CHECK(s.last_call_timeout == std::chrono::seconds(2));
+  CHECK(s.close_timeout == std::chrono::seconds(3));
+  CHECK(s.keep_alive_interval == std::chrono::milliseconds(250));
+  CHECK(s.store_hosting == RendezvousSettings::StoreHosting::kNever);
+  CHECK(s.ignored_conf_keys == std::vector<std::string>{"timeout"});
+  c.rdzv_conf = {{"is_host", "perhaps"}};
+  CHECK_THAT(resolveRendezvous(c).status().message(), Catch::Contains("is_host=perhaps"));
+}
+
+TEST_CASE("local hosts: loopback and this machine's addresses, not others", "[unit]") {
+  CHECK(isLocalHost("127.0.0.1"));
+  CHECK(isLocalHost("localhost"));
+  CHECK(isLocalHost("::1"));
+  CHECK_FALSE(isLocalHost("192.0.2.1"));  // TEST-NET-1: never assigned here
+  CHECK_FALSE(isLocalHost("no-such-host.invalid"));
 }

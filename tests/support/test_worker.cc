@@ -31,12 +31,14 @@
 //   store-get KEY PATH       wait up to 30 s for KEY, write its value to PATH (atomically)
 //   store-check KEY PATH     write "1" or "0" to PATH: whether KEY exists now
 //   touch PATH               create PATH (or leave it as is)
+//   list-fds PATH            write the open descriptors above 2 ("3 7", or nothing) to PATH
 //   wait-file PATH SECONDS   wait until PATH exists (10 ms polls); exit 124 after SECONDS
 //   sleep SECONDS            sleep (fractions allowed)
 //   sleep-forever            pause() forever
 //
 // Exit codes: as the actions say; 2 for a bad command line; 124 when wait-file or store-get time
 // out; 1 for other failures (I/O, store errors). Prints nothing unless an action asks for it.
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -312,7 +314,8 @@ void sleepFor(double seconds) {
 // The actions, by how many arguments they take; -1: unknown.
 int argCount(const std::string& action) {
   static const char* const kByCount[] = {
-      " sleep-forever ", " env-json print eprint exit kill-self ignore fork-daemon touch sleep ",
+      " sleep-forever ",
+      " env-json print eprint exit kill-self ignore fork-daemon touch sleep list-fds ",
       " flood exit-if-rank exit-if-restart kill-self-if-rank on-signal on-signal-continue "
       "fork-grandchildren write-error-file store-set store-get store-check wait-file "};
   for (int n = 0; n < 3 && action.find(' ') == std::string::npos; ++n) {
@@ -410,6 +413,19 @@ int main(int argc, char** argv) {
     } else if (a == "store-set" || a == "store-get" || a == "store-check") {
       const std::string key = arg();
       storeAction(a, key, arg());
+    } else if (a == "list-fds") {
+      // The descriptors above stdio this worker was given (none expected): "3 7\n" or "\n".
+      std::string fds;
+      if (DIR* dir = ::opendir("/proc/self/fd")) {
+        const int own = ::dirfd(dir);
+        while (dirent* e = ::readdir(dir)) {
+          const int fd = std::atoi(e->d_name);
+          if (e->d_name[0] == '.' || fd <= 2 || fd == own) continue;
+          fds += (fds.empty() ? "" : " ") + std::to_string(fd);
+        }
+        ::closedir(dir);
+      }
+      writeFileAtomic(arg(), fds + "\n");
     } else if (a == "touch") {
       appendToFile(arg(), "");
     } else if (a == "wait-file") {

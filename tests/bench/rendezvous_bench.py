@@ -1,0 +1,215 @@
+"""rendezvous_bench: how long N agents take to meet and start their workers, cpprun against torch
+1.13's elastic launcher with its c10d rendezvous, side by side in one run.
+
+    /usr/bin/python3 tests/bench/rendezvous_bench.py --cpprun build/cpprun \\
+        --worker build/tests/bench/cpprun_bench_worker [--agents 1,2,4,...,256] \\
+        [--torch-agents 1,2,4,8,16] [--runs 3] [--timeout 180]
+
+Every agent is a separate process on this machine, as on N nodes, with one trivial worker
+(cpprun_bench_worker started DIR: it writes its CLOCK_MONOTONIC start time and exits).
+cpprun: `cpprun --nnodes N --node-rank R --nproc-per-node 1 --master-addr 127.0.0.1
+--master-port P --no-python WORKER started DIR` (static rendezvous: node 0 serves the store).
+torch: tests/bench/torch_elastic_launch.py --nnodes N --rdzv-backend c10d (what torchrun
+--nnodes N --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:P calls: the first agent to bind the
+endpoint hosts the store) with monitor_interval 0.1 s (newer torchrun's default; favours torch).
+
+Figures per N, median of --runs (launchers alternate within each repetition):
+  ready  from the first agent's spawn to the last worker's start (all ranks started)
+  total  from the first agent's spawn until every agent has exited
+  spawn  the benchmark's own time to create the N agent processes (a floor for both)
+One line per figure: RESULT rdzv_<figure>_n<N> <cpprun ms> ms peer=<torch ms> ratio=<torch/cpprun>
+(peer and ratio only where torch ran that N). Torch's agents need ~1.3 s of CPU each to import
+torch and ~230 MB, so --torch-agents stops lower than --agents.
+
+Bounded: a run still going after --timeout is killed (SIGTERM, 5 s, SIGKILL, by PID) and counted
+as failed. This process is a child subreaper: whatever an agent leaves behind comes back to it,
+is reported, killed and reaped. Exit status 1 when a run failed, 2 on a bad flag.
+"""
+
+import argparse
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+PR_SET_CHILD_SUBREAPER = 36
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def reap_leftovers() -> int:
+    """Kills and reaps every process that was re-parented to us; returns how many there were."""
+    count = 0
+    try:
+        children = open(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read().split()
+    except OSError:
+        children = []
+    for pid in map(int, children):
+        count += 1
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+    return count
+
+
+def agent_command(kind, args, n, rank, port, run_dir):
+    if kind == "cpprun":
+        return [args.cpprun, f"--nnodes={n}", f"--node-rank={rank}", "--nproc-per-node=1",
+                "--master-addr=127.0.0.1", f"--master-port={port}", "--no-python", args.worker,
+                "started", run_dir]
+    return [args.python, os.path.join(HERE, "torch_elastic_launch.py"), "--nproc", "1",
+            "--port", str(port), "--nnodes", str(n), "--rdzv-backend", "c10d",
+            "--monitor-interval", "0.1", "--run-id", "bench", args.worker, "started", run_dir]
+
+
+def one_run(kind, args, n):
+    """Returns (ready_ms, total_ms, spawn_ms) or None when the run failed."""
+    run_dir = tempfile.mkdtemp(prefix=f"rdzv-bench-{kind}-")
+    port = free_port()
+    env = dict(os.environ, OMP_NUM_THREADS="1", NCCL_SOCKET_IFNAME="lo")
+    logs = []
+    procs = []
+    ok = True
+    try:
+        t0 = time.monotonic_ns()
+        for rank in range(n):
+            log = open(os.path.join(run_dir, f"agent-{rank}.log"), "wb")
+            logs.append(log)
+            procs.append(subprocess.Popen(agent_command(kind, args, n, rank, port, run_dir),
+                                          stdout=log, stderr=subprocess.STDOUT, env=env))
+        t_spawned = time.monotonic_ns()
+        deadline = time.monotonic() + args.timeout
+        for p in procs:
+            try:
+                code = p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                ok = False
+                break
+            if code != 0:
+                ok = False
+        t_end = time.monotonic_ns()
+        if not ok:
+            for p in procs:
+                if p.poll() is None:
+                    p.terminate()
+            grace = time.monotonic() + 5
+            for p in procs:
+                try:
+                    p.wait(timeout=max(0.0, grace - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+            sys.stderr.write(f"{kind} n={n}: run failed; logs in {run_dir}\n")
+            for rank in range(min(n, 3)):
+                with open(os.path.join(run_dir, f"agent-{rank}.log"), "rb") as f:
+                    sys.stderr.write(f.read()[-2000:].decode(errors="replace"))
+            return None
+        starts = []
+        for rank in range(n):
+            path = os.path.join(run_dir, f"start.{rank}")
+            if not os.path.exists(path):
+                sys.stderr.write(f"{kind} n={n}: rank {rank} never started\n")
+                return None
+            starts.append(int(open(path).read()))
+        left = reap_leftovers()
+        if left:
+            sys.stderr.write(f"{kind} n={n}: {left} process(es) left behind, killed\n")
+            return None
+        return ((max(starts) - t0) / 1e6, (t_end - t0) / 1e6, (t_spawned - t0) / 1e6)
+    finally:
+        for log in logs:
+            log.close()
+        if ok:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def parse_list(text):
+    return [int(x) for x in text.split(",") if x]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cpprun", required=True)
+    parser.add_argument("--worker", required=True)
+    parser.add_argument("--python", default="/usr/bin/python3")
+    parser.add_argument("--agents", default="1,2,4,8,16,32,64,128,256")
+    parser.add_argument("--torch-agents", default="1,2,4,8,16")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=180)
+    args = parser.parse_args()
+    try:
+        agents = parse_list(args.agents)
+        torch_agents = set(parse_list(args.torch_agents))
+    except ValueError:
+        parser.error("--agents and --torch-agents take comma-separated integers")
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+    failed = False
+    rows = []
+    for n in sorted(set(agents) | torch_agents):
+        kinds = ["cpprun"] + (["torch"] if n in torch_agents else [])
+        if n not in agents:
+            kinds = ["torch"]
+        results = {k: [] for k in kinds}
+        for rep in range(args.runs):
+            order = kinds[rep % len(kinds):] + kinds[:rep % len(kinds)]
+            for kind in order:
+                r = one_run(kind, args, n)
+                if r is None:
+                    failed = True
+                else:
+                    results[kind].append(r)
+        med = {}
+        for k, rs in results.items():
+            if rs:
+                med[k] = tuple(statistics.median(x[i] for x in rs) for i in range(3)) + (len(rs),)
+        rows.append((n, med))
+        c = med.get("cpprun")
+        t = med.get("torch")
+        line = f"n={n:4d}"
+        if c:
+            line += f"  cpprun ready {c[0]:8.1f} ms total {c[1]:8.1f} ms spawn {c[2]:7.1f} ms ({c[3]} runs)"
+        if t:
+            line += f"  torch ready {t[0]:8.1f} ms total {t[1]:8.1f} ms ({t[3]} runs)"
+        print(line, flush=True)
+
+    print()
+    for n, med in rows:
+        c = med.get("cpprun")
+        t = med.get("torch")
+        for i, name in ((0, "ready"), (1, "total")):
+            if c and t:
+                print(f"RESULT rdzv_{name}_n{n} {c[i]:.1f} ms peer={t[i]:.1f} ratio={t[i] / c[i]:.1f}")
+            elif c:
+                print(f"RESULT rdzv_{name}_n{n} {c[i]:.1f} ms")
+            elif t:
+                print(f"RESULT rdzv_{name}_n{n}_torch_only {t[i]:.1f} ms")
+    big = [med["cpprun"][0] for n, med in rows if n == 256 and "cpprun" in med]
+    if big:
+        print(f"target: 256 agents ready in < 1000 ms: {'met' if big[0] < 1000 else 'not met'} "
+              f"({big[0]:.0f} ms)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
