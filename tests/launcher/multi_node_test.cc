@@ -283,3 +283,148 @@ TEST_CASE("mpirun -np 2 cpprun: one agent per rank forms one job", "[integration
   CHECK(run_ids.size() == 1);
   CHECK(run_ids.count("none") == 0);  // the job id came from mpirun (PMIX_NAMESPACE)
 }
+
+namespace {
+
+// An elastic agent on 127.0.0.1: the first of them to bind the endpoint serves the store.
+std::unique_ptr<ChildProcess> elasticAgent(int port, const std::string& nnodes,
+                                           const std::vector<std::string>& worker_args,
+                                           const std::map<std::string, std::string>& env = {}) {
+  std::vector<std::string> args = {"--nnodes=" + nnodes,
+                                   "--rdzv-backend=c10d",
+                                   "--rdzv-endpoint=127.0.0.1:" + std::to_string(port),
+                                   "--rdzv-conf=keep_alive_interval=0.3,last_call_timeout=1",
+                                   "--nproc-per-node=1",
+                                   "--no-python",
+                                   kWorker};
+  args.insert(args.end(), worker_args.begin(), worker_args.end());
+  return std::make_unique<ChildProcess>(cpprunCommand(args), env);
+}
+
+// The agent process under a cpprun (its guardian), and whether it serves the store.
+pid_t agentOf(ChildProcess& cpprun) {
+  std::vector<pid_t> children = cpprun::agent::childrenOf(cpprun.pid());
+  REQUIRE(children.size() == 1);
+  return children[0];
+}
+
+// The node number of every rendezvous this agent completed, in order.
+std::vector<int> nodeNumbers(const std::string& output) {
+  std::vector<int> numbers;
+  const std::string marker = "this node is node ";
+  for (size_t at = output.find(marker); at != std::string::npos; at = output.find(marker, at + 1)) {
+    numbers.push_back(std::atoi(output.c_str() + at + marker.size()));
+  }
+  return numbers;
+}
+
+bool servesStore(ChildProcess& cpprun) {
+  return cpprun.output().find("this agent serves the job's store") != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("elastic: a killed agent leaves the others to re-form with fewer nodes and finish",
+          "[integration][multinode][elastic]") {
+  TempDir dir;
+  const std::string d = dir.path();
+  const int port = freeTcpPort();
+  // Attempt 0 waits forever; the re-formed attempt 1 writes its environment and succeeds.
+  const std::vector<std::string> args = {"print", "up {rank} {restart}", "exit-if-restart", "1",
+                                         "0",     "sleep-forever"};
+  std::vector<std::unique_ptr<ChildProcess>> agents;
+  for (int i = 0; i < 3; ++i) agents.push_back(elasticAgent(port, "2:3", args));
+  for (auto& a : agents) REQUIRE(a->waitForLine("[default", 30s).has_value());
+  // Kill an agent that does not serve the store.
+  size_t victim = servesStore(*agents[0]) ? 1 : 0;
+  REQUIRE(::kill(agentOf(*agents[victim]), SIGKILL) == 0);
+  for (size_t i = 0; i < agents.size(); ++i) {
+    if (i == victim) continue;
+    ChildProcess& a = *agents[i];
+    INFO(a.output());
+    CHECK(waitExit(a) == 0);
+    CHECK_THAT(a.output(), Catch::Contains("stopped responding") &&
+                               Catch::Contains("re-forming the group") &&
+                               Catch::Contains("rendezvous complete: 2 nodes") &&
+                               Catch::Contains("all 2 workers of 2 nodes succeeded"));
+  }
+  waitExit(*agents[victim]);
+}
+
+TEST_CASE("elastic: an agent that comes late joins the running job, which re-forms with it",
+          "[integration][multinode][elastic]") {
+  TempDir dir;
+  const std::string d = dir.path();
+  const int port = freeTcpPort();
+  const std::vector<std::string> args = {"env-json",
+                                         d + "/env-{rank}-{restart}.json",
+                                         "print",
+                                         "up {rank} {restart}",
+                                         "exit-if-restart",
+                                         "1",
+                                         "0",
+                                         "sleep-forever"};
+  std::vector<std::unique_ptr<ChildProcess>> agents;
+  for (int i = 0; i < 2; ++i) agents.push_back(elasticAgent(port, "2:3", args));
+  // Both run attempt 0 (the round closed with 2 after the last call) ...
+  for (auto& a : agents) REQUIRE(a->waitForLine("[default", 30s).has_value());
+  // ... when a third agent arrives.
+  agents.push_back(elasticAgent(port, "2:3", args));
+  for (auto& a : agents) {
+    INFO(a->output());
+    CHECK(waitExit(*a) == 0);
+    CHECK_THAT(a->output(), Catch::Contains("all 3 workers of 3 nodes succeeded"));
+  }
+  CHECK_THAT(agents[0]->output() + agents[1]->output(),
+             Catch::Contains("waiting to join; re-forming the group"));
+  for (int r = 0; r < 3; ++r) {
+    Json e = readJson(d + "/env-" + std::to_string(r) + "-1.json");
+    CHECK(e["WORLD_SIZE"] == "3");
+    CHECK(e["GROUP_WORLD_SIZE"] == "3");
+  }
+  // The two original nodes keep their order; the newcomer comes after them.
+  CHECK(nodeNumbers(agents[0]->output()).size() == 2);
+  CHECK(nodeNumbers(agents[0]->output())[0] == nodeNumbers(agents[0]->output())[1]);
+  CHECK(nodeNumbers(agents[1]->output())[0] == nodeNumbers(agents[1]->output())[1]);
+  CHECK(nodeNumbers(agents[2]->output()) == std::vector<int>{2});
+}
+
+TEST_CASE("elastic: nodes are ordered by the scheduler's rank, not by join order",
+          "[integration][multinode][elastic]") {
+  TempDir dir;
+  const std::string d = dir.path();
+  const int port = freeTcpPort();
+  std::vector<std::unique_ptr<ChildProcess>> agents;
+  for (int r = 2; r >= 0; --r) {  // rank 2 joins first
+    agents.push_back(elasticAgent(port, "3", {"env-json", d + "/env-{rank}.json"},
+                                  {{"OMPI_COMM_WORLD_RANK", std::to_string(r)},
+                                   {"OMPI_COMM_WORLD_SIZE", "3"},
+                                   {"MASTER_ADDR", "127.0.0.1"}}));
+  }
+  for (auto& a : agents) {
+    INFO(a->output());
+    CHECK(waitExit(*a) == 0);
+  }
+  for (int r = 0; r < 3; ++r) {
+    Json e = readJson(d + "/env-" + std::to_string(r) + ".json");
+    CHECK(e["GROUP_RANK"] == e["OMPI_COMM_WORLD_RANK"]);
+  }
+}
+
+TEST_CASE("elastic: with fewer than MIN nodes left the job fails naming the lost one",
+          "[integration][multinode][elastic]") {
+  const int port = freeTcpPort();
+  const std::vector<std::string> args = {"print", "up {rank}", "sleep-forever"};
+  std::vector<std::unique_ptr<ChildProcess>> agents;
+  for (int i = 0; i < 2; ++i) agents.push_back(elasticAgent(port, "2:3", args));
+  for (auto& a : agents) REQUIRE(a->waitForLine("[default", 30s).has_value());
+  size_t victim = servesStore(*agents[0]) ? 1 : 0;
+  size_t survivor = 1 - victim;
+  REQUIRE(::kill(agentOf(*agents[victim]), SIGKILL) == 0);
+  INFO(agents[survivor]->output());
+  CHECK(waitExit(*agents[survivor]) == 1);
+  CHECK_THAT(agents[survivor]->output(),
+             Catch::Contains("stopped responding") &&
+                 Catch::Contains("1 nodes left, fewer than the minimum 2"));
+  waitExit(*agents[victim]);
+}

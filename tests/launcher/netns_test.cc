@@ -70,6 +70,23 @@ class ThreeHosts {
   // Cuts host i off the bridge (its own eth0 stays up: packets just vanish).
   void cut(int i) { ip({"-n", sw(), "link", "set", prefix_ + "v" + std::to_string(i), "down"}); }
 
+  // An elastic cpprun (2 to 3 nodes) on host i; the endpoint is on host 1, whose agent serves
+  // the store (the others find the address is not theirs).
+  std::unique_ptr<ChildProcess> elasticAgent(int i, const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {
+        "/usr/sbin/ip",
+        "netns",
+        "exec",
+        host(i),
+        CPPRUN_BINARY,
+        "--nnodes=2:3",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=" + address(1) + ":29400",
+        "--rdzv-conf=keep_alive_interval=0.5,last_call_timeout=1,join_timeout=60"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return std::make_unique<ChildProcess>(argv);
+  }
+
   // cpprun as node `node_rank` on host node_rank + 1, store on host 1.
   std::unique_ptr<ChildProcess> agent(int node_rank, const std::vector<std::string>& args,
                                       const std::map<std::string, std::string>& env = {}) {
@@ -212,4 +229,38 @@ TEST_CASE("across hosts: a killed agent fails the static job, a killed store hos
     waitExit(*agents[0]);
     CHECK(allGone(processesMentioning(d)));
   }
+}
+
+TEST_CASE("across hosts, elastic: a killed agent leaves the others to re-form and finish",
+          "[integration][netns][elastic]") {
+  ThreeHosts hosts;
+  TempDir dir;
+  const std::string d = dir.path();
+  const std::vector<std::string> args = {"--nproc-per-node=1",
+                                         "--no-python",
+                                         kWorker,
+                                         "touch",
+                                         d + "/up-{rank}-{restart}",
+                                         "print",
+                                         "ready {rank} {restart}",
+                                         "exit-if-restart",
+                                         "1",
+                                         "0",
+                                         "sleep-forever"};
+  std::vector<std::unique_ptr<ChildProcess>> agents;
+  for (int i = 1; i <= 3; ++i) agents.push_back(hosts.elasticAgent(i, args));
+  for (auto& a : agents) REQUIRE(a->waitForLine("[default", 30s).has_value());
+  CHECK_THAT(agents[0]->output(), Catch::Contains("this agent serves the job's store"));
+  std::vector<pid_t> host3_agent = cpprun::agent::childrenOf(agents[2]->pid());
+  REQUIRE(host3_agent.size() == 1);
+  REQUIRE(::kill(host3_agent[0], SIGKILL) == 0);
+  for (int i : {0, 1}) {
+    ChildProcess& a = *agents[static_cast<size_t>(i)];
+    INFO(a.output());
+    CHECK(waitExit(a) == 0);
+    CHECK_THAT(a.output(), Catch::Contains("re-forming the group") &&
+                               Catch::Contains("all 2 workers of 2 nodes succeeded"));
+  }
+  waitExit(*agents[2]);
+  CHECK(allGone(processesMentioning(d)));
 }
