@@ -290,6 +290,24 @@ TEST_CASE("mpirun -np 2 cpprun: one agent per rank forms one job", "[integration
   }
   CHECK(run_ids.size() == 1);
   CHECK(run_ids.count("none") == 0);  // the job id came from mpirun (PMIX_NAMESPACE)
+
+  // The recipe users copy (examples/mpi/), with its agents on this one host.
+  ChildProcess recipe({sourcePath("examples/mpi/cpprun-mpirun.sh"), "-np", "2", "--oversubscribe",
+                       "--", "--no-python", kWorker, "env-json", d + "/recipe-{rank}.json"},
+                      {{"OMPI_ALLOW_RUN_AS_ROOT", "1"},
+                       {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"},
+                       {"MPIRUN_MAP_BY", "slot"},
+                       {"CPPRUN", CPPRUN_BINARY},
+                       {"CPPRUN_NPROC", "1"},
+                       {"MASTER_ADDR", "127.0.0.1"},
+                       {"MASTER_PORT", std::to_string(freeTcpPort())}});
+  INFO(recipe.output());
+  CHECK(waitExit(recipe) == 0);
+  for (int r = 0; r < 2; ++r) {
+    Json e = readJson(d + "/recipe-" + std::to_string(r) + ".json");
+    CHECK(e["GROUP_RANK"] == std::to_string(r));
+    CHECK(e["WORLD_SIZE"] == "2");
+  }
 }
 
 namespace {
