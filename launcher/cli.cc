@@ -650,8 +650,9 @@ PET_<NAME> (--nproc-per-node: PET_NPROC_PER_NODE); a flag marked [env] is on whe
 PET_<NAME> is a non-zero integer. The command line wins over the environment.
 
 Launch
-  --nnodes N|MIN:MAX          Number of nodes (agents), 0 < MIN <= MAX; the static backend uses
-                              MAX. Default 1:1. [env]
+  --nnodes N|MIN:MAX          Number of nodes (agents), 0 < MIN <= MAX: N for the static
+                              backend, MIN to MAX for c10d (elastic). Under srun, mpirun and
+                              other launchers: from their environment. Default 1:1. [env]
   --nproc-per-node N|gpu|cpu|auto
                               Workers on this node: a positive number, one per GPU, one per
                               usable CPU, or GPUs if any else CPUs. Default 1. [env]
@@ -665,13 +666,17 @@ Launch
   --virtual-local-rank        Each worker sees only its own GPU and gets LOCAL_RANK=0. [env]
 
 Rendezvous
-  --rdzv-backend static|c10d  static: fixed node ranks around --master-addr:--master-port;
-                              c10d: nodes join at --rdzv-endpoint. Default static. [env]
-  --rdzv-endpoint HOST[:PORT] Where the c10d rendezvous store is (IPv6 as [ADDR]:PORT; port
-                              default 29400). Default none. [env]
+  --rdzv-backend static|c10d  static: fixed node ranks, node 0 serves the store; c10d: nodes
+                              join in rounds at --rdzv-endpoint, re-forming when a node is
+                              lost or joins. Default static. [env]
+  --rdzv-endpoint HOST[:PORT] Where the store is (IPv6 as [ADDR]:PORT; port default 29400 for
+                              c10d, else --master-port). Default none. [env]
   --rdzv-id ID                Job id shared by every node (TORCHELASTIC_RUN_ID). Default none.
                               [env]
-  --rdzv-conf K=V,K=V         Rendezvous settings (e.g. join_timeout=600). Default none. [env]
+  --rdzv-conf K=V,K=V         Rendezvous settings, seconds: join_timeout (600),
+                              last_call_timeout (30), keep_alive_interval (5),
+                              keep_alive_max_attempt (3), close_timeout (10); is_host=BOOL.
+                              Default none. [env]
   --standalone                Single node: c10d on localhost:0 with a random job id; overrides
                               the options above. [env]
   --node-rank N               This node's rank, static backend only. Default 0. [env]
@@ -680,12 +685,11 @@ Rendezvous
   --master-port PORT          Port of the store on node rank 0, 0-65535, static backend only.
                               Default on one node: a free port picked at start (two jobs on
                               one host never collide); else 29500. [env]
-  --local-addr HOST           This node's address as other nodes reach it. Default: host name.
-                              [env]
+  --local-addr HOST           This node's name in reports and logs. Default: host name. [env]
 
 Restarts and signals
-  --max-restarts N            Restarts of the worker group after a failure, >= 0. Default 0.
-                              [env]
+  --max-restarts N            Restarts of the worker group after a failure, >= 0; one budget
+                              for the whole job, across nodes. Default 0. [env]
   --monitor-interval SECONDS  Accepted for compatibility; cpprun reacts to events at once.
                               Default 0.1. [env]
   --signals-to-handle LIST    Signals forwarded to the workers before teardown, e.g.
@@ -720,7 +724,8 @@ and the etcd rendezvous backends.
 
 Exit codes: 0 every worker succeeded; 1 a worker failed and no restart was left (the report
 names the root cause); 2 usage error; 3 the job could not start (a port in use, a program that
-cannot run); 128+N stopped by signal N (forwarded to the workers first).
+cannot run); 4 the agent lost the rest of a multi-node job (the store host, or the join
+timed out); 128+N stopped by signal N (forwarded to the workers first).
 )";
 }
 

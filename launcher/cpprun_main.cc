@@ -155,7 +155,8 @@ int runJob(const LaunchConfig& config, const RendezvousSettings& rdzv_settings,
     agent::StoreCoordinatorOptions co;
     co.group_rank = rdzv_settings.node_rank;
     co.group_world_size = rdzv_settings.nnodes;
-    co.self = agent::AgentInfo{node.hostname, nproc, uniqueAgentId(node.hostname), scheduler_rank};
+    const std::string name = config.local_addr.empty() ? node.hostname : config.local_addr;
+    co.self = agent::AgentInfo{name, nproc, uniqueAgentId(name), scheduler_rank};
     co.join_timeout = rdzv_settings.join_timeout;
     co.keep_alive_interval = rdzv_settings.keep_alive_interval;
     co.keep_alive_max_attempt = rdzv_settings.keep_alive_max_attempt;
