@@ -388,17 +388,21 @@ TEST_CASE("the line prefix template from TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE i
 TEST_CASE("workers get stdio only: no store socket or other agent descriptor leaks to them",
           "[integration]") {
   TempDir dir;
-  // The first worker starts after the store listens and a client connected; the restart's
-  // workers after many more agent descriptors existed.
-  ChildProcess run(cpprunCommand({"--nproc-per-node=2", "--max-restarts=1", "--no-python", kWorker,
-                                  "list-fds", dir.path() + "/fds-{restart}-{rank}", "store-set",
-                                  "k", "v", "exit-if-restart", "0", "3"}));
+  const std::string d = dir.path();
+  // Attempt 0's workers start after the store listens and serves clients; attempt 1's after
+  // many more agent descriptors existed. Each rank fails attempt 0 only once both ranks have
+  // listed their descriptors (so none is torn down before it did).
+  ChildProcess run(
+      cpprunCommand({"--nproc-per-node=2", "--max-restarts=1", "--no-python", kWorker, "list-fds",
+                     d + "/fds-{restart}-{rank}", "store-set", "listed-{rank}", "1", "store-get",
+                     "listed-0", d + "/seen-{rank}", "store-get", "listed-1", d + "/seen-{rank}",
+                     "exit-if-restart", "0", "3"}));
   auto status = run.wait(60s);
   REQUIRE(status.has_value());
   INFO(run.output());
   CHECK(exitCodeOf(*status) == 0);
   for (const char* f : {"/fds-0-0", "/fds-0-1", "/fds-1-0", "/fds-1-1"}) {
     INFO(f);
-    CHECK(readFile(dir.path() + f) == "\n");
+    CHECK(readFile(d + f) == "\n");
   }
 }
