@@ -264,3 +264,31 @@ TEST_CASE("across hosts, elastic: a killed agent leaves the others to re-form an
   waitExit(*agents[2]);
   CHECK(allGone(processesMentioning(d)));
 }
+
+TEST_CASE("across hosts: a worker crash on one host restarts every host from one budget",
+          "[integration][netns]") {
+  ThreeHosts hosts;
+  TempDir dir;
+  const std::string d = dir.path();
+  // Attempt 0: rank 1 (host 2) dies by SIGSEGV while the others wait. The job's one restart
+  // (--max-restarts=1) runs on every host, and attempt 1 succeeds everywhere.
+  std::vector<std::unique_ptr<ChildProcess>> agents(3);
+  for (int r = 2; r >= 0; --r) {
+    agents[static_cast<size_t>(r)] =
+        hosts.agent(r, {"--nproc-per-node=1", "--max-restarts=1", "--no-python", kWorker,
+                        "env-json", d + "/env-{rank}-{restart}.json", "exit-if-restart", "1", "0",
+                        "kill-self-if-rank", "1", "SEGV", "sleep-forever"});
+  }
+  for (auto& a : agents) {
+    INFO(a->output());
+    CHECK(waitExit(*a) == 0);
+    CHECK_THAT(a->output(), Catch::Contains("rank 1 was killed by SIGSEGV") &&
+                                Catch::Contains("restarting every node (restart 1 of 1)"));
+  }
+  for (int r = 0; r < 3; ++r) {
+    Json e = readJson(d + "/env-" + std::to_string(r) + "-1.json");
+    CHECK(e["TORCHELASTIC_RESTART_COUNT"] == "1");
+    CHECK(e["WORLD_SIZE"] == "3");
+  }
+  CHECK(allGone(processesMentioning(d)));
+}
