@@ -16,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <unordered_set>
 
 #include "agent/process_launcher.h"
@@ -170,7 +171,31 @@ std::unique_ptr<ProcessLauncher> makeSystemProcessLauncher() {
   return std::make_unique<SystemProcessLauncher>();
 }
 
+// The kernel's own list of a process's children: /proc/<pid>/task/<tid>/children for each of
+// its threads (an orphan is re-parented to one thread of its subreaper). A few small reads,
+// where scanning /proc costs one open per process on the machine — which adds up when hundreds
+// of agents share a host. nullopt when the kernel lacks the file (CONFIG_PROC_CHILDREN).
+std::optional<std::vector<pid_t>> childrenFromTaskFiles(pid_t parent) {
+  const std::string task_dir = "/proc/" + std::to_string(parent) + "/task";
+  DIR* dir = ::opendir(task_dir.c_str());
+  if (dir == nullptr) return std::nullopt;
+  std::vector<pid_t> children;
+  bool any_file = false;
+  while (dirent* entry = ::readdir(dir)) {
+    if (entry->d_name[0] == '.') continue;
+    std::ifstream in(task_dir + "/" + entry->d_name + "/children");
+    if (!in) continue;
+    any_file = true;
+    long pid;
+    while (in >> pid) children.push_back(static_cast<pid_t>(pid));
+  }
+  ::closedir(dir);
+  if (!any_file) return std::nullopt;
+  return children;
+}
+
 std::vector<pid_t> childrenOf(pid_t parent) {
+  if (auto fast = childrenFromTaskFiles(parent)) return *fast;
   std::vector<pid_t> children;
   for (const auto& [pid, ppid] : parentsByPid()) {
     if (ppid == parent) children.push_back(pid);
@@ -179,10 +204,21 @@ std::vector<pid_t> childrenOf(pid_t parent) {
 }
 
 std::vector<pid_t> descendantsOf(pid_t ancestor) {
-  std::multimap<pid_t, pid_t> children;
-  for (const auto& [pid, ppid] : parentsByPid()) children.emplace(ppid, pid);
   std::vector<pid_t> out;
   std::vector<pid_t> frontier{ancestor};
+  if (childrenFromTaskFiles(ancestor)) {
+    while (!frontier.empty()) {
+      const pid_t p = frontier.back();
+      frontier.pop_back();
+      for (pid_t child : childrenFromTaskFiles(p).value_or(std::vector<pid_t>{})) {
+        out.push_back(child);
+        frontier.push_back(child);
+      }
+    }
+    return out;
+  }
+  std::multimap<pid_t, pid_t> children;
+  for (const auto& [pid, ppid] : parentsByPid()) children.emplace(ppid, pid);
   while (!frontier.empty()) {
     pid_t p = frontier.back();
     frontier.pop_back();
