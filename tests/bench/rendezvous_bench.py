@@ -16,7 +16,8 @@ endpoint hosts the store) with monitor_interval 0.1 s (newer torchrun's default;
 Figures per N, median of --runs (launchers alternate within each repetition):
   ready  from the first agent's spawn to the last worker's start (all ranks started)
   total  from the first agent's spawn until every agent has exited
-  spawn  the benchmark's own time to create the N agent processes (a floor for both)
+  spawn  the benchmark's own time to create the N agent processes (posix_spawn; part of
+         "ready", the same for both)
 One line per figure: RESULT rdzv_<figure>_n<N> <cpprun ms> ms peer=<torch ms> ratio=<torch/cpprun>
 (peer and ratio only where torch ran that N). Torch's agents need ~1.3 s of CPU each to import
 torch and ~230 MB, so --torch-agents stops lower than --agents.
@@ -29,11 +30,11 @@ is reported, killed and reaped. Exit status 1 when a run failed, 2 on a bad flag
 import argparse
 import ctypes
 import os
+import selectors
 import shutil
 import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -81,43 +82,65 @@ def agent_command(kind, args, n, rank, port, run_dir):
             "--monitor-interval", "0.1", "--run-id", "bench", args.worker, "started", run_dir]
 
 
+def spawn(argv, env, log_path):
+    """posix_spawn (vfork underneath): creating the agents costs the benchmark little and the
+    same for both launchers. Returns (pid, pidfd)."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        pid = os.posix_spawn(argv[0], argv, env, file_actions=[
+            (os.POSIX_SPAWN_DUP2, fd, 1), (os.POSIX_SPAWN_DUP2, fd, 2),
+            (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0)])
+    finally:
+        os.close(fd)
+    return pid, os.pidfd_open(pid)
+
+
+def wait_all(procs, timeout):
+    """Waits (pidfds, no polling) until every (pid, pidfd) has exited or `timeout` passed.
+    Returns {pid: exit code} of those that exited."""
+    codes = {}
+    sel = selectors.DefaultSelector()
+    for pid, pfd in procs:
+        sel.register(pfd, selectors.EVENT_READ, pid)
+    deadline = time.monotonic() + timeout
+    while len(codes) < len(procs):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        for key, _ in sel.select(timeout=left):
+            pid = key.data
+            _, status = os.waitpid(pid, 0)
+            codes[pid] = os.waitstatus_to_exitcode(status)
+            sel.unregister(key.fd)
+    sel.close()
+    return codes
+
+
 def one_run(kind, args, n):
     """Returns (ready_ms, total_ms, spawn_ms) or None when the run failed."""
     run_dir = tempfile.mkdtemp(prefix=f"rdzv-bench-{kind}-")
     port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1", NCCL_SOCKET_IFNAME="lo")
-    logs = []
     procs = []
     ok = True
     try:
         t0 = time.monotonic_ns()
         for rank in range(n):
-            log = open(os.path.join(run_dir, f"agent-{rank}.log"), "wb")
-            logs.append(log)
-            procs.append(subprocess.Popen(agent_command(kind, args, n, rank, port, run_dir),
-                                          stdout=log, stderr=subprocess.STDOUT, env=env))
+            procs.append(spawn(agent_command(kind, args, n, rank, port, run_dir), env,
+                               os.path.join(run_dir, f"agent-{rank}.log")))
         t_spawned = time.monotonic_ns()
-        deadline = time.monotonic() + args.timeout
-        for p in procs:
-            try:
-                code = p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                ok = False
-                break
-            if code != 0:
-                ok = False
+        codes = wait_all(procs, args.timeout)
         t_end = time.monotonic_ns()
-        if not ok:
-            for p in procs:
-                if p.poll() is None:
-                    p.terminate()
-            grace = time.monotonic() + 5
-            for p in procs:
-                try:
-                    p.wait(timeout=max(0.0, grace - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+        if len(codes) < n or any(c != 0 for c in codes.values()):
+            ok = False
+            for pid, _ in procs:
+                if pid not in codes:
+                    os.kill(pid, signal.SIGTERM)
+            rest = wait_all([p for p in procs if p[0] not in codes], 5)
+            for pid, _ in procs:
+                if pid not in codes and pid not in rest:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
             sys.stderr.write(f"{kind} n={n}: run failed; logs in {run_dir}\n")
             for rank in range(min(n, 3)):
                 with open(os.path.join(run_dir, f"agent-{rank}.log"), "rb") as f:
@@ -136,8 +159,8 @@ def one_run(kind, args, n):
             return None
         return ((max(starts) - t0) / 1e6, (t_end - t0) / 1e6, (t_spawned - t0) / 1e6)
     finally:
-        for log in logs:
-            log.close()
+        for _, pfd in procs:
+            os.close(pfd)
         if ok:
             shutil.rmtree(run_dir, ignore_errors=True)
 
