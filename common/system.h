@@ -10,4 +10,9 @@ namespace cpprun {
 // connections. Returns the soft limit now in force.
 uint64_t raiseOpenFileLimit();
 
+// A TCP port on 127.0.0.1 that nothing listens on right now, or -1 when none can be found.
+// Racy by nature (someone may take it before the caller binds it): for tests, benchmarks and
+// --worker-hosts-store, which hands the port to a worker that binds it.
+int pickFreeTcpPort();
+
 }  // namespace cpprun

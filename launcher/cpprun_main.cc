@@ -59,20 +59,8 @@ std::string envOr(const std::map<std::string, std::string>& env, const std::stri
 // A port the kernel considers free right now (for --worker-hosts-store, where worker rank 0
 // binds it; racy by nature, as torchrun's equivalent).
 Result<int> pickFreePort(const std::string& host) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return unavailable("socket: cannot pick a port");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = 0;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  int port = -1;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  ::close(fd);
-  if (port < 0) return unavailable("cannot pick a free port on " + host);
+  const int port = pickFreeTcpPort();
+  if (port <= 0) return unavailable("cannot pick a free port on " + host);
   return port;
 }
 

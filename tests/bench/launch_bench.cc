@@ -74,6 +74,7 @@
 #include <vector>
 
 #include "common/command_line.h"
+#include "common/system.h"
 #include "rendezvous/store.h"
 #include "rendezvous/tcp_store_client.h"
 #include "rendezvous/wire.h"
@@ -404,18 +405,7 @@ class TempDir {
 
 // A port free right now on 127.0.0.1 (racy by nature; each run takes a new one).
 uint16_t pickFreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw std::runtime_error("socket: " + std::string(std::strerror(errno)));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  int port = -1;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  ::close(fd);
+  const int port = cpprun::pickFreeTcpPort();
   if (port <= 0) throw std::runtime_error("cannot pick a free port");
   return static_cast<uint16_t>(port);
 }

@@ -4,11 +4,11 @@
 #pragma once
 
 #include <dirent.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
+#include <signal.h>
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -19,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include "agent/process_launcher.h"
+#include "common/system.h"
 #include "tests/support/test_support.h"
 
 namespace cpprun::testing {
@@ -96,19 +98,18 @@ inline std::vector<pid_t> processesMentioning(const std::string& token) {
   return found;
 }
 
+// SIGKILLs the agent under a cpprun process (the guardian's one child): the agent dies as in
+// an OOM kill, without the orderly stop a signal to cpprun itself would start.
+inline void killAgentOf(ChildProcess& launcher) {
+  std::vector<pid_t> agent = cpprun::agent::childrenOf(launcher.pid());
+  REQUIRE(agent.size() == 1);
+  REQUIRE(::kill(agent[0], SIGKILL) == 0);
+}
+
 // A TCP port nobody listens on right now (multi-node jobs must know the store port in advance).
 inline int freeTcpPort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  int port = -1;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  ::close(fd);
+  const int port = cpprun::pickFreeTcpPort();
+  REQUIRE(port > 0);
   return port;
 }
 

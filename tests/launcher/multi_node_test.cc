@@ -172,10 +172,8 @@ TEST_CASE("a killed agent is named by every node and the job ends within the hea
   auto agents = startJob(freeTcpPort(), {{0, 2, wait_args}, {1, 1, wait_args}});
   REQUIRE(relayed(*agents[1], "[default2]:ready"));
   REQUIRE(relayed(*agents[0], "[default0]:ready"));
-  std::vector<pid_t> node1_agent = cpprun::agent::childrenOf(agents[1]->pid());
-  REQUIRE(node1_agent.size() == 1);
   const auto killed = std::chrono::steady_clock::now();
-  REQUIRE(::kill(node1_agent[0], SIGKILL) == 0);
+  killAgentOf(*agents[1]);
   INFO(agents[0]->output());
   CHECK(waitExit(*agents[0]) == 1);
   // keep_alive_interval 0.3 s x 3 attempts, plus one interval of checking and the teardown.
@@ -198,10 +196,8 @@ TEST_CASE("the store host killed: the other nodes stop their workers and exit 4"
   REQUIRE(relayed(*agents[1], "[default2]:ready"));
   // The agent itself dies (an OOM kill, say), not the cpprun process above it, which would
   // first pass a SIGTERM on to the agent and let it stop the job in order.
-  std::vector<pid_t> node0_agent = cpprun::agent::childrenOf(agents[0]->pid());
-  REQUIRE(node0_agent.size() == 1);
   const auto killed = std::chrono::steady_clock::now();
-  REQUIRE(::kill(node0_agent[0], SIGKILL) == 0);
+  killAgentOf(*agents[0]);
   INFO(agents[1]->output());
   CHECK(waitExit(*agents[1]) == 4);
   CHECK(std::chrono::steady_clock::now() - killed < 5s);
@@ -327,13 +323,6 @@ std::unique_ptr<ChildProcess> elasticAgent(int port, const std::string& nnodes,
   return std::make_unique<ChildProcess>(cpprunCommand(args), env);
 }
 
-// The agent process under a cpprun (its guardian), and whether it serves the store.
-pid_t agentOf(ChildProcess& cpprun) {
-  std::vector<pid_t> children = cpprun::agent::childrenOf(cpprun.pid());
-  REQUIRE(children.size() == 1);
-  return children[0];
-}
-
 // The node number of every rendezvous this agent completed, in order.
 std::vector<int> nodeNumbers(const std::string& output) {
   std::vector<int> numbers;
@@ -363,7 +352,7 @@ TEST_CASE("elastic: a killed agent leaves the others to re-form with fewer nodes
   for (auto& a : agents) REQUIRE(a->waitForLine("[default", 30s).has_value());
   // Kill an agent that does not serve the store.
   size_t victim = servesStore(*agents[0]) ? 1 : 0;
-  REQUIRE(::kill(agentOf(*agents[victim]), SIGKILL) == 0);
+  killAgentOf(*agents[victim]);
   for (size_t i = 0; i < agents.size(); ++i) {
     if (i == victim) continue;
     ChildProcess& a = *agents[i];
@@ -446,7 +435,7 @@ TEST_CASE("elastic: with fewer than MIN nodes left the job fails naming the lost
   for (auto& a : agents) REQUIRE(a->waitForLine("[default", 30s).has_value());
   size_t victim = servesStore(*agents[0]) ? 1 : 0;
   size_t survivor = 1 - victim;
-  REQUIRE(::kill(agentOf(*agents[victim]), SIGKILL) == 0);
+  killAgentOf(*agents[victim]);
   INFO(agents[survivor]->output());
   CHECK(waitExit(*agents[survivor]) == 1);
   CHECK_THAT(agents[survivor]->output(),

@@ -196,9 +196,7 @@ TEST_CASE("across hosts: a killed agent fails the static job, a killed store hos
     for (int r = 0; r < 3; ++r) {
       REQUIRE(relayed(*agents[static_cast<size_t>(r)], "[default" + std::to_string(r) + "]:ready"));
     }
-    std::vector<pid_t> node2_agent = cpprun::agent::childrenOf(agents[2]->pid());
-    REQUIRE(node2_agent.size() == 1);
-    REQUIRE(::kill(node2_agent[0], SIGKILL) == 0);
+    killAgentOf(*agents[2]);
     for (int r : {0, 1}) {
       ChildProcess& a = *agents[static_cast<size_t>(r)];
       INFO(a.output());
@@ -215,10 +213,8 @@ TEST_CASE("across hosts: a killed agent fails the static job, a killed store hos
     for (int r = 0; r < 3; ++r) {
       REQUIRE(relayed(*agents[static_cast<size_t>(r)], "[default" + std::to_string(r) + "]:ready"));
     }
-    std::vector<pid_t> store_agent = cpprun::agent::childrenOf(agents[0]->pid());
-    REQUIRE(store_agent.size() == 1);
     const auto killed = std::chrono::steady_clock::now();
-    REQUIRE(::kill(store_agent[0], SIGKILL) == 0);
+    killAgentOf(*agents[0]);
     for (int r : {1, 2}) {
       ChildProcess& a = *agents[static_cast<size_t>(r)];
       INFO(a.output());
@@ -251,9 +247,7 @@ TEST_CASE("across hosts, elastic: a killed agent leaves the others to re-form an
   for (int i = 1; i <= 3; ++i) agents.push_back(hosts.elasticAgent(i, args));
   for (auto& a : agents) REQUIRE(a->waitForLine("[default", 30s).has_value());
   CHECK_THAT(agents[0]->output(), Catch::Contains("this agent serves the job's store"));
-  std::vector<pid_t> host3_agent = cpprun::agent::childrenOf(agents[2]->pid());
-  REQUIRE(host3_agent.size() == 1);
-  REQUIRE(::kill(host3_agent[0], SIGKILL) == 0);
+  killAgentOf(*agents[2]);
   for (int i : {0, 1}) {
     ChildProcess& a = *agents[static_cast<size_t>(i)];
     INFO(a.output());
