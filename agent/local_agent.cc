@@ -118,22 +118,8 @@ Result<JobOutcome> runLocalAgent(const LocalAgentOptions& options,
       context.nccl_unique_id_hex = start->nccl_unique_id_hex;
       return make_attempt(context);
     }
-    if (store) {
-      size_t erased = store->eraseKeysExcept(kAgentKeyPrefix);
-      if (erased > 0) {
-        CPPRUN_LOG(kDebug) << "erased " << erased << " store keys of the previous attempt";
-      }
-    }
-    if (nccl) {
-      auto id = nccl->next();
-      if (id.isOk()) {
-        context.nccl_unique_id_hex = id.value();
-        if (store) store->set(kNcclUniqueIdKey, id.value());
-      } else {
-        CPPRUN_LOG(kWarn) << "ncclGetUniqueId failed: " << id.status().message()
-                          << "; CPPRUN_NCCL_UNIQUE_ID is not set for this attempt";
-      }
-    }
+    // One node: this agent is the host.
+    context.nccl_unique_id_hex = host_prepare(restart_count);
     return make_attempt(context);
   };
 

@@ -421,13 +421,13 @@ class StoreCoordinator : public JobCoordinator {
   // Elastic: joins rounds until this agent is a member of one; returns its membership and
   // sets `attempt` to the job's attempt number for it.
   Membership joinElastic(int* attempt) {
-    if (next_round_snapshot() < 0) {
+    if (nextRound() < 0) {
       const int current = static_cast<int>(control_client_->add("cpprun/rdzv/round", 0));
       std::lock_guard<std::mutex> lock(mu_);
       next_round_ = current;
     }
     while (true) {
-      const int r = next_round_snapshot();
+      const int r = nextRound();
       const int64_t index = control_client_->add(roundKey(r, "joined"), 1);
       control_client_->set(roundKey(r, "agent/" + std::to_string(index)),
                            selfRecord(previous_rank_).dump());
@@ -741,7 +741,7 @@ class StoreCoordinator : public JobCoordinator {
     claimStop(*control_client_, n, kByNobody, "the job ended", "end");
     if (isHost() && opts_.elastic) {
       json over = {{"job_over", decisionKindName(decision.kind)}};
-      control_client_->set(roundKey(next_round_snapshot(), "members"), over.dump());
+      control_client_->set(roundKey(nextRound(), "members"), over.dump());
     }
     // Lost agents never read it: the host counts only the live ones in ("readers").
     const int64_t out = control_client_->add(attemptKey(n, "done"), 1);
@@ -857,7 +857,7 @@ class StoreCoordinator : public JobCoordinator {
   // stop the attempt so the group re-forms with them (no restart budget used).
   void checkJoiners(TcpStoreClient& client, int n) {
     if (waiting_claimed_ || worldSize() >= opts_.max_nodes) return;
-    const int64_t waiting = client.add(roundKey(next_round_snapshot(), "joined"), 0);
+    const int64_t waiting = client.add(roundKey(nextRound(), "joined"), 0);
     if (waiting <= 0) return;
     waiting_claimed_ = true;
     const std::string reason =
@@ -867,7 +867,7 @@ class StoreCoordinator : public JobCoordinator {
     post([this, n, reason] { on_peer_stop_(n, reason); });
   }
 
-  int next_round_snapshot() {
+  int nextRound() {
     std::lock_guard<std::mutex> lock(mu_);
     return next_round_;
   }

@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <utility>
+#include <vector>
 
 namespace cpprun::launcher {
 
@@ -149,22 +151,21 @@ Result<RendezvousSettings> resolveRendezvous(const LaunchConfig& config) {
     // Node 0 serves every node: listen on every interface, as torch's TCPStore does.
     s.bind_host = isIpv6Literal(s.store.host) ? "::" : "0.0.0.0";
   }
-  auto join = confSeconds(config, "join_timeout", s.join_timeout);
-  if (!join.isOk()) return join.status();
-  s.join_timeout = join.value();
-  auto last_call = confSeconds(config, "last_call_timeout", s.last_call_timeout);
-  if (!last_call.isOk()) return last_call.status();
-  s.last_call_timeout = last_call.value();
-  auto close = confSeconds(config, "close_timeout", s.close_timeout);
-  if (!close.isOk()) return close.status();
-  s.close_timeout = close.value();
-  // "heartbeat" is accepted as another name for the keep-alive interval.
-  auto heartbeat = confSeconds(config, "heartbeat", s.keep_alive_interval);
-  if (!heartbeat.isOk()) return heartbeat.status();
-  s.keep_alive_interval = heartbeat.value();
-  auto interval = confSeconds(config, "keep_alive_interval", s.keep_alive_interval);
-  if (!interval.isOk()) return interval.status();
-  s.keep_alive_interval = interval.value();
+  // Durations, in seconds. "heartbeat" is another name for the keep-alive interval (the later
+  // entry wins when both are given).
+  const std::pair<const char*, std::chrono::milliseconds*> durations[] = {
+      {"join_timeout", &s.join_timeout},
+      {"last_call_timeout", &s.last_call_timeout},
+      {"close_timeout", &s.close_timeout},
+      {"heartbeat", &s.keep_alive_interval},
+      {"keep_alive_interval", &s.keep_alive_interval}};
+  std::vector<std::string> known = {"keep_alive_max_attempt", "is_host"};
+  for (const auto& [key, field] : durations) {
+    auto value = confSeconds(config, key, *field);
+    if (!value.isOk()) return value.status();
+    *field = value.value();
+    known.push_back(key);
+  }
   auto it = config.rdzv_conf.find("keep_alive_max_attempt");
   if (it != config.rdzv_conf.end()) {
     char* end = nullptr;
@@ -187,10 +188,7 @@ Result<RendezvousSettings> resolveRendezvous(const LaunchConfig& config) {
     }
   }
   for (const auto& entry : config.rdzv_conf) {
-    static const char* const kKnown[] = {
-        "join_timeout",        "last_call_timeout",      "close_timeout", "heartbeat",
-        "keep_alive_interval", "keep_alive_max_attempt", "is_host"};
-    if (std::find(std::begin(kKnown), std::end(kKnown), entry.first) == std::end(kKnown)) {
+    if (std::find(known.begin(), known.end(), entry.first) == known.end()) {
       s.ignored_conf_keys.push_back(entry.first);
     }
   }

@@ -60,6 +60,21 @@ std::string hex(uint32_t v) {
   return buf;
 }
 
+// The file is long enough for its header and starts with the right magic number.
+Status checkHeader(const std::string& path, const std::vector<uint8_t>& data, size_t header_bytes,
+                   uint32_t magic, const char* kind) {
+  if (data.size() < header_bytes) {
+    return invalidArgument(path + ": " + std::to_string(data.size()) +
+                           " bytes is shorter than an IDX " + kind + " header (" +
+                           std::to_string(header_bytes) + ")");
+  }
+  if (bigEndian32(data, 0) != magic) {
+    return invalidArgument(path + ": magic " + hex(bigEndian32(data, 0)) + " is not an IDX " +
+                           kind + " file's (" + hex(magic) + ")");
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Result<IdxDataset> loadIdxDataset(const std::string& images_path, const std::string& labels_path) {
@@ -70,22 +85,8 @@ Result<IdxDataset> loadIdxDataset(const std::string& images_path, const std::str
   const std::vector<uint8_t>& im = images.value();
   const std::vector<uint8_t>& lb = labels.value();
 
-  if (im.size() < 16) {
-    return invalidArgument(images_path + ": " + std::to_string(im.size()) +
-                           " bytes is shorter than an IDX image header (16)");
-  }
-  if (bigEndian32(im, 0) != kImagesMagic) {
-    return invalidArgument(images_path + ": magic " + hex(bigEndian32(im, 0)) +
-                           " is not an IDX image file's (" + hex(kImagesMagic) + ")");
-  }
-  if (lb.size() < 8) {
-    return invalidArgument(labels_path + ": " + std::to_string(lb.size()) +
-                           " bytes is shorter than an IDX label header (8)");
-  }
-  if (bigEndian32(lb, 0) != kLabelsMagic) {
-    return invalidArgument(labels_path + ": magic " + hex(bigEndian32(lb, 0)) +
-                           " is not an IDX label file's (" + hex(kLabelsMagic) + ")");
-  }
+  if (Status s = checkHeader(images_path, im, 16, kImagesMagic, "image"); !s.isOk()) return s;
+  if (Status s = checkHeader(labels_path, lb, 8, kLabelsMagic, "label"); !s.isOk()) return s;
   const uint64_t count = bigEndian32(im, 4);
   const uint64_t rows = bigEndian32(im, 8);
   const uint64_t cols = bigEndian32(im, 12);
