@@ -1,0 +1,116 @@
+#include "examples/mnist/communicator.h"
+
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "examples/mnist/gloo_store.h"
+
+namespace cpprun::mnist {
+namespace {
+
+class SingleProcessCommunicator : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int worldSize() const override { return 1; }
+  void allreduceSum(float*, size_t) override {}
+  void allreduceSum(double*, size_t) override {}
+  void broadcast(float*, size_t, int) override {}
+  void barrier() override {}
+  void finish() override {}
+  std::string describe() const override { return "single process"; }
+};
+
+class GlooCommunicator : public Communicator {
+ public:
+  GlooCommunicator(std::shared_ptr<rendezvous::Store> store, const GlooOptions& options)
+      : store_(std::move(store)), options_(options) {
+    GlooStore gloo_store(store_, options_.prefix + "gloo/", options_.timeout);
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options_.hostname;
+    device_ = gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<gloo::rendezvous::Context>(options_.rank, options_.world_size);
+    context->setTimeout(options_.timeout);
+    context->connectFullMesh(gloo_store, device_);
+    context_ = std::move(context);
+  }
+
+  int rank() const override { return options_.rank; }
+  int worldSize() const override { return options_.world_size; }
+
+  void allreduceSum(float* data, size_t count) override { allreduce(data, count); }
+  void allreduceSum(double* data, size_t count) override { allreduce(data, count); }
+
+  void broadcast(float* data, size_t count, int root) override {
+    gloo::BroadcastOptions opts(context_);
+    opts.setOutput(data, count);
+    opts.setRoot(root);
+    opts.setTag(nextTag());
+    opts.setTimeout(options_.timeout);
+    gloo::broadcast(opts);
+  }
+
+  void barrier() override {
+    gloo::BarrierOptions opts(context_);
+    opts.setTag(nextTag());
+    opts.setTimeout(options_.timeout);
+    gloo::barrier(opts);
+  }
+
+  void finish() override {
+    if (finished_) return;
+    finished_ = true;
+    const std::string base = options_.prefix + "finished/";
+    store_->set(base + std::to_string(options_.rank), rendezvous::toBytes("1"));
+    std::vector<std::string> keys;
+    for (int r = 0; r < options_.world_size; ++r) keys.push_back(base + std::to_string(r));
+    store_->wait(keys, options_.timeout);
+  }
+
+  std::string describe() const override {
+    return "gloo over TCP (" + options_.hostname + "), " + std::to_string(options_.world_size) +
+           " ranks";
+  }
+
+ private:
+  template <typename T>
+  void allreduce(T* data, size_t count) {
+    if (count == 0) return;
+    gloo::AllreduceOptions opts(context_);
+    opts.setOutput(data, count);
+    opts.setReduceFunction(
+        static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<T>));
+    opts.setTag(nextTag());
+    opts.setTimeout(options_.timeout);
+    gloo::allreduce(opts);
+  }
+
+  uint32_t nextTag() { return tag_++; }
+
+  std::shared_ptr<rendezvous::Store> store_;
+  GlooOptions options_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::Context> context_;
+  uint32_t tag_ = 0;
+  bool finished_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> makeSingleProcessCommunicator() {
+  return std::make_unique<SingleProcessCommunicator>();
+}
+
+std::unique_ptr<Communicator> makeGlooCommunicator(std::shared_ptr<rendezvous::Store> store,
+                                                   const GlooOptions& options) {
+  return std::make_unique<GlooCommunicator>(std::move(store), options);
+}
+
+}  // namespace cpprun::mnist
