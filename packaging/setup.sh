@@ -12,7 +12,7 @@ packages=(
   # libraries
   libboost-dev libboost-system-dev libboost-filesystem-dev nlohmann-json3-dev catch2 zlib1g-dev
   # the bundled MNIST trainer's CPU data parallelism
-  libgloo-dev
+  libgloo-dev libopenblas-dev
   # tests and benchmarks: the real PyTorch 1.13 (interop peer), process tools
   python3 python3-torch procps iproute2
   # multi-node tests: real Open MPI and Slurm (slurmctld + slurmd + munge started by the tests)

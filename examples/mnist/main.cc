@@ -1,0 +1,274 @@
+// cpprun-mnist: the bundled data-parallel MNIST trainer. Reads the environment cpprun (or
+// torchrun) injects — RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+// TORCHELASTIC_RESTART_COUNT, OMP_NUM_THREADS — and trains on CPUs with gloo, meeting its peers
+// through the agent's TCP store. Run alone it trains as world size 1.
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include "common/command_line.h"
+#include "common/logging.h"
+#include "examples/mnist/communicator.h"
+#include "examples/mnist/network.h"
+#include "examples/mnist/optimizer.h"
+#include "examples/mnist/trainer.h"
+#include "rendezvous/tcp_store_client.h"
+
+#ifndef CPPRUN_MNIST_DEFAULT_DATA
+#define CPPRUN_MNIST_DEFAULT_DATA "examples/mnist/data"
+#endif
+#ifndef CPPRUN_VERSION
+#define CPPRUN_VERSION "0"
+#endif
+
+namespace {
+
+using namespace cpprun;
+using namespace cpprun::mnist;
+
+constexpr int kUsageError = 2;
+
+const char* kHelp = R"(Usage: cpprun-mnist [options]
+
+Trains PyTorch's MNIST example network data-parallel. Under cpprun (or torchrun) every worker
+is one rank: `cpprun --nproc-per-node=4 cpprun-mnist --epochs 5`. Alone, it is world size 1.
+
+Data and model:
+  --data DIR             MNIST-format IDX files (train-/t10k-images-idx3-ubyte[.gz] and labels);
+                         default: the shipped digits (examples/mnist/data)
+  --model cnn|mlp        the example's conv net (default) or a small MLP for quick runs
+Training:
+  --epochs N             default 14, as the example
+  --batch-size N         per rank, default 64
+  --test-batch-size N    default 1000
+  --optimizer NAME       adadelta (default, lr 1.0), sgd (momentum 0.9, lr 0.01), adamw (lr 1e-3)
+  --lr X                 learning rate (default: the optimizer's)
+  --gamma X              StepLR factor per epoch, default 0.7
+  --scale-lr             multiply the learning rate by the world size
+  --seed N               default 1
+  --max-steps N          stop after N optimizer steps
+  --threads N            BLAS threads per rank (default: OMP_NUM_THREADS, else CPUs / local ranks)
+Checkpoints and output:
+  --checkpoint-dir DIR   rank 0 saves DIR/latest.ckpt after every epoch (atomically) and
+                         DIR/final.ckpt at the end
+  --resume               continue from DIR/latest.ckpt (implied when TORCHELASTIC_RESTART_COUNT > 0)
+  --metrics FILE         rank 0 appends JSON lines: epoch, step, loss, test_loss, accuracy, images/s
+  --log-interval N       batches between progress lines, default 10
+  --quiet                no progress lines
+  --help, --version
+)";
+
+int envInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const long parsed = std::strtol(v, &end, 10);
+  if (*end != '\0' || parsed < 0 || parsed > 1 << 20) {
+    std::fprintf(stderr, "cpprun-mnist: environment variable %s=%s is not a number\n", name, v);
+    std::exit(kUsageError);
+  }
+  return static_cast<int>(parsed);
+}
+
+// The local address this host reaches `host` from: what gloo should listen on and announce.
+std::string localAddressTowards(const std::string& host, uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return "";
+  std::string address;
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0 && ::connect(fd, found->ai_addr, found->ai_addrlen) == 0) {
+    sockaddr_in local{};
+    socklen_t len = sizeof(local);
+    char text[INET_ADDRSTRLEN] = {};
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+        ::inet_ntop(AF_INET, &local.sin_addr, text, sizeof(text)) != nullptr) {
+      address = text;
+    }
+  }
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(found);
+  return address;
+}
+
+struct Parsed {
+  TrainerOptions options;
+  bool threads_given = false;
+};
+
+Result<Parsed> parseFlags(int argc, char** argv) {
+  Parsed p;
+  TrainerOptions& o = p.options;
+  o.data_dir = CPPRUN_MNIST_DEFAULT_DATA;
+  OptionCursor cursor(argc, argv);
+  auto number = [&](uint64_t max) -> Result<uint64_t> {
+    const std::string flag = cursor.name();
+    Result<std::string> v = cursor.value();
+    if (!v.isOk()) return v.status();
+    return parseUnsigned(flag, v.value(), max);
+  };
+  auto real = [&]() -> Result<float> {
+    const std::string flag = cursor.name();
+    Result<std::string> v = cursor.value();
+    if (!v.isOk()) return v.status();
+    char* end = nullptr;
+    const float x = std::strtof(v.value().c_str(), &end);
+    if (v.value().empty() || *end != '\0' || !(x > 0.0f) || !std::isfinite(x)) {
+      return invalidArgument(flag + ": expected a positive number, got '" + v.value() + "'");
+    }
+    return x;
+  };
+#define CPPRUN_TAKE(var, expr)                \
+  {                                           \
+    auto taken = (expr);                      \
+    if (!taken.isOk()) return taken.status(); \
+    var = taken.value();                      \
+  }
+  while (cursor.next()) {
+    const std::string name = cursor.name();
+    if (!cursor.isOption()) return invalidArgument("unexpected argument '" + name + "'");
+    if (name == "--help") {
+      std::fputs(kHelp, stdout);
+      std::exit(0);
+    } else if (name == "--version") {
+      std::printf("cpprun-mnist %s\n", CPPRUN_VERSION);
+      std::exit(0);
+    } else if (name == "--data") {
+      CPPRUN_TAKE(o.data_dir, cursor.value());
+    } else if (name == "--model") {
+      CPPRUN_TAKE(o.model, cursor.value());
+      if (o.model != "cnn" && o.model != "mlp") {
+        return invalidArgument("--model: expected cnn or mlp, got '" + o.model + "'");
+      }
+    } else if (name == "--optimizer") {
+      CPPRUN_TAKE(o.optimizer, cursor.value());
+      if (!makeOptimizer(o.optimizer, 1).isOk()) {
+        return invalidArgument("--optimizer: expected adadelta, sgd or adamw, got '" + o.optimizer +
+                               "'");
+      }
+    } else if (name == "--epochs") {
+      CPPRUN_TAKE(o.epochs, number(100000));
+    } else if (name == "--batch-size") {
+      CPPRUN_TAKE(o.batch_size, number(1 << 16));
+      if (o.batch_size == 0) return invalidArgument("--batch-size: must be at least 1");
+    } else if (name == "--test-batch-size") {
+      CPPRUN_TAKE(o.test_batch_size, number(1 << 16));
+      if (o.test_batch_size == 0) return invalidArgument("--test-batch-size: must be at least 1");
+    } else if (name == "--lr") {
+      float lr = 0;
+      CPPRUN_TAKE(lr, real());
+      o.learning_rate = lr;
+    } else if (name == "--gamma") {
+      CPPRUN_TAKE(o.gamma, real());
+    } else if (name == "--scale-lr") {
+      o.scale_lr = true;
+    } else if (name == "--seed") {
+      CPPRUN_TAKE(o.seed, number(UINT64_MAX));
+    } else if (name == "--max-steps") {
+      CPPRUN_TAKE(o.max_steps, number(INT64_MAX));
+    } else if (name == "--threads") {
+      CPPRUN_TAKE(o.threads, number(4096));
+      if (o.threads == 0) return invalidArgument("--threads: must be at least 1");
+      p.threads_given = true;
+    } else if (name == "--checkpoint-dir") {
+      CPPRUN_TAKE(o.checkpoint_dir, cursor.value());
+    } else if (name == "--resume") {
+      o.resume = true;
+    } else if (name == "--metrics") {
+      CPPRUN_TAKE(o.metrics_path, cursor.value());
+    } else if (name == "--log-interval") {
+      CPPRUN_TAKE(o.log_interval, number(1 << 30));
+      if (o.log_interval == 0) return invalidArgument("--log-interval: must be at least 1");
+    } else if (name == "--quiet") {
+      o.quiet = true;
+    } else {
+      return invalidArgument("unknown option " + name + " (see --help)");
+    }
+  }
+#undef CPPRUN_TAKE
+  return p;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  setLogProgramName("cpprun-mnist");
+  Result<Parsed> parsed = parseFlags(argc, argv);
+  if (!parsed.isOk()) {
+    std::fprintf(stderr, "cpprun-mnist: %s\n", parsed.status().message().c_str());
+    return kUsageError;
+  }
+  TrainerOptions options = parsed.value().options;
+  const int rank = envInt("RANK", 0);
+  const int world = envInt("WORLD_SIZE", 1);
+  const int local_world = std::max(1, envInt("LOCAL_WORLD_SIZE", 1));
+  const int restart = envInt("TORCHELASTIC_RESTART_COUNT", 0);
+  if (world < 1 || rank >= world) {
+    std::fprintf(stderr, "cpprun-mnist: RANK=%d is not below WORLD_SIZE=%d\n", rank, world);
+    return kUsageError;
+  }
+  if (!parsed.value().threads_given) {
+    const int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    options.threads = envInt("OMP_NUM_THREADS", std::max(1, cpus / local_world));
+    if (options.threads == 0) options.threads = 1;
+  }
+  if (restart > 0) options.resume = true;
+  if (options.resume && options.checkpoint_dir.empty()) {
+    std::fprintf(stderr,
+                 "cpprun-mnist: resuming (restart %d) needs --checkpoint-dir; starting afresh\n",
+                 restart);
+  }
+
+  try {
+    std::unique_ptr<Communicator> comm;
+    if (world == 1) {
+      comm = makeSingleProcessCommunicator();
+    } else {
+      const char* addr = std::getenv("MASTER_ADDR");
+      const int port = envInt("MASTER_PORT", 0);
+      if (addr == nullptr || port <= 0 || port > 65535) {
+        std::fprintf(stderr,
+                     "cpprun-mnist: WORLD_SIZE=%d needs MASTER_ADDR and MASTER_PORT (run it under "
+                     "cpprun or torchrun)\n",
+                     world);
+        return kUsageError;
+      }
+      rendezvous::TcpStoreClientOptions client;
+      client.host = addr;
+      client.port = static_cast<uint16_t>(port);
+      client.connect_timeout = std::chrono::seconds(60);
+      client.timeout = std::chrono::minutes(5);
+      GlooOptions gloo;
+      gloo.rank = rank;
+      gloo.world_size = world;
+      gloo.prefix = "cpprun-mnist/attempt_" + std::to_string(restart) + "/";
+      gloo.hostname = localAddressTowards(addr, static_cast<uint16_t>(port));
+      if (gloo.hostname.empty()) gloo.hostname = "127.0.0.1";
+      comm = makeGlooCommunicator(std::make_shared<rendezvous::TcpStoreClient>(client), gloo);
+    }
+    if (rank == 0 && !options.quiet) {
+      std::printf("cpprun-mnist: %s, %d rank(s), %d thread(s) each, model %s, optimizer %s\n",
+                  comm->describe().c_str(), world, options.threads, options.model.c_str(),
+                  options.optimizer.c_str());
+    }
+    Result<TrainResult> result = train(options, *comm);
+    if (!result.isOk()) {
+      std::fprintf(stderr, "cpprun-mnist: rank %d: %s\n", rank, result.status().message().c_str());
+      return 1;
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cpprun-mnist: rank %d: %s\n", rank, e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,56 @@
+// Trainer: data-parallel training of a Network on an IDX dataset, one rank of a group, the way
+// PyTorch's DDP MNIST example does it:
+//   - every rank starts from rank 0's initial weights (broadcast);
+//   - each epoch, each rank trains on its DistributedSampler shard, in batches;
+//   - gradients are summed across ranks in buckets while the backward pass goes on (a
+//     communication thread), then divided by the world size; every rank takes the same step;
+//   - after each epoch the ranks evaluate disjoint parts of the test set and sum the results;
+//     rank 0 prints PyTorch's progress lines, appends JSON metrics and saves a checkpoint.
+// A run resumes from the latest checkpoint when asked (TORCHELASTIC_RESTART_COUNT > 0 under
+// cpprun, or --resume), so a restarted job continues from the last finished epoch.
+// Thread safety: run() owns the calling thread (and one communication thread it starts).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "common/status.h"
+#include "examples/mnist/communicator.h"
+
+namespace cpprun::mnist {
+
+struct TrainerOptions {
+  std::string data_dir;
+  std::string model = "cnn";
+  std::string optimizer = "adadelta";
+  std::optional<float> learning_rate;  // default: the optimizer's (adadelta 1.0)
+  float gamma = 0.7f;                  // StepLR
+  int step_size = 1;                   // StepLR, in epochs
+  bool scale_lr = false;               // multiply the learning rate by the world size
+  int epochs = 14;
+  int batch_size = 64;  // per rank
+  int test_batch_size = 1000;
+  uint64_t seed = 1;
+  int log_interval = 10;  // batches between progress lines
+  int64_t max_steps = 0;  // stop after this many optimizer steps (0: no limit)
+  int threads = 1;        // BLAS threads of this rank
+  std::string checkpoint_dir;
+  bool resume = false;
+  std::string metrics_path;  // JSON lines (rank 0)
+  bool quiet = false;        // no progress lines
+};
+
+struct TrainResult {
+  int epochs_done = 0;
+  int64_t steps = 0;
+  double test_loss = 0.0;
+  double accuracy = 0.0;           // percent
+  double images_per_second = 0.0;  // training images of all ranks per second, last epoch
+  bool resumed = false;
+};
+
+Result<TrainResult> train(const TrainerOptions& options, Communicator& comm);
+
+}  // namespace cpprun::mnist
