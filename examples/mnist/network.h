@@ -34,6 +34,7 @@ class Network {
   Shape inputShape() const { return input_; }
   int classes() const { return 10; }
   size_t parameterCount() const { return params_.size(); }
+  // The buffer itself never moves (layers point into it): assign elements, not the vector.
   std::vector<float>& parameters() { return params_; }
   const std::vector<float>& parameters() const { return params_; }
   std::vector<float>& gradients() { return grads_; }

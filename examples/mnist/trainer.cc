@@ -224,7 +224,8 @@ Result<TrainResult> train(const TrainerOptions& o, Communicator& comm) {
                              " parameters; this run trains " + o.model + " with " + o.optimizer +
                              " (use another --checkpoint-dir)");
     }
-    net.parameters() = std::move(c.parameters);
+    // Into the existing buffer: the layers hold pointers into it.
+    std::copy(c.parameters.begin(), c.parameters.end(), net.parameters().begin());
     optimizer.state().buffers = std::move(c.optimizer_buffers);
     optimizer.state().steps = c.optimizer_steps;
     start_epoch = c.epochs_done;
