@@ -18,15 +18,17 @@ void uniformFill(float* data, size_t n, float bound, std::mt19937_64& rng) {
 // Convolution with stride 1 and no padding, as the MNIST example's nn.Conv2d(in, out, k).
 class Conv2d : public Layer {
  public:
-  Conv2d(Shape in, int out_channels, int kernel)
-      : in_(in),
+  Conv2d(Shape in, int out_channels, int kernel, bool relu)
+      : relu_(relu),
+        in_(in),
         out_{out_channels, in.height - kernel + 1, in.width - kernel + 1},
         kernel_(kernel),
         patch_(in.channels * kernel * kernel) {}
 
   std::string name() const override {
     return "conv" + std::to_string(kernel_) + "x" + std::to_string(kernel_) + " " +
-           std::to_string(in_.channels) + "->" + std::to_string(out_.channels);
+           std::to_string(in_.channels) + "->" + std::to_string(out_.channels) +
+           (relu_ ? " + relu" : "");
   }
   Shape outputShape() const override { return out_; }
   size_t parameterCount() const override {
@@ -55,19 +57,29 @@ class Conv2d : public Layer {
       }
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, out_.channels, pixels, patch_, 1.0f,
                   weight_, patch_, cols_.data(), pixels, 1.0f, yb, pixels);
+      if (relu_) {
+        const size_t n = static_cast<size_t>(out_.size());
+        for (size_t i = 0; i < n; ++i) yb[i] = yb[i] > 0.0f ? yb[i] : 0.0f;
+      }
     }
   }
 
-  void backward(const float* x, const float*, const float* dy, float* dx, int batch) override {
+  void backward(const float* x, const float* y, const float* dy, float* dx, int batch) override {
     const int pixels = out_.height * out_.width;
     for (int b = 0; b < batch; ++b) {
       const float* dyb = dy + static_cast<size_t>(b) * out_.size();
-      for (int oc = 0; oc < out_.channels; ++oc) {
-        const float* row = dyb + static_cast<size_t>(oc) * pixels;
-        float sum = 0.0f;
-        for (int p = 0; p < pixels; ++p) sum += row[p];
-        dbias_[oc] += sum;
+      if (relu_) {
+        // Through the fused ReLU: the gradient passes where the output was positive.
+        const float* yb = y + static_cast<size_t>(b) * out_.size();
+        const size_t n = static_cast<size_t>(out_.size());
+        masked_.resize(n);
+        for (size_t i = 0; i < n; ++i) masked_[i] = yb[i] > 0.0f ? dyb[i] : 0.0f;
+        dyb = masked_.data();
       }
+      // dbias[oc] += sum_p dy_b[oc][p], as a matrix-vector product.
+      ones_.resize(pixels, 1.0f);
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, out_.channels, pixels, 1.0f, dyb, pixels,
+                  ones_.data(), 1, 1.0f, dbias_, 1);
       im2col(x + static_cast<size_t>(b) * in_.size());
       // dweight[oc][k] += sum_p dy_b[oc][p] * cols[k][p]
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, out_.channels, patch_, pixels, 1.0f, dyb,
@@ -119,6 +131,7 @@ class Conv2d : public Layer {
     }
   }
 
+  bool relu_;
   Shape in_;
   Shape out_;
   int kernel_;
@@ -128,6 +141,8 @@ class Conv2d : public Layer {
   float* dweight_ = nullptr;
   float* dbias_ = nullptr;
   std::vector<float> cols_;
+  std::vector<float> ones_;
+  std::vector<float> masked_;
 };
 
 class Linear : public Layer {
@@ -207,6 +222,10 @@ class MaxPool2d : public Layer {
       const float* src = x + static_cast<size_t>(plane) * in_.height * in_.width;
       float* dst = y + static_cast<size_t>(plane) * out_.height * out_.width;
       int32_t* arg = argmax_.data() + static_cast<size_t>(plane) * out_.height * out_.width;
+      if (kernel_ == 2) {
+        pool2x2(src, dst, arg);
+        continue;
+      }
       for (int oy = 0; oy < out_.height; ++oy) {
         for (int ox = 0; ox < out_.width; ++ox) {
           float best = -std::numeric_limits<float>::infinity();
@@ -226,6 +245,34 @@ class MaxPool2d : public Layer {
       }
     }
   }
+
+  // The network's case, unrolled: the first maximum in row-major order wins, as above.
+  void pool2x2(const float* src, float* dst, int32_t* arg) const {
+    for (int oy = 0; oy < out_.height; ++oy) {
+      const float* top = src + 2 * oy * in_.width;
+      const float* bottom = top + in_.width;
+      for (int ox = 0; ox < out_.width; ++ox) {
+        const int base = 2 * oy * in_.width + 2 * ox;
+        float best = top[2 * ox];
+        int32_t where = base;
+        if (top[2 * ox + 1] > best) {
+          best = top[2 * ox + 1];
+          where = base + 1;
+        }
+        if (bottom[2 * ox] > best) {
+          best = bottom[2 * ox];
+          where = base + in_.width;
+        }
+        if (bottom[2 * ox + 1] > best) {
+          best = bottom[2 * ox + 1];
+          where = base + in_.width + 1;
+        }
+        dst[oy * out_.width + ox] = best;
+        arg[oy * out_.width + ox] = where;
+      }
+    }
+  }
+
   void backward(const float*, const float*, const float* dy, float* dx, int batch) override {
     if (dx == nullptr) return;
     std::fill(dx, dx + static_cast<size_t>(batch) * in_.size(), 0.0f);
@@ -286,8 +333,8 @@ class Dropout : public Layer {
 
 }  // namespace
 
-std::unique_ptr<Layer> makeConv2d(Shape in, int out_channels, int kernel) {
-  return std::make_unique<Conv2d>(in, out_channels, kernel);
+std::unique_ptr<Layer> makeConv2d(Shape in, int out_channels, int kernel, bool relu) {
+  return std::make_unique<Conv2d>(in, out_channels, kernel, relu);
 }
 std::unique_ptr<Layer> makeLinear(int in_features, int out_features) {
   return std::make_unique<Linear>(in_features, out_features);

@@ -50,7 +50,9 @@ class Layer {
   virtual void backward(const float* x, const float* y, const float* dy, float* dx, int batch) = 0;
 };
 
-std::unique_ptr<Layer> makeConv2d(Shape in, int out_channels, int kernel);
+// With `relu`, the convolution's output goes through a ReLU in the same pass (one sweep over
+// the largest activations instead of three).
+std::unique_ptr<Layer> makeConv2d(Shape in, int out_channels, int kernel, bool relu = false);
 std::unique_ptr<Layer> makeLinear(int in_features, int out_features);
 std::unique_ptr<Layer> makeRelu(Shape in);
 std::unique_ptr<Layer> makeMaxPool2d(Shape in, int kernel);

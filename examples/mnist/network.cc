@@ -13,10 +13,8 @@ Result<std::unique_ptr<Network>> Network::create(const std::string& model) {
   const Shape image{1, 28, 28};
   std::unique_ptr<Network> net(new Network(model, image));
   if (model == "cnn") {
-    net->add(makeConv2d(image, 32, 3));
-    net->add(makeRelu(net->layers_.back()->outputShape()));
-    net->add(makeConv2d(net->layers_.back()->outputShape(), 64, 3));
-    net->add(makeRelu(net->layers_.back()->outputShape()));
+    net->add(makeConv2d(image, 32, 3, /*relu=*/true));
+    net->add(makeConv2d(net->layers_.back()->outputShape(), 64, 3, /*relu=*/true));
     net->add(makeMaxPool2d(net->layers_.back()->outputShape(), 2));
     net->add(makeDropout(net->layers_.back()->outputShape(), 0.25f, 1));
     net->add(makeLinear(net->layers_.back()->outputShape().size(), 128));

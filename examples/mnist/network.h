@@ -2,7 +2,8 @@
 // layer order, so that an optimizer, a checkpoint or an all-reduce sees one array.
 //
 // Models: "cnn" is PyTorch's MNIST example net (conv 1->32 3x3, ReLU, conv 32->64 3x3, ReLU,
-// max-pool 2, dropout 0.25, fc 9216->128, ReLU, dropout 0.5, fc 128->10; 1,199,882 parameters);
+// max-pool 2, dropout 0.25, fc 9216->128, ReLU, dropout 0.5, fc 128->10; 1,199,882 parameters;
+// the convolutions' ReLUs are fused into them);
 // "mlp" is a small net for quick runs (fc 784->128, ReLU, fc 128->10).
 //
 // backward() calls on_gradients_ready(offset, count) as soon as a layer's gradients are final,

@@ -182,6 +182,7 @@ Evaluation evaluate(Network& net, const std::vector<float>& images, const IdxDat
 Result<TrainResult> train(const TrainerOptions& o, Communicator& comm) {
   const bool leader = comm.rank() == 0;
   const int world = comm.worldSize();
+  const auto run_start = Clock::now();
   setComputeThreads(o.threads);
 
   Result<IdxDataset> train_set = loadMnistSplit(o.data_dir, "train");
@@ -337,6 +338,7 @@ Result<TrainResult> train(const TrainerOptions& o, Communicator& comm) {
                      {"accuracy", eval.accuracy},
                      {"images_per_s", result.images_per_second},
                      {"train_seconds", train_seconds},
+                     {"elapsed_s", std::chrono::duration<double>(Clock::now() - run_start).count()},
                      {"world_size", world},
                      {"threads", o.threads},
                      {"model", o.model},

@@ -32,7 +32,8 @@ double relError(double analytic, double numeric) {
   return std::abs(analytic - numeric) / std::max(1e-3, std::abs(analytic) + std::abs(numeric));
 }
 
-GradientCheck checkLayer(Layer& layer, Shape in, int batch, uint64_t seed, bool training = true) {
+GradientCheck checkLayer(Layer& layer, Shape in, int batch, uint64_t seed, float eps = 1e-2f) {
+  const bool training = true;
   std::mt19937_64 rng(seed);
   std::vector<float> params(layer.parameterCount());
   std::vector<float> grads(layer.parameterCount(), 0.0f);
@@ -57,7 +58,7 @@ GradientCheck checkLayer(Layer& layer, Shape in, int batch, uint64_t seed, bool 
   layer.backward(x.data(), y.data(), weights.data(), dx.data(), batch);
 
   GradientCheck result;
-  const float eps = 1e-2f;
+
   auto numeric = [&](float& value) {
     const float saved = value;
     value = saved + eps;
@@ -101,6 +102,15 @@ TEST_CASE("gradient check: conv2d, input and parameters", "[unit][mnist][gradche
   CHECK(g.worst_input < 2e-3);
   CHECK(g.worst_parameter < 2e-3);
   CHECK(g.checked == 80);
+}
+
+TEST_CASE("gradient check: conv2d with its fused relu", "[unit][mnist][gradcheck]") {
+  const Shape in{2, 6, 6};
+  auto conv = makeConv2d(in, 3, 3, /*relu=*/true);
+  // A smaller step: a bias moves every output of its channel, and none may cross the kink.
+  const GradientCheck g = checkLayer(*conv, in, 2, 21, 3e-3f);
+  CHECK(g.worst_input < 2e-3);
+  CHECK(g.worst_parameter < 2e-3);
 }
 
 TEST_CASE("gradient check: linear", "[unit][mnist][gradcheck]") {
