@@ -15,6 +15,8 @@ packages=(
   libgloo-dev libopenblas-dev
   # tests and benchmarks: the real PyTorch 1.13 (interop peer), process tools
   python3 python3-torch procps iproute2
+  # the trainer's benchmark and sweep: Fashion-MNIST (60k/10k) and plots
+  dataset-fashion-mnist python3-matplotlib
   # multi-node tests: real Open MPI and Slurm (slurmctld + slurmd + munge started by the tests)
   openmpi-bin slurmctld slurmd slurm-client munge
 )
