@@ -74,6 +74,9 @@ class GlooCommunicator : public Communicator {
     store_->wait(keys, options_.timeout);
   }
 
+  std::shared_ptr<rendezvous::Store> store() const override { return store_; }
+  std::string keyPrefix() const override { return options_.prefix; }
+
   std::string describe() const override {
     return "gloo over TCP (" + options_.hostname + "), " + std::to_string(options_.world_size) +
            " ranks";

@@ -37,6 +37,10 @@ class Communicator {
   virtual void barrier() = 0;
   virtual void finish() = 0;
   virtual std::string describe() const = 0;
+  // The store the group met through and this attempt's key prefix (null for a single process):
+  // for other libraries' bootstraps, such as NCCL's unique id.
+  virtual std::shared_ptr<rendezvous::Store> store() const { return nullptr; }
+  virtual std::string keyPrefix() const { return ""; }
 };
 
 std::unique_ptr<Communicator> makeSingleProcessCommunicator();

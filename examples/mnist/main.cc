@@ -56,6 +56,10 @@ Training:
   --seed N               default 1
   --max-steps N          stop after N optimizer steps
   --threads N            BLAS threads per rank (default: OMP_NUM_THREADS, else CPUs / local ranks)
+  --device cpu|cuda      where to compute (default cpu). cuda: the GPU LOCAL_RANK indexes in
+                         CUDA_VISIBLE_DEVICES, cuBLAS and kernels, NCCL between ranks, the
+                         dataset on the device (builds with CUDA and NCCL only)
+  --bf16                 with --device cuda: bfloat16 matrix products, float accumulation
 Checkpoints and output:
   --checkpoint-dir DIR   rank 0 saves DIR/latest.ckpt after every epoch (atomically) and
                          DIR/final.ckpt at the end
@@ -180,6 +184,13 @@ Result<Parsed> parseFlags(int argc, char** argv) {
       CPPRUN_TAKE(o.threads, number(4096));
       if (o.threads == 0) return invalidArgument("--threads: must be at least 1");
       p.threads_given = true;
+    } else if (name == "--device") {
+      CPPRUN_TAKE(o.device, cursor.value());
+      if (o.device != "cpu" && o.device != "cuda") {
+        return invalidArgument("--device: expected cpu or cuda, got '" + o.device + "'");
+      }
+    } else if (name == "--bf16") {
+      o.bf16 = true;
     } else if (name == "--checkpoint-dir") {
       CPPRUN_TAKE(o.checkpoint_dir, cursor.value());
     } else if (name == "--resume") {
@@ -223,6 +234,11 @@ int main(int argc, char** argv) {
     if (options.threads == 0) options.threads = 1;
   }
   if (restart > 0) options.resume = true;
+  options.cuda_device = envInt("LOCAL_RANK", 0);
+  if (options.bf16 && options.device != "cuda") {
+    std::fprintf(stderr, "cpprun-mnist: --bf16 needs --device cuda\n");
+    return kUsageError;
+  }
   if (options.resume && options.checkpoint_dir.empty()) {
     std::fprintf(stderr,
                  "cpprun-mnist: resuming (restart %d) needs --checkpoint-dir; starting afresh\n",

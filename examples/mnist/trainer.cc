@@ -4,39 +4,21 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
-#include <condition_variable>
 #include <cstdio>
-#include <deque>
-#include <exception>
 #include <fstream>
-#include <mutex>
 #include <nlohmann/json.hpp>
-#include <thread>
 #include <vector>
 
 #include "examples/mnist/checkpoint.h"
 #include "examples/mnist/distributed_sampler.h"
+#include "examples/mnist/engine.h"
+#include "examples/mnist/gpu_engine.h"
 #include "examples/mnist/idx_dataset.h"
-#include "examples/mnist/network.h"
-#include "examples/mnist/optimizer.h"
 
 namespace cpprun::mnist {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// PyTorch's MNIST example normalisation.
-constexpr float kMean = 0.1307f;
-constexpr float kStd = 0.3081f;
-
-std::vector<float> normalize(const IdxDataset& d) {
-  std::vector<float> out(d.pixels.size());
-  for (size_t i = 0; i < out.size(); ++i) {
-    out[i] = (static_cast<float>(d.pixels[i]) / 255.0f - kMean) / kStd;
-  }
-  return out;
-}
 
 uint64_t sampleKey(uint64_t seed, int epoch, int index) {
   uint64_t z = seed * 0xD1B54A32D192ED03ULL + static_cast<uint64_t>(epoch) * 0x9E3779B97F4A7C15ULL +
@@ -45,85 +27,6 @@ uint64_t sampleKey(uint64_t seed, int epoch, int index) {
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
   return z ^ (z >> 31);
 }
-
-// Sums gradient buckets across ranks on its own thread while backward() goes on. Buckets are
-// handed over in the same order on every rank (the layer order), which is all gloo needs.
-class GradientReducer {
- public:
-  GradientReducer(Communicator& comm, float* grads, size_t bucket_floats)
-      : comm_(comm), grads_(grads), bucket_floats_(bucket_floats) {
-    if (comm_.worldSize() > 1) thread_ = std::thread([this] { loop(); });
-  }
-  ~GradientReducer() {
-    if (!thread_.joinable()) return;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
-  // A layer's gradients [offset, offset + count) are final. Layers arrive last to first.
-  void ready(size_t offset, size_t count) {
-    if (comm_.worldSize() == 1) return;
-    pending_begin_ = offset;
-    if (pending_end_ == 0) pending_end_ = offset + count;
-    if (pending_end_ - pending_begin_ >= bucket_floats_) flush();
-  }
-
-  // Hands over what is pending, waits for every bucket, rethrows a communication error.
-  void finish() {
-    if (comm_.worldSize() == 1) return;
-    if (pending_end_ != 0) flush();
-    std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait(lock, [this] { return queue_.empty() && !busy_; });
-    if (error_) std::rethrow_exception(error_);
-  }
-
- private:
-  void flush() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      queue_.emplace_back(pending_begin_, pending_end_ - pending_begin_);
-    }
-    cv_.notify_all();
-    pending_begin_ = pending_end_ = 0;
-  }
-
-  void loop() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    for (;;) {
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      auto [offset, count] = queue_.front();
-      queue_.pop_front();
-      busy_ = true;
-      lock.unlock();
-      try {
-        if (!error_) comm_.allreduceSum(grads_ + offset, count);
-      } catch (...) {
-        error_ = std::current_exception();
-      }
-      lock.lock();
-      busy_ = false;
-      cv_.notify_all();
-    }
-  }
-
-  Communicator& comm_;
-  float* grads_;
-  size_t bucket_floats_;
-  size_t pending_begin_ = 0;
-  size_t pending_end_ = 0;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::pair<size_t, size_t>> queue_;
-  bool busy_ = false;
-  bool stopping_ = false;
-  std::exception_ptr error_;
-  std::thread thread_;
-};
 
 class MetricsWriter {
  public:
@@ -148,26 +51,12 @@ struct Evaluation {
   int64_t count = 0;
 };
 
-Evaluation evaluate(Network& net, const std::vector<float>& images, const IdxDataset& data,
-                    int batch_size, Communicator& comm) {
-  // Rank r evaluates the contiguous r-th part; the sums are all-reduced.
-  const int n = data.count;
+// Rank r evaluates the contiguous r-th part of the test set; the sums are all-reduced.
+Evaluation evaluate(TrainingEngine& engine, int n, Communicator& comm) {
   const int begin = static_cast<int>(static_cast<int64_t>(n) * comm.rank() / comm.worldSize());
   const int end = static_cast<int>(static_cast<int64_t>(n) * (comm.rank() + 1) / comm.worldSize());
-  const int image = data.imageSize();
-  double sums[3] = {0.0, 0.0, 0.0};  // loss sum, correct, count
-  PassContext eval;
-  for (int start = begin; start < end; start += batch_size) {
-    const int batch = std::min(batch_size, end - start);
-    const float* logits =
-        net.forward(images.data() + static_cast<size_t>(start) * image, batch, eval);
-    int correct = 0;
-    const double mean = logSoftmaxNllLoss(logits, data.labels.data() + start, batch, net.classes(),
-                                          nullptr, &correct);
-    sums[0] += mean * batch;
-    sums[1] += correct;
-    sums[2] += batch;
-  }
+  const auto [loss_sum, correct] = engine.evaluate(begin, end);
+  double sums[3] = {loss_sum, static_cast<double>(correct), static_cast<double>(end - begin)};
   comm.allreduceSum(sums, 3);
   Evaluation e;
   e.count = static_cast<int64_t>(sums[2]);
@@ -183,7 +72,6 @@ Result<TrainResult> train(const TrainerOptions& o, Communicator& comm) {
   const bool leader = comm.rank() == 0;
   const int world = comm.worldSize();
   const auto run_start = Clock::now();
-  setComputeThreads(o.threads);
 
   Result<IdxDataset> train_set = loadMnistSplit(o.data_dir, "train");
   if (!train_set.isOk()) return train_set.status();
@@ -196,18 +84,27 @@ Result<TrainResult> train(const TrainerOptions& o, Communicator& comm) {
     return invalidArgument("the networks take 28x28 images; " + train_data.source + " holds " +
                            std::to_string(train_data.rows) + "x" + std::to_string(train_data.cols));
   }
-  const std::vector<float> train_images = normalize(train_data);
-  const std::vector<float> test_images = normalize(test_data);
 
-  Result<std::unique_ptr<Network>> created = Network::create(o.model);
-  if (!created.isOk()) return created.status();
-  Network& net = *created.value();
-  Result<std::unique_ptr<Optimizer>> made = makeOptimizer(o.optimizer, net.parameterCount());
+  EngineOptions engine_options;
+  engine_options.model = o.model;
+  engine_options.optimizer = o.optimizer;
+  engine_options.seed = o.seed;
+  engine_options.max_batch = o.batch_size;
+  engine_options.test_batch_size = o.test_batch_size;
+  engine_options.threads = o.threads;
+  engine_options.bf16 = o.bf16;
+  engine_options.device = o.cuda_device;
+  Result<std::unique_ptr<TrainingEngine>> made =
+      o.device == "cuda" ? makeGpuEngine(engine_options, train_data, test_data, comm)
+                         : makeCpuEngine(engine_options, train_data, test_data, comm);
   if (!made.isOk()) return made.status();
-  Optimizer& optimizer = *made.value();
+  TrainingEngine& engine = *made.value();
+  if (leader && !o.quiet) std::printf("cpprun-mnist: compute: %s\n", engine.describe().c_str());
 
-  net.initialize(o.seed);
-  comm.broadcast(net.parameters().data(), net.parameterCount(), 0);
+  // Every rank starts from rank 0's weights, as DDP does.
+  std::vector<float> initial = engine.parameters();
+  comm.broadcast(initial.data(), initial.size(), 0);
+  engine.setParameters(initial);
 
   TrainResult result;
   int start_epoch = 0;
@@ -217,18 +114,17 @@ Result<TrainResult> train(const TrainerOptions& o, Communicator& comm) {
     Result<Checkpoint> loaded = loadCheckpoint(latest);
     if (!loaded.isOk()) return loaded.status();
     Checkpoint& c = loaded.value();
+    OptimizerState state;
+    state.steps = c.optimizer_steps;
+    state.buffers = std::move(c.optimizer_buffers);
     if (c.model != o.model || c.optimizer != o.optimizer ||
-        c.parameters.size() != net.parameterCount() ||
-        c.optimizer_buffers.size() != optimizer.state().buffers.size()) {
+        c.parameters.size() != engine.parameterCount() || !engine.setOptimizerState(state).isOk()) {
       return invalidArgument("checkpoint " + latest + " holds model " + c.model + " with " +
                              c.optimizer + ", " + std::to_string(c.parameters.size()) +
                              " parameters; this run trains " + o.model + " with " + o.optimizer +
                              " (use another --checkpoint-dir)");
     }
-    // Into the existing buffer: the layers hold pointers into it.
-    std::copy(c.parameters.begin(), c.parameters.end(), net.parameters().begin());
-    optimizer.state().buffers = std::move(c.optimizer_buffers);
-    optimizer.state().steps = c.optimizer_steps;
+    engine.setParameters(c.parameters);
     start_epoch = c.epochs_done;
     result.resumed = true;
     result.steps = c.optimizer_steps;
@@ -247,17 +143,10 @@ Result<TrainResult> train(const TrainerOptions& o, Communicator& comm) {
   }
   const float base_lr = o.learning_rate.value_or(defaultLearningRate(o.optimizer)) *
                         (o.scale_lr ? static_cast<float>(world) : 1.0f);
-  const int image = train_data.imageSize();
   const int per_rank = shardSize(train_data.count, world);
   const int batches = (per_rank + o.batch_size - 1) / o.batch_size;
-  std::vector<float> batch_images(static_cast<size_t>(o.batch_size) * image);
-  std::vector<uint8_t> batch_labels(o.batch_size);
-  std::vector<uint64_t> keys(o.batch_size);
-  std::vector<float> dlogits(static_cast<size_t>(o.batch_size) * net.classes());
-  // Two buckets for the CNN: the fully connected layers (4.7 MB) while conv2's backward runs,
-  // then the convolutions.
-  GradientReducer reducer(comm, net.gradients().data(), 1 << 18);
-  const float inverse_world = 1.0f / static_cast<float>(world);
+  std::vector<int> indices;
+  std::vector<uint64_t> keys;
   bool stop = false;
 
   for (int epoch = start_epoch; epoch < o.epochs && !stop; ++epoch) {
@@ -270,25 +159,10 @@ Result<TrainResult> train(const TrainerOptions& o, Communicator& comm) {
     for (int b = 0; b < batches && !stop; ++b) {
       const int first = b * o.batch_size;
       const int batch = std::min(o.batch_size, per_rank - first);
-      for (int i = 0; i < batch; ++i) {
-        const int index = shard[first + i];
-        std::copy_n(train_images.data() + static_cast<size_t>(index) * image, image,
-                    batch_images.data() + static_cast<size_t>(i) * image);
-        batch_labels[i] = train_data.labels[index];
-        keys[i] = sampleKey(o.seed, epoch, index);
-      }
-      PassContext training{true, keys.data()};
-      net.zeroGradients();
-      const float* logits = net.forward(batch_images.data(), batch, training);
-      const double loss = logSoftmaxNllLoss(logits, batch_labels.data(), batch, net.classes(),
-                                            dlogits.data(), nullptr);
-      net.backward(dlogits.data(), batch,
-                   [&reducer](size_t offset, size_t count) { reducer.ready(offset, count); });
-      reducer.finish();
-      if (world > 1) {
-        for (float& g : net.gradients()) g *= inverse_world;
-      }
-      optimizer.step(net.parameters().data(), net.gradients().data(), net.parameterCount(), lr);
+      indices.assign(shard.begin() + first, shard.begin() + first + batch);
+      keys.resize(batch);
+      for (int i = 0; i < batch; ++i) keys[i] = sampleKey(o.seed, epoch, indices[i]);
+      const double loss = engine.trainStep(indices, keys, lr);
       ++result.steps;
       images_done += batch;
       if (o.max_steps > 0 && result.steps >= o.max_steps) stop = true;
@@ -319,7 +193,7 @@ Result<TrainResult> train(const TrainerOptions& o, Communicator& comm) {
     result.images_per_second =
         static_cast<double>(images_done) * world / std::max(1e-9, train_seconds);
 
-    const Evaluation eval = evaluate(net, test_images, test_data, o.test_batch_size, comm);
+    const Evaluation eval = evaluate(engine, test_data.count, comm);
     result.test_loss = eval.loss;
     result.accuracy = eval.accuracy;
     const bool epoch_complete = !stop || images_done == per_rank;
@@ -341,6 +215,7 @@ Result<TrainResult> train(const TrainerOptions& o, Communicator& comm) {
                      {"elapsed_s", std::chrono::duration<double>(Clock::now() - run_start).count()},
                      {"world_size", world},
                      {"threads", o.threads},
+                     {"device", o.device},
                      {"model", o.model},
                      {"optimizer", o.optimizer}});
       if (!o.checkpoint_dir.empty()) {
@@ -351,8 +226,8 @@ Result<TrainResult> train(const TrainerOptions& o, Communicator& comm) {
         c.optimizer_steps = result.steps;
         c.seed = o.seed;
         c.world_size = world;
-        c.parameters = net.parameters();
-        c.optimizer_buffers = optimizer.state().buffers;
+        c.parameters = engine.parameters();
+        c.optimizer_buffers = engine.optimizerState().buffers;
         // Only whole epochs go to the checkpoint a restart resumes from.
         if (epoch_complete) {
           if (Status s = saveCheckpoint(latest, c); !s.isOk()) return s;

@@ -38,8 +38,11 @@ struct TrainerOptions {
   int threads = 1;        // BLAS threads of this rank
   std::string checkpoint_dir;
   bool resume = false;
-  std::string metrics_path;  // JSON lines (rank 0)
-  bool quiet = false;        // no progress lines
+  std::string metrics_path;    // JSON lines (rank 0)
+  bool quiet = false;          // no progress lines
+  std::string device = "cpu";  // or "cuda" (builds with CUDA and NCCL)
+  int cuda_device = 0;         // which visible GPU (cpprun-mnist picks LOCAL_RANK)
+  bool bf16 = false;           // GPU: bfloat16 matrix products, float accumulation
 };
 
 struct TrainResult {

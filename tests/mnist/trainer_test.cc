@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "examples/mnist/checkpoint.h"
+#include "examples/mnist/gpu_engine.h"
 #include "examples/mnist/network.h"
 #include "tests/launcher/cpprun_test_helpers.h"
 #include "tests/support/test_support.h"
@@ -203,4 +204,24 @@ TEST_CASE("cpprun-mnist: bad flags, data and checkpoints are clear errors",
   CHECK_THAT(output, Catch::Contains(dir.path() + "/latest.ckpt") && Catch::Contains("corrupt"));
   CHECK(runToEnd({kTrainer, "--help"}, 30s, &output) == 0);
   CHECK_THAT(output, Catch::Contains("--checkpoint-dir"));
+}
+
+TEST_CASE("cpprun-mnist --device cuda: built where CUDA and NCCL are, and clear without a GPU",
+          "[integration][mnist][trainer][gpu]") {
+  // CI installs nvcc and NCCL, so there the GPU engine must be in the binary; on a host without
+  // a GPU (CI's) it must say so rather than fall back or crash.
+  CHECK(cpprun::mnist::gpuEngineBuilt() == (CPPRUN_MNIST_EXPECT_GPU_ENGINE != 0));
+  std::string output;
+  const int code =
+      runToEnd({kTrainer, "--device", "cuda", "--epochs", "1", "--quiet"}, 120s, &output);
+  if (CPPRUN_MNIST_EXPECT_GPU_ENGINE == 0) {
+    CHECK(code == 1);
+    CHECK_THAT(output, Catch::Contains("built without CUDA"));
+  } else if (code != 0) {
+    CHECK(code == 1);
+    CHECK_THAT(output, Catch::Contains("--device cuda: no usable GPU"));
+  }
+  CHECK(runToEnd({kTrainer, "--bf16"}, 30s, &output) == 2);
+  CHECK_THAT(output, Catch::Contains("--bf16 needs --device cuda"));
+  CHECK(runToEnd({kTrainer, "--device", "tpu"}, 30s, &output) == 2);
 }
