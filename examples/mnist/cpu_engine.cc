@@ -11,7 +11,7 @@
 namespace cpprun::mnist {
 namespace {
 
-// Sums gradient buckets across ranks on its own thread while backward() goes on. Buckets are
+// Averages gradient buckets across ranks on its own thread while backward() goes on. Buckets are
 // handed over in the same order on every rank (the layer order), which is all gloo needs.
 class GradientReducer {
  public:
@@ -66,7 +66,12 @@ class GradientReducer {
       busy_ = true;
       lock.unlock();
       try {
-        if (!error_) comm_.allreduceSum(grads_ + offset, count);
+        if (!error_) {
+          comm_.allreduceSum(grads_ + offset, count);
+          // The sum becomes DDP's average here, off the compute thread's path.
+          const float inverse_world = 1.0f / static_cast<float>(comm_.worldSize());
+          for (size_t i = offset; i < offset + count; ++i) grads_[i] *= inverse_world;
+        }
       } catch (...) {
         error_ = std::current_exception();
       }
@@ -95,7 +100,6 @@ class CpuEngine : public TrainingEngine {
   CpuEngine(const EngineOptions& options, const IdxDataset& train, const IdxDataset& test,
             Communicator& comm, std::unique_ptr<Network> net, std::unique_ptr<Optimizer> optimizer)
       : options_(options),
-        comm_(comm),
         train_images_(normalizeImages(train)),
         test_images_(normalizeImages(test)),
         train_labels_(train.labels),
@@ -105,7 +109,7 @@ class CpuEngine : public TrainingEngine {
         optimizer_(std::move(optimizer)),
         // Two buckets for the CNN: the fully connected layers (4.7 MB) while conv2's backward
         // runs, then the convolutions.
-        reducer_(comm, net_->gradients().data(), 1 << 18) {
+        reducer_(comm, net_->gradientData(), 1 << 18) {
     setComputeThreads(options.threads);
     net_->initialize(options.seed);
     batch_images_.resize(static_cast<size_t>(options.max_batch) * image_);
@@ -118,10 +122,7 @@ class CpuEngine : public TrainingEngine {
   }
   size_t parameterCount() const override { return net_->parameterCount(); }
   std::vector<float> parameters() override { return net_->parameters(); }
-  void setParameters(const std::vector<float>& p) override {
-    // Into the existing buffer: the layers hold pointers into it.
-    std::copy(p.begin(), p.end(), net_->parameters().begin());
-  }
+  void setParameters(const std::vector<float>& p) override { net_->setParameters(p); }
   OptimizerState optimizerState() override { return optimizer_->state(); }
   Status setOptimizerState(const OptimizerState& state) override {
     OptimizerState& mine = optimizer_->state();
@@ -136,8 +137,8 @@ class CpuEngine : public TrainingEngine {
     return Status::ok();
   }
 
-  double trainStep(const std::vector<int>& indices, const std::vector<uint64_t>& keys,
-                   float lr) override {
+  void trainStep(const std::vector<int>& indices, const std::vector<uint64_t>& keys,
+                 float lr) override {
     const int batch = static_cast<int>(indices.size());
     for (int i = 0; i < batch; ++i) {
       std::copy_n(train_images_.data() + static_cast<size_t>(indices[i]) * image_, image_,
@@ -147,19 +148,15 @@ class CpuEngine : public TrainingEngine {
     PassContext training{true, keys.data()};
     net_->zeroGradients();
     const float* logits = net_->forward(batch_images_.data(), batch, training);
-    const double loss = logSoftmaxNllLoss(logits, batch_labels_.data(), batch, net_->classes(),
-                                          dlogits_.data(), nullptr);
+    last_loss_ = logSoftmaxNllLoss(logits, batch_labels_.data(), batch, net_->classes(),
+                                   dlogits_.data(), nullptr);
     net_->backward(dlogits_.data(), batch,
                    [this](size_t offset, size_t count) { reducer_.ready(offset, count); });
     reducer_.finish();
-    if (comm_.worldSize() > 1) {
-      const float inverse_world = 1.0f / static_cast<float>(comm_.worldSize());
-      for (float& g : net_->gradients()) g *= inverse_world;
-    }
-    optimizer_->step(net_->parameters().data(), net_->gradients().data(), net_->parameterCount(),
-                     lr);
-    return loss;
+    optimizer_->step(net_->parameterData(), net_->gradientData(), net_->parameterCount(), lr);
   }
+
+  double lastLoss() override { return last_loss_; }
 
   std::pair<double, int64_t> evaluate(int begin, int end) override {
     double loss_sum = 0.0;
@@ -180,7 +177,6 @@ class CpuEngine : public TrainingEngine {
 
  private:
   EngineOptions options_;
-  Communicator& comm_;
   std::vector<float> train_images_;
   std::vector<float> test_images_;
   std::vector<uint8_t> train_labels_;
@@ -192,6 +188,7 @@ class CpuEngine : public TrainingEngine {
   std::vector<float> batch_images_;
   std::vector<uint8_t> batch_labels_;
   std::vector<float> dlogits_;
+  double last_loss_ = 0.0;
 };
 
 }  // namespace

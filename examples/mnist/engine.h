@@ -46,9 +46,12 @@ class TrainingEngine {
   virtual Status setOptimizerState(const OptimizerState& state) = 0;
   // One data-parallel step: forward and backward over this rank's training samples `indices`
   // (dropout keyed by `keys`), gradients averaged over every rank, one optimizer step at `lr`.
-  // Returns this rank's mean loss. Throws on a communication failure.
-  virtual double trainStep(const std::vector<int>& indices, const std::vector<uint64_t>& keys,
-                           float lr) = 0;
+  // Throws on a communication failure.
+  virtual void trainStep(const std::vector<int>& indices, const std::vector<uint64_t>& keys,
+                         float lr) = 0;
+  // This rank's mean loss in the last trainStep. Asked for only when it is reported, because on
+  // a GPU reading it waits for the step to finish.
+  virtual double lastLoss() = 0;
   // Test samples [begin, end): the sum of their losses and how many were classified right.
   virtual std::pair<double, int64_t> evaluate(int begin, int end) = 0;
 };

@@ -21,6 +21,7 @@
 
 #include "examples/mnist/gpu_engine.h"
 #include "examples/mnist/network.h"
+#include "examples/mnist/sample_math.h"
 #include "rendezvous/store.h"
 
 namespace cpprun::mnist {
@@ -49,15 +50,6 @@ inline unsigned blocksFor(size_t n) {
 }
 
 // ---- kernels ---------------------------------------------------------------------------------
-
-__device__ float hashUniformDevice(uint64_t key, uint64_t counter) {
-  // The CPU engine's hashUniform (layers.cc), bit for bit.
-  uint64_t z = key + 0x9E3779B97F4A7C15ULL * (counter + 1);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  z ^= z >> 31;
-  return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
-}
 
 __global__ void gatherImages(const float* __restrict__ images, const uint8_t* __restrict__ labels,
                              const int* __restrict__ indices, int batch, int image,
@@ -247,12 +239,10 @@ __global__ void dropoutForward(float* __restrict__ x, float* __restrict__ scale,
                                const uint64_t* __restrict__ keys, int batch, int per_sample,
                                float probability, uint64_t salt) {
   const size_t n = static_cast<size_t>(batch) * per_sample;
-  const float keep = 1.0f / (1.0f - probability);
   for (size_t idx = blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += gridDim.x * blockDim.x) {
     const int b = static_cast<int>(idx / per_sample);
     const uint64_t e = idx % per_sample;
-    const uint64_t key = keys[b] ^ (salt * 0x9E3779B97F4A7C15ULL);
-    const float s = hashUniformDevice(key, e) < probability ? 0.0f : keep;
+    const float s = dropoutScale(keys[b], salt, e, probability);
     scale[idx] = s;
     x[idx] *= s;
   }
@@ -269,27 +259,11 @@ __global__ void logSoftmaxNll(const float* __restrict__ logits, const int* __res
                               int batch, int classes, float* __restrict__ dlogits,
                               float* __restrict__ losses, int* __restrict__ correct) {
   for (int b = blockIdx.x * blockDim.x + threadIdx.x; b < batch; b += gridDim.x * blockDim.x) {
-    const float* row = logits + static_cast<size_t>(b) * classes;
     int best = 0;
-    float max = row[0];
-    for (int k = 1; k < classes; ++k) {
-      if (row[k] > max) {
-        max = row[k];
-        best = k;
-      }
-    }
-    double sum = 0.0;
-    for (int k = 0; k < classes; ++k) sum += exp(static_cast<double>(row[k] - max));
-    const double log_sum = log(sum) + max;
-    losses[b] = static_cast<float>(log_sum - row[labels[b]]);
+    losses[b] = static_cast<float>(sampleLogSoftmaxNll(
+        logits + static_cast<size_t>(b) * classes, labels[b], classes, batch,
+        dlogits == nullptr ? nullptr : dlogits + static_cast<size_t>(b) * classes, &best));
     correct[b] = best == labels[b] ? 1 : 0;
-    if (dlogits != nullptr) {
-      for (int k = 0; k < classes; ++k) {
-        const double p = exp(static_cast<double>(row[k]) - log_sum);
-        dlogits[static_cast<size_t>(b) * classes + k] =
-            static_cast<float>((p - (k == labels[b] ? 1.0 : 0.0)) / batch);
-      }
-    }
   }
 }
 
@@ -530,8 +504,8 @@ class GpuEngine : public TrainingEngine {
     return Status::ok();
   }
 
-  double trainStep(const std::vector<int>& indices, const std::vector<uint64_t>& keys,
-                   float lr) override {
+  void trainStep(const std::vector<int>& indices, const std::vector<uint64_t>& keys,
+                 float lr) override {
     const int batch = static_cast<int>(indices.size());
     indices_.upload(indices.data(), indices.size(), compute_);
     keys_.upload(keys.data(), keys.size(), compute_);
@@ -548,13 +522,22 @@ class GpuEngine : public TrainingEngine {
         logits(), labels_.data(), batch, 10, dlogits_.data(), losses_.data(), correct_.data());
     backward(batch);
     step(lr);
-    const std::vector<float> losses = losses_.download(compute_);
-    double mean = 0.0;
-    for (float l : losses) mean += l;
-    return mean / batch;
+    loss_pending_ = true;
+  }
+
+  double lastLoss() override {
+    if (loss_pending_) {
+      const std::vector<float> losses = losses_.download(compute_);
+      last_loss_ = 0.0;
+      for (float l : losses) last_loss_ += l;
+      last_loss_ /= static_cast<double>(losses.size());
+      loss_pending_ = false;
+    }
+    return last_loss_;
   }
 
   std::pair<double, int64_t> evaluate(int begin, int end) override {
+    lastLoss();  // evaluation reuses the loss buffer
     double loss_sum = 0.0;
     int64_t correct = 0;
     const int chunk = std::min(options_.test_batch_size, 512);
@@ -597,7 +580,7 @@ class GpuEngine : public TrainingEngine {
 
   float* param(size_t layer) { return params_.data() + offsets_[layer]; }
   float* grad(size_t layer) { return grads_.data() + offsets_[layer]; }
-  const float* logits() const { return act_[cnn_ ? 5 : 1].data(); }
+  const float* logits() const { return act_[cnn_ ? 4 : 1].data(); }
 
   // conv (no padding, stride 1) + bias + ReLU over a batch; `layer` indexes offsets_.
   void convForward(size_t layer, const float* x, int batch, int cin, int h, int w, int cout,
@@ -669,7 +652,7 @@ class GpuEngine : public TrainingEngine {
     }
   }
 
-  // act_: cnn: 0 conv1, 1 conv2, 2 pool(+dropout1), 3 fc1(+dropout2), 4 unused, 5 logits;
+  // act_: cnn: 0 conv1, 1 conv2, 2 pool(+dropout1), 3 fc1(+dropout2), 4 logits;
   //       mlp: 0 fc1, 1 logits.
   void forward(const float* x, int batch, bool training) {
     if (!cnn_) {
@@ -692,21 +675,14 @@ class GpuEngine : public TrainingEngine {
     }
     linearForward(2, act_[2].data(), batch, 9216, 128, true, act_[3]);
     if (training) {
-      // act_[4] keeps fc1's output before dropout for the ReLU's backward pass.
-      act_[4].resize(act_[3].size());
-      check(cudaMemcpyAsync(act_[4].data(), act_[3].data(), act_[3].size() * sizeof(float),
-                            cudaMemcpyDeviceToDevice, compute_),
-            "copy");
       scale2_.resize(act_[3].size());
       dropoutForward<<<blocksFor(act_[3].size()), kThreads, 0, compute_>>>(
           act_[3].data(), scale2_.data(), keys_.data(), batch, 128, 0.5f, 2);
     }
-    linearForward(3, act_[3].data(), batch, 128, 10, false, act_[5]);
+    linearForward(3, act_[3].data(), batch, 128, 10, false, act_[4]);
   }
 
   void backward(int batch) {
-    // Wait for the previous step's reduction before overwriting the gradients.
-    check(cudaStreamWaitEvent(compute_, grads_reduced_, 0), "cudaStreamWaitEvent");
     if (!cnn_) {
       delta_a_.resize(static_cast<size_t>(batch) * 128);
       linearBackward(1, act_[0].data(), dlogits_.data(), batch, 128, 10, delta_a_.data());
@@ -721,8 +697,10 @@ class GpuEngine : public TrainingEngine {
     linearBackward(3, act_[3].data(), dlogits_.data(), batch, 128, 10, delta_a_.data());
     scaleInPlace<<<blocksFor(delta_a_.size()), kThreads, 0, compute_>>>(
         delta_a_.data(), scale2_.data(), delta_a_.size());
+    // Through the ReLU, masked by fc1's output after dropout: where dropout kept an element it
+    // has the ReLU's sign, and where it dropped one the gradient is already 0.
     reluBackward<<<blocksFor(delta_a_.size()), kThreads, 0, compute_>>>(
-        act_[4].data(), delta_a_.data(), delta_a_.size());
+        act_[3].data(), delta_a_.data(), delta_a_.size());
     // fc1
     delta_b_.resize(static_cast<size_t>(batch) * 9216);
     linearBackward(2, act_[2].data(), delta_a_.data(), batch, 9216, 128, delta_b_.data());
@@ -786,6 +764,8 @@ class GpuEngine : public TrainingEngine {
   bool cnn_ = true;
   std::vector<size_t> offsets_;  // of the layers with parameters
   int64_t steps_ = 0;
+  bool loss_pending_ = false;
+  double last_loss_ = 0.0;
 
   DeviceArray<float> params_;
   DeviceArray<float> grads_;
@@ -800,7 +780,7 @@ class GpuEngine : public TrainingEngine {
   DeviceArray<float> input_;
   DeviceArray<int> labels_;
   const float* input_ptr_ = nullptr;
-  DeviceArray<float> act_[6];
+  DeviceArray<float> act_[5];
   DeviceArray<int> argmax_;
   DeviceArray<float> scale1_;
   DeviceArray<float> scale2_;

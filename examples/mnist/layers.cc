@@ -7,6 +7,8 @@
 #include <cstring>
 #include <limits>
 
+#include "examples/mnist/sample_math.h"
+
 namespace cpprun::mnist {
 namespace {
 
@@ -307,13 +309,11 @@ class Dropout : public Layer {
       scale_.assign(n, 1.0f);
       return;
     }
-    const float keep_scale = 1.0f / (1.0f - probability_);
     scale_.resize(n);
     for (int b = 0; b < batch; ++b) {
-      const uint64_t key = context.sample_keys[b] ^ (salt_ * 0x9E3779B97F4A7C15ULL);
       for (size_t e = 0; e < per_sample; ++e) {
         const size_t i = static_cast<size_t>(b) * per_sample + e;
-        scale_[i] = hashUniform(key, e) < probability_ ? 0.0f : keep_scale;
+        scale_[i] = dropoutScale(context.sample_keys[b], salt_, e, probability_);
         y[i] = x[i] * scale_[i];
       }
     }
@@ -352,38 +352,14 @@ double logSoftmaxNllLoss(const float* logits, const uint8_t* labels, int batch, 
   double total = 0.0;
   int hits = 0;
   for (int b = 0; b < batch; ++b) {
-    const float* row = logits + static_cast<size_t>(b) * classes;
     int best = 0;
-    float max = row[0];
-    for (int k = 1; k < classes; ++k) {
-      if (row[k] > max) {
-        max = row[k];
-        best = k;
-      }
-    }
-    double sum = 0.0;
-    for (int k = 0; k < classes; ++k) sum += std::exp(static_cast<double>(row[k] - max));
-    const double log_sum = std::log(sum) + max;
-    total += log_sum - row[labels[b]];
+    total += sampleLogSoftmaxNll(
+        logits + static_cast<size_t>(b) * classes, labels[b], classes, batch,
+        dlogits == nullptr ? nullptr : dlogits + static_cast<size_t>(b) * classes, &best);
     if (best == labels[b]) ++hits;
-    if (dlogits != nullptr) {
-      float* d = dlogits + static_cast<size_t>(b) * classes;
-      for (int k = 0; k < classes; ++k) {
-        const double p = std::exp(static_cast<double>(row[k]) - log_sum);
-        d[k] = static_cast<float>((p - (k == labels[b] ? 1.0 : 0.0)) / batch);
-      }
-    }
   }
   if (correct != nullptr) *correct = hits;
   return total / batch;
-}
-
-float hashUniform(uint64_t key, uint64_t counter) {
-  uint64_t z = key + 0x9E3779B97F4A7C15ULL * (counter + 1);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  z ^= z >> 31;
-  return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
 }
 
 void setComputeThreads(int threads) { openblas_set_num_threads(std::max(1, threads)); }

@@ -64,9 +64,6 @@ std::unique_ptr<Layer> makeDropout(Shape in, float probability, uint64_t salt);
 double logSoftmaxNllLoss(const float* logits, const uint8_t* labels, int batch, int classes,
                          float* dlogits, int* correct);
 
-// Deterministic uniform in [0, 1) from a key and a counter (SplitMix64 finaliser).
-float hashUniform(uint64_t key, uint64_t counter);
-
 // Sets the BLAS threads of this process.
 void setComputeThreads(int threads);
 int computeThreads();

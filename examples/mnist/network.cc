@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/check.h"
+
 namespace cpprun::mnist {
 
 const std::vector<std::string>& Network::modelNames() {
@@ -51,6 +53,11 @@ void Network::finalize() {
 void Network::initialize(uint64_t seed) {
   std::mt19937_64 rng(seed);
   for (auto& layer : layers_) layer->initialize(rng);
+}
+
+void Network::setParameters(const std::vector<float>& values) {
+  CPPRUN_CHECK(values.size() == params_.size());
+  std::copy(values.begin(), values.end(), params_.begin());
 }
 
 void Network::zeroGradients() { std::fill(grads_.begin(), grads_.end(), 0.0f); }

@@ -35,10 +35,14 @@ class Network {
   Shape inputShape() const { return input_; }
   int classes() const { return 10; }
   size_t parameterCount() const { return params_.size(); }
-  // The buffer itself never moves (layers point into it): assign elements, not the vector.
-  std::vector<float>& parameters() { return params_; }
+  // The flat buffers never move or resize (the layers point into them), so they are handed out
+  // read-only or as element pointers, never as vectors one could assign to.
   const std::vector<float>& parameters() const { return params_; }
-  std::vector<float>& gradients() { return grads_; }
+  const std::vector<float>& gradients() const { return grads_; }
+  float* parameterData() { return params_.data(); }
+  float* gradientData() { return grads_.data(); }
+  // Copies `values` into the parameters. REQUIRES: values.size() == parameterCount().
+  void setParameters(const std::vector<float>& values);
   const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
   // Which slice of the flat buffers layer i owns.
   size_t parameterOffset(size_t layer) const { return offsets_[layer]; }

@@ -14,6 +14,7 @@
 #include "examples/mnist/engine.h"
 #include "examples/mnist/gpu_engine.h"
 #include "examples/mnist/idx_dataset.h"
+#include "examples/mnist/sample_math.h"
 
 namespace cpprun::mnist {
 namespace {
@@ -21,11 +22,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 uint64_t sampleKey(uint64_t seed, int epoch, int index) {
-  uint64_t z = seed * 0xD1B54A32D192ED03ULL + static_cast<uint64_t>(epoch) * 0x9E3779B97F4A7C15ULL +
-               static_cast<uint64_t>(index);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
+  return mix64(seed * 0xD1B54A32D192ED03ULL + static_cast<uint64_t>(epoch) * 0x9E3779B97F4A7C15ULL +
+               static_cast<uint64_t>(index));
 }
 
 class MetricsWriter {
@@ -162,12 +160,13 @@ Result<TrainResult> train(const TrainerOptions& o, Communicator& comm) {
       indices.assign(shard.begin() + first, shard.begin() + first + batch);
       keys.resize(batch);
       for (int i = 0; i < batch; ++i) keys[i] = sampleKey(o.seed, epoch, indices[i]);
-      const double loss = engine.trainStep(indices, keys, lr);
+      engine.trainStep(indices, keys, lr);
       ++result.steps;
       images_done += batch;
       if (o.max_steps > 0 && result.steps >= o.max_steps) stop = true;
 
       if (leader && (b % o.log_interval == 0 || b == batches - 1)) {
+        const double loss = engine.lastLoss();
         const auto now = Clock::now();
         const double seconds = std::chrono::duration<double>(now - interval_start).count();
         interval_start = now;

@@ -10,6 +10,7 @@
 
 #include "tests/launcher/cpprun_test_helpers.h"
 #include "tests/support/test_support.h"
+#include "tests/support/training_results.h"
 
 using cpprun::testing::ChildProcess;
 using cpprun::testing::cpprunCommand;
@@ -17,22 +18,8 @@ using cpprun::testing::exitCodeOf;
 using cpprun::testing::freeTcpPort;
 using cpprun::testing::sourcePath;
 using cpprun::testing::TempDir;
+using cpprun::testing::testRecords;
 using namespace std::chrono_literals;
-
-namespace {
-
-std::vector<nlohmann::json> testRecords(const std::string& metrics) {
-  std::vector<nlohmann::json> records;
-  std::ifstream in(metrics);
-  std::string line;
-  while (std::getline(in, line)) {
-    nlohmann::json j = nlohmann::json::parse(line);
-    if (j.at("event") == "test") records.push_back(j);
-  }
-  return records;
-}
-
-}  // namespace
 
 TEST_CASE("the cluster-guide DDP MNIST script trains under cpprun and under torch's launcher",
           "[integration][torch][recipes]") {

@@ -208,7 +208,7 @@ TEST_CASE("gradient check: the whole MLP, end to end through the loss",
     if (count == 0) continue;
     for (size_t k = 0; k < 6; ++k) {
       const size_t i = net.parameterOffset(layer) + (k * 7907 + 3) % count;
-      float& p = net.parameters()[i];
+      float& p = net.parameterData()[i];
       const float saved = p;
       p = saved + 2e-3f;
       const double plus = loss(nullptr);

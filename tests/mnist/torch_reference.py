@@ -1,4 +1,4 @@
-"""PyTorch's side of torch_reference_test.cc: the MNIST example Net (as in pytorch/examples)
+"""PyTorch's side of torch_reference_test.cc: the MNIST example Net (examples/python/mnist_ddp.py)
 with cpprun-mnist's parameters, its forward pass, autograd gradients, and torch's optimizers.
 
 Usage: torch_reference.py DIR BATCH. Reads DIR/params.f32 (the flat parameters in the Net's
@@ -6,33 +6,17 @@ parameter order), DIR/x.f32 (BATCH x 1 x 28 x 28) and DIR/labels.u8; writes DIR/
 DIR/loss.txt, DIR/grads.f32 and, after 3 steps of each optimizer with those gradients,
 DIR/adadelta.f32, DIR/sgd.f32 and DIR/adamw.f32.
 """
+import os
 import sys
 
 import numpy as np
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 32, 3, 1)
-        self.conv2 = nn.Conv2d(32, 64, 3, 1)
-        self.dropout1 = nn.Dropout(0.25)
-        self.dropout2 = nn.Dropout(0.5)
-        self.fc1 = nn.Linear(9216, 128)
-        self.fc2 = nn.Linear(128, 10)
-
-    def forward(self, x):
-        x = F.relu(self.conv1(x))
-        x = F.relu(self.conv2(x))
-        x = F.max_pool2d(x, 2)
-        x = self.dropout1(x)
-        x = torch.flatten(x, 1)
-        x = F.relu(self.fc1(x))
-        x = self.dropout2(x)
-        return F.log_softmax(self.fc2(x), dim=1)
+# The Net of examples/python/mnist_ddp.py: pytorch/examples' MNIST network, defined once.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "examples", "python"))
+from mnist_ddp import Net  # noqa: E402
 
 
 def load_flat(net, flat):

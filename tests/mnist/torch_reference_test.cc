@@ -15,10 +15,12 @@
 #include "examples/mnist/network.h"
 #include "examples/mnist/optimizer.h"
 #include "tests/support/test_support.h"
+#include "tests/support/training_results.h"
 
 using namespace cpprun::mnist;
 using cpprun::testing::ChildProcess;
 using cpprun::testing::exitCodeOf;
+using cpprun::testing::relativeDistance;
 using cpprun::testing::sourcePath;
 using cpprun::testing::TempDir;
 using namespace std::chrono_literals;
@@ -40,18 +42,6 @@ std::vector<float> readFloats(const std::string& path) {
   std::vector<float> v(bytes.size() / sizeof(float));
   std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
   return v;
-}
-
-// ||a - b|| / ||b||
-double relativeDistance(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double diff = 0.0;
-  double norm = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    norm += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(diff) / std::max(1e-30, std::sqrt(norm));
 }
 
 }  // namespace

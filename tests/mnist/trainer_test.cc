@@ -17,12 +17,15 @@
 #include "examples/mnist/network.h"
 #include "tests/launcher/cpprun_test_helpers.h"
 #include "tests/support/test_support.h"
+#include "tests/support/training_results.h"
 
 using namespace cpprun::mnist;
 using cpprun::testing::ChildProcess;
 using cpprun::testing::exitCodeOf;
 using cpprun::testing::processesMentioning;
+using cpprun::testing::relativeDistance;
 using cpprun::testing::TempDir;
+using cpprun::testing::testRecords;
 using namespace std::chrono_literals;
 
 namespace {
@@ -45,28 +48,6 @@ int runToEnd(const std::vector<std::string>& argv, std::chrono::seconds bound,
   *output = run.output();
   REQUIRE(status.has_value());
   return exitCodeOf(*status);
-}
-
-std::vector<nlohmann::json> testRecords(const std::string& metrics) {
-  std::vector<nlohmann::json> records;
-  std::ifstream in(metrics);
-  std::string line;
-  while (std::getline(in, line)) {
-    nlohmann::json j = nlohmann::json::parse(line);
-    if (j.at("event") == "test") records.push_back(j);
-  }
-  return records;
-}
-
-double relativeDistance(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double diff = 0.0;
-  double norm = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    norm += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(diff) / std::sqrt(norm);
 }
 
 // The worker process of `rank` among the live processes whose command line mentions `token`.
