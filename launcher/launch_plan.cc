@@ -31,6 +31,43 @@ std::string joinList(const std::vector<std::string>& items) {
   return out;
 }
 
+// Slurm's "tasks per node" form: "4" on one node, "4(x2)" on two.
+std::string slurmTasksPerNode(int nproc, int nodes) {
+  std::string out = std::to_string(nproc);
+  if (nodes > 1) out += "(x" + std::to_string(nodes) + ")";
+  return out;
+}
+
+// Under a scheduler that started the agent as one task per node, the inherited task variables
+// describe the agent (SLURM_PROCID = node rank). Scripts written for that scheduler read them to
+// find their rank, so each worker gets them rewritten as if the scheduler had started one task
+// per worker. Node-level and job-level variables (node lists, job id, GPUs) stay inherited.
+void rewriteSchedulerTaskVariables(const std::map<std::string, std::string>& agent_env,
+                                   const RendezvousOutcome& rdzv, int nproc, int local_rank,
+                                   int rank, std::map<std::string, std::string>& e) {
+  if (agent_env.count("SLURM_JOB_ID") != 0) {
+    const std::string world = std::to_string(rdzv.world_size);
+    const std::string per_node = slurmTasksPerNode(nproc, rdzv.group_world_size);
+    e["SLURM_PROCID"] = std::to_string(rank);
+    e["SLURM_LOCALID"] = std::to_string(local_rank);
+    e["SLURM_NODEID"] = std::to_string(rdzv.group_rank);
+    e["SLURM_NTASKS"] = world;
+    e["SLURM_NPROCS"] = world;
+    e["SLURM_STEP_NUM_TASKS"] = world;
+    e["SLURM_STEP_NUM_NODES"] = std::to_string(rdzv.group_world_size);
+    e["SLURM_NTASKS_PER_NODE"] = std::to_string(nproc);
+    e["SLURM_TASKS_PER_NODE"] = per_node;
+    e["SLURM_STEP_TASKS_PER_NODE"] = per_node;
+  }
+  if (agent_env.count("OMPI_COMM_WORLD_RANK") != 0) {
+    e["OMPI_COMM_WORLD_RANK"] = std::to_string(rank);
+    e["OMPI_COMM_WORLD_SIZE"] = std::to_string(rdzv.world_size);
+    e["OMPI_COMM_WORLD_LOCAL_RANK"] = std::to_string(local_rank);
+    e["OMPI_COMM_WORLD_LOCAL_SIZE"] = std::to_string(nproc);
+    e["OMPI_COMM_WORLD_NODE_RANK"] = std::to_string(local_rank);
+  }
+}
+
 }  // namespace
 
 Result<int> resolveNproc(const LaunchConfig& config, const NodeResources& node) {
@@ -129,6 +166,7 @@ Result<LaunchPlan> makeLaunchPlan(const LaunchConfig& config, const NodeResource
                                       : joinList(node.gpus);
     }
     if (!rdzv.nccl_unique_id_hex.empty()) e["CPPRUN_NCCL_UNIQUE_ID"] = rdzv.nccl_unique_id_hex;
+    rewriteSchedulerTaskVariables(agent_env, rdzv, plan.nproc, local_rank, w.rank, e);
     plan.workers.push_back(std::move(w));
   }
   return plan;

@@ -154,3 +154,63 @@ TEST_CASE("the dry-run description names the store and every worker", "[unit]") 
   CHECK_THAT(text, Catch::Contains("RANK=1"));
   CHECK_THAT(text, Catch::Contains("GPUs        0,1 (from test)"));
 }
+
+TEST_CASE("under Slurm each worker's task variables describe the worker, not the agent", "[unit]") {
+  // Node 1 of 2 under `srun --ntasks-per-node=1 cpprun`: srun gave the agent SLURM_PROCID=1.
+  RendezvousOutcome r = singleNode(4);
+  r.group_rank = 1;
+  r.group_world_size = 2;
+  r.base_rank = 2;
+  std::map<std::string, std::string> agent_env = {{"SLURM_JOB_ID", "42"},
+                                                  {"SLURM_PROCID", "1"},
+                                                  {"SLURM_NTASKS", "2"},
+                                                  {"SLURM_JOB_NODELIST", "n[1-2]"}};
+  auto plan = makeLaunchPlan(script(2), node({}), r, agent_env, "/tmp/run");
+  REQUIRE(plan.isOk());
+  for (int local = 0; local < 2; ++local) {
+    const auto& e = plan.value().workers[static_cast<size_t>(local)].env;
+    INFO("local rank " << local);
+    CHECK(e.at("SLURM_PROCID") == std::to_string(2 + local));
+    CHECK(e.at("SLURM_LOCALID") == std::to_string(local));
+    CHECK(e.at("SLURM_NODEID") == "1");
+    CHECK(e.at("SLURM_NTASKS") == "4");
+    CHECK(e.at("SLURM_NPROCS") == "4");
+    CHECK(e.at("SLURM_STEP_NUM_TASKS") == "4");
+    CHECK(e.at("SLURM_STEP_NUM_NODES") == "2");
+    CHECK(e.at("SLURM_NTASKS_PER_NODE") == "2");
+    CHECK(e.at("SLURM_TASKS_PER_NODE") == "2(x2)");
+    CHECK(e.at("SLURM_STEP_TASKS_PER_NODE") == "2(x2)");
+    CHECK(e.count("SLURM_JOB_NODELIST") == 0);  // inherited unchanged, not overridden
+    CHECK(e.count("OMPI_COMM_WORLD_RANK") == 0);
+  }
+  // One node: Slurm writes plain "2".
+  auto single = makeLaunchPlan(script(2), node({}), singleNode(2), agent_env, "/tmp/run");
+  CHECK(single.value().workers[0].env.at("SLURM_TASKS_PER_NODE") == "2");
+}
+
+TEST_CASE("under mpirun each worker's OMPI_COMM_WORLD_* describe the worker", "[unit]") {
+  RendezvousOutcome r = singleNode(6);
+  r.group_rank = 2;
+  r.group_world_size = 3;
+  r.base_rank = 4;
+  auto plan =
+      makeLaunchPlan(script(2), node({}), r,
+                     {{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "3"}}, "/tmp/run");
+  REQUIRE(plan.isOk());
+  const auto& e = plan.value().workers[1].env;
+  CHECK(e.at("OMPI_COMM_WORLD_RANK") == "5");
+  CHECK(e.at("OMPI_COMM_WORLD_SIZE") == "6");
+  CHECK(e.at("OMPI_COMM_WORLD_LOCAL_RANK") == "1");
+  CHECK(e.at("OMPI_COMM_WORLD_LOCAL_SIZE") == "2");
+  CHECK(e.at("OMPI_COMM_WORLD_NODE_RANK") == "1");
+  CHECK(e.count("SLURM_PROCID") == 0);
+}
+
+TEST_CASE("outside a scheduler no scheduler variable is invented", "[unit]") {
+  auto plan = makeLaunchPlan(script(2), node({}), singleNode(2), {}, "/tmp/run");
+  for (const auto& kv : plan.value().workers[0].env) {
+    INFO(kv.first);
+    CHECK(kv.first.rfind("SLURM_", 0) != 0);
+    CHECK(kv.first.rfind("OMPI_", 0) != 0);
+  }
+}
