@@ -72,6 +72,7 @@ Status saveCheckpoint(const std::string& path, const Checkpoint& c) {
                            {"buffers", c.optimizer_buffers.size()},
                            {"optimizer_steps", c.optimizer_steps},
                            {"epochs_done", c.epochs_done},
+                           {"batches_done", c.batches_done},
                            {"seed", c.seed},
                            {"world_size", c.world_size}};
   const std::string header_text = header.dump();
@@ -145,6 +146,7 @@ Result<Checkpoint> loadCheckpoint(const std::string& path) {
     buffers = header.at("buffers").get<size_t>();
     c.optimizer_steps = header.at("optimizer_steps").get<int64_t>();
     c.epochs_done = header.at("epochs_done").get<int>();
+    c.batches_done = header.value("batches_done", 0);  // absent in files of earlier versions
     c.seed = header.at("seed").get<uint64_t>();
     c.world_size = header.at("world_size").get<int>();
   } catch (const nlohmann::json::exception& e) {

@@ -22,6 +22,10 @@ struct Checkpoint {
   std::string model;
   std::string optimizer;
   int epochs_done = 0;
+  // Batches of epoch `epochs_done` already trained: non-zero only in a checkpoint written when
+  // the job was pre-empted mid-epoch (the shard order is a function of seed and epoch, so the
+  // resumed run continues with the next batch).
+  int batches_done = 0;
   int64_t optimizer_steps = 0;
   uint64_t seed = 0;
   int world_size = 1;

@@ -4,6 +4,7 @@
 // through the agent's TCP store. Run alone it trains as world size 1.
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -63,11 +64,16 @@ Training:
 Checkpoints and output:
   --checkpoint-dir DIR   rank 0 saves DIR/latest.ckpt after every epoch (atomically) and
                          DIR/final.ckpt at the end
-  --resume               continue from DIR/latest.ckpt (implied when TORCHELASTIC_RESTART_COUNT > 0)
+  --resume               continue from DIR/latest.ckpt (implied when TORCHELASTIC_RESTART_COUNT > 0
+                         or SLURM_RESTART_COUNT > 0)
   --metrics FILE         rank 0 appends JSON lines: epoch, step, loss, test_loss, accuracy, images/s
   --log-interval N       batches between progress lines, default 10
   --quiet                no progress lines
   --help, --version
+Signals:
+  SIGUSR1 (pre-emption warning): every rank stops after the same step, rank 0 writes
+  DIR/latest.ckpt mid-epoch, and the process exits 138 (128 + SIGUSR1); --resume continues
+  with the next batch
 )";
 
 int envInt(const char* name, int fallback) {
@@ -212,8 +218,21 @@ Result<Parsed> parseFlags(int argc, char** argv) {
 
 }  // namespace
 
+// SIGUSR1 is the pre-emption warning (Slurm's --signal=USR1@SECONDS, forwarded by cpprun with
+// --signals-to-handle=...,SIGUSR1): finish the step, checkpoint, exit 128+SIGUSR1.
+namespace {
+volatile sig_atomic_t g_stop_signal = 0;
+
+void onStopSignal(int signo) { g_stop_signal = signo; }
+}  // namespace
+
 int main(int argc, char** argv) {
   setLogProgramName("cpprun-mnist");
+  struct sigaction stop = {};
+  stop.sa_handler = onStopSignal;
+  stop.sa_flags = SA_RESTART;
+  sigemptyset(&stop.sa_mask);
+  ::sigaction(SIGUSR1, &stop, nullptr);
   Result<Parsed> parsed = parseFlags(argc, argv);
   if (!parsed.isOk()) {
     std::fprintf(stderr, "cpprun-mnist: %s\n", parsed.status().message().c_str());
@@ -233,7 +252,9 @@ int main(int argc, char** argv) {
     options.threads = envInt("OMP_NUM_THREADS", std::max(1, cpus / local_world));
     if (options.threads == 0) options.threads = 1;
   }
-  if (restart > 0) options.resume = true;
+  // A restart by the launcher, or a job Slurm requeued (after a pre-emption), continues.
+  if (restart > 0 || envInt("SLURM_RESTART_COUNT", 0) > 0) options.resume = true;
+  options.stop_requested = [] { return g_stop_signal != 0; };
   options.cuda_device = envInt("LOCAL_RANK", 0);
   if (options.bf16 && options.device != "cuda") {
     std::fprintf(stderr, "cpprun-mnist: --bf16 needs --device cuda\n");
@@ -281,6 +302,14 @@ int main(int argc, char** argv) {
     if (!result.isOk()) {
       std::fprintf(stderr, "cpprun-mnist: rank %d: %s\n", rank, result.status().message().c_str());
       return 1;
+    }
+    if (result.value().preempted) {
+      std::fprintf(stderr, "cpprun-mnist: rank %d: stopped by SIGUSR1 after step %lld; %s\n", rank,
+                   static_cast<long long>(result.value().steps),
+                   options.checkpoint_dir.empty()
+                       ? "no --checkpoint-dir, so the progress is lost"
+                       : "run again with --resume (or requeue) to continue from latest.ckpt");
+      return 128 + SIGUSR1;
     }
     return 0;
   } catch (const std::exception& e) {

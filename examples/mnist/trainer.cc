@@ -106,6 +106,7 @@ Result<TrainResult> train(const TrainerOptions& o, Communicator& comm) {
 
   TrainResult result;
   int start_epoch = 0;
+  int start_batch = 0;  // of start_epoch: non-zero after a mid-epoch (pre-emption) checkpoint
   const std::string latest =
       o.checkpoint_dir.empty() ? std::string() : latestCheckpointPath(o.checkpoint_dir);
   if (o.resume && !latest.empty() && ::access(latest.c_str(), F_OK) == 0) {
@@ -124,11 +125,12 @@ Result<TrainResult> train(const TrainerOptions& o, Communicator& comm) {
     }
     engine.setParameters(c.parameters);
     start_epoch = c.epochs_done;
+    start_batch = c.batches_done;
     result.resumed = true;
     result.steps = c.optimizer_steps;
     if (leader && !o.quiet) {
-      std::printf("Resuming from %s: %d epochs done, %lld steps\n", latest.c_str(), c.epochs_done,
-                  static_cast<long long>(c.optimizer_steps));
+      std::printf("Resuming from %s: %d epochs and %d batches done, %lld steps\n", latest.c_str(),
+                  c.epochs_done, c.batches_done, static_cast<long long>(c.optimizer_steps));
     }
   } else if (o.resume && leader && !o.quiet) {
     std::printf("No checkpoint at %s; starting afresh\n",
@@ -154,7 +156,9 @@ Result<TrainResult> train(const TrainerOptions& o, Communicator& comm) {
     const auto epoch_start = Clock::now();
     auto interval_start = epoch_start;
     int64_t images_done = 0;
-    for (int b = 0; b < batches && !stop; ++b) {
+    const int first_batch = epoch == start_epoch ? std::min(start_batch, batches) : 0;
+    int next_batch = first_batch;
+    for (int b = first_batch; b < batches && !stop; ++b) {
       const int first = b * o.batch_size;
       const int batch = std::min(o.batch_size, per_rank - first);
       indices.assign(shard.begin() + first, shard.begin() + first + batch);
@@ -163,7 +167,35 @@ Result<TrainResult> train(const TrainerOptions& o, Communicator& comm) {
       engine.trainStep(indices, keys, lr);
       ++result.steps;
       images_done += batch;
+      next_batch = b + 1;
       if (o.max_steps > 0 && result.steps >= o.max_steps) stop = true;
+      if (o.stop_requested) {
+        // Every rank stops after the same step: a signal reaches the ranks at different steps.
+        float asked = o.stop_requested() ? 1.0f : 0.0f;
+        comm.allreduceSum(&asked, 1);
+        if (asked > 0.0f) {
+          result.preempted = true;
+          stop = true;
+          if (leader && !o.checkpoint_dir.empty()) {
+            Checkpoint c;
+            c.model = o.model;
+            c.optimizer = o.optimizer;
+            c.epochs_done = b + 1 == batches ? epoch + 1 : epoch;
+            c.batches_done = b + 1 == batches ? 0 : b + 1;
+            c.optimizer_steps = result.steps;
+            c.seed = o.seed;
+            c.world_size = world;
+            c.parameters = engine.parameters();
+            c.optimizer_buffers = engine.optimizerState().buffers;
+            if (Status s = saveCheckpoint(latest, c); !s.isOk()) return s;
+            std::printf("Stop requested: checkpoint at epoch %d batch %d/%d (step %lld) in %s\n",
+                        epoch + 1, b + 1, batches, static_cast<long long>(result.steps),
+                        latest.c_str());
+            std::fflush(stdout);
+          }
+          break;
+        }
+      }
 
       if (leader && (b % o.log_interval == 0 || b == batches - 1)) {
         const double loss = engine.lastLoss();
@@ -188,6 +220,7 @@ Result<TrainResult> train(const TrainerOptions& o, Communicator& comm) {
                        {"threads", o.threads}});
       }
     }
+    if (result.preempted) break;  // no evaluation: the grace time before SIGKILL is short
     const double train_seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();
     result.images_per_second =
         static_cast<double>(images_done) * world / std::max(1e-9, train_seconds);
@@ -195,7 +228,7 @@ Result<TrainResult> train(const TrainerOptions& o, Communicator& comm) {
     const Evaluation eval = evaluate(engine, test_data.count, comm);
     result.test_loss = eval.loss;
     result.accuracy = eval.accuracy;
-    const bool epoch_complete = !stop || images_done == per_rank;
+    const bool epoch_complete = next_batch == batches;
     if (epoch_complete) result.epochs_done = epoch + 1;
     if (leader) {
       if (!o.quiet) {

@@ -43,6 +43,10 @@ struct TrainerOptions {
   std::string device = "cpu";  // or "cuda" (builds with CUDA and NCCL)
   int cuda_device = 0;         // which visible GPU (cpprun-mnist picks LOCAL_RANK)
   bool bf16 = false;           // GPU: bfloat16 matrix products, float accumulation
+  // Polled after every step when set (cpprun-mnist: SIGUSR1, the pre-emption warning, was
+  // received). The ranks agree through one all-reduce per step, so they stop after the same
+  // step; rank 0 then writes a mid-epoch checkpoint and train() returns with `preempted`.
+  std::function<bool()> stop_requested;
 };
 
 struct TrainResult {
@@ -52,6 +56,7 @@ struct TrainResult {
   double accuracy = 0.0;           // percent
   double images_per_second = 0.0;  // training images of all ranks per second, last epoch
   bool resumed = false;
+  bool preempted = false;  // stopped early by stop_requested; latest.ckpt holds the progress
 };
 
 Result<TrainResult> train(const TrainerOptions& options, Communicator& comm);

@@ -145,6 +145,59 @@ TEST_CASE("cpprun-mnist: a worker killed mid-epoch is restarted and resumes from
   CHECK(std::abs(a - b) <= 0.5);
 }
 
+TEST_CASE(
+    "cpprun-mnist: SIGUSR1 (pre-emption) checkpoints mid-epoch and --resume continues exactly",
+    "[integration][mnist][trainer]") {
+  TempDir preempted;
+  TempDir straight;
+  const std::vector<std::string> common = {"--epochs",     "1",  "--max-steps",       "40",
+                                           "--threads",    "1",  "--log-interval",    "10",
+                                           "--batch-size", "64", "--test-batch-size", "1000"};
+  auto args = [&](const TempDir& dir) {
+    std::vector<std::string> a = {"--checkpoint-dir", dir.path()};
+    a.insert(a.end(), common.begin(), common.end());
+    return a;
+  };
+  const std::vector<std::string> forward_usr1 = {
+      "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"};
+
+  ChildProcess run(underCpprun(2, args(preempted), forward_usr1));
+  REQUIRE(run.waitForLine("[default0]:Train Epoch: 1 [", 120s).has_value());
+  REQUIRE(run.waitForLine("[default0]:Train Epoch: 1 [", 60s).has_value());  // step 11 done
+  run.signal(SIGUSR1);
+  auto status = run.wait(120s);
+  REQUIRE(status.has_value());
+  INFO(run.output());
+  CHECK(exitCodeOf(*status) == 128 + SIGUSR1);
+  CHECK_THAT(run.output(), Catch::Contains("[default0]:Stop requested: checkpoint at epoch 1"));
+  // Both ranks stopped after the same step and said so.
+  CHECK_THAT(run.output(), Catch::Contains("rank 0: stopped by SIGUSR1 after step"));
+  CHECK_THAT(run.output(), Catch::Contains("rank 1: stopped by SIGUSR1 after step"));
+  auto saved = loadCheckpoint(preempted.path() + "/latest.ckpt");
+  REQUIRE(saved.isOk());
+  CHECK(saved.value().epochs_done == 0);
+  CHECK(saved.value().batches_done == saved.value().optimizer_steps);
+  CHECK(saved.value().optimizer_steps > 10);
+  CHECK(saved.value().optimizer_steps < 40);
+  CHECK(::access((preempted.path() + "/final.ckpt").c_str(), F_OK) != 0);
+
+  std::vector<std::string> resume = args(preempted);
+  resume.push_back("--resume");
+  std::string output;
+  REQUIRE(runToEnd(underCpprun(2, resume), 120s, &output) == 0);
+  CHECK_THAT(output, Catch::Contains("0 epochs and " + std::to_string(saved.value().batches_done) +
+                                     " batches done"));
+  REQUIRE(runToEnd(underCpprun(2, args(straight)), 120s, &output) == 0);
+  auto a = loadCheckpoint(preempted.path() + "/final.ckpt");
+  auto b = loadCheckpoint(straight.path() + "/final.ckpt");
+  REQUIRE(a.isOk());
+  REQUIRE(b.isOk());
+  CHECK(a.value().optimizer_steps == 40);
+  CHECK(b.value().optimizer_steps == 40);
+  // Same batches, same dropout masks, same optimizer state: the same weights.
+  CHECK(relativeDistance(a.value().parameters, b.value().parameters) < 1e-6);
+}
+
 TEST_CASE("cpprun-mnist: at least 97% on the shipped digits within 5 epochs at world size 2",
           "[integration][mnist][trainer][accuracy]") {
   TempDir dir;
