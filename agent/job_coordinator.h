@@ -88,7 +88,9 @@ class JobCoordinator {
   using StartDone = std::function<void(Result<AttemptStart>)>;
   using DecisionDone = std::function<void(Result<JobDecision>)>;
   // Another agent claimed the attempt's stop (or an agent was lost): tear the workers down.
-  using PeerStop = std::function<void(int restart_count, const std::string& reason)>;
+  // `signal` is the signal that agent received and forwarded (its workers get it; so should
+  // these: a scheduler's SIGUSR1 means "checkpoint", not "die"), 0 for a failure or a loss.
+  using PeerStop = std::function<void(int restart_count, const std::string& reason, int signal)>;
   // The store cannot be reached any more (this agent is cut off from the job).
   using Lost = std::function<void(const Status&)>;
   // Host only, run on the loop before every attempt: clear the workers' keys and make the
@@ -97,8 +99,8 @@ class JobCoordinator {
 
   virtual ~JobCoordinator() = default;
   virtual void beginAttempt(int restart_count, StartDone done) = 0;
-  // This agent's workers failed (or it received a signal): claim the attempt's stop.
-  virtual void announceStop(int restart_count, const std::string& reason) = 0;
+  // This agent's workers failed (signal 0) or it received `signal`: claim the attempt's stop.
+  virtual void announceStop(int restart_count, const std::string& reason, int signal) = 0;
   virtual void endAttempt(int restart_count, const AttemptReport& report, DecisionDone done) = 0;
 };
 

@@ -97,8 +97,8 @@ Result<JobOutcome> runLocalAgent(const LocalAgentOptions& options,
     co.max_restarts = options.supervisor.max_restarts;
     coordinator = makeStoreCoordinator(
         io, co, host_prepare,
-        [&](int n, const std::string& reason) {
-          if (supervisor_ptr) supervisor_ptr->onPeerStop(n, reason);
+        [&](int n, const std::string& reason, int signal) {
+          if (supervisor_ptr) supervisor_ptr->onPeerStop(n, reason, signal);
         },
         [&](const Status& s) {
           if (supervisor_ptr) supervisor_ptr->onCoordinatorLost(s);

@@ -159,12 +159,13 @@ class StoreCoordinator : public JobCoordinator {
     });
   }
 
-  void announceStop(int n, const std::string& reason) override {
-    enqueue([this, n, reason] {
+  void announceStop(int n, const std::string& reason, int signal) override {
+    enqueue([this, n, reason, signal] {
       Result<bool> claimed = guarded<bool>([&] {
         const int rank = myRank();
         claimStop(*control_client_, n, rank,
-                  "node " + std::to_string(rank) + " (" + opts_.self.host + "): " + reason);
+                  "node " + std::to_string(rank) + " (" + opts_.self.host + "): " + reason,
+                  signal == 0 ? "failure" : "signal", signal);
         return true;
       });
       if (!claimed.isOk()) {
@@ -558,8 +559,8 @@ class StoreCoordinator : public JobCoordinator {
   // kByNobody at the end of the job.
   static constexpr int kByNobody = -1;
   static void claimStop(TcpStoreClient& client, int n, int by, const std::string& reason,
-                        const std::string& cause = "failure") {
-    json doc = {{"by", by}, {"reason", reason}, {"cause", cause}};
+                        const std::string& cause = "failure", int signal = 0) {
+    json doc = {{"by", by}, {"reason", reason}, {"cause", cause}, {"signal", signal}};
     client.compareSet(attemptKey(n, "stop"), {}, rendezvous::toBytes(doc.dump()));
   }
 
@@ -798,7 +799,8 @@ class StoreCoordinator : public JobCoordinator {
             const int by = stop.is_object() ? stop.value("by", kByNobody) : kByNobody;
             if (by != myRank() && by != kByNobody) {
               std::string reason = stop.is_object() ? stop.value("reason", "") : "";
-              post([this, n, reason] { on_peer_stop_(n, reason); });
+              const int signal = stop.is_object() ? stop.value("signal", 0) : 0;
+              post([this, n, reason, signal] { on_peer_stop_(n, reason, signal); });
             }
           } catch (const StoreTimeout&) {
           }
@@ -849,7 +851,7 @@ class StoreCoordinator : public JobCoordinator {
       }
       CPPRUN_LOG(kError) << reason;
       claimStop(client, n, r, reason, "lost");
-      post([this, n, reason] { on_peer_stop_(n, reason); });
+      post([this, n, reason] { on_peer_stop_(n, reason, 0); });
     }
   }
 
@@ -864,7 +866,7 @@ class StoreCoordinator : public JobCoordinator {
         std::to_string(waiting) + " node(s) waiting to join; re-forming the group";
     CPPRUN_LOG(kInfo) << reason;
     claimStop(client, n, myRank(), reason, "join");
-    post([this, n, reason] { on_peer_stop_(n, reason); });
+    post([this, n, reason] { on_peer_stop_(n, reason, 0); });
   }
 
   int nextRound() {

@@ -204,7 +204,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     if (state_ == State::kDone) return;
     received_signal_ = signo;
     CPPRUN_LOG(kWarn) << "received " << signalName(signo) << "; forwarding it to the workers";
-    if (state_ == State::kRunning) announce("received " + signalName(signo));
+    if (state_ == State::kRunning) announce("received " + signalName(signo), signo);
     switch (state_) {
       case State::kIdle:
         finishJob();
@@ -222,16 +222,23 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
   }
 
   // Multi-node: claim the attempt's stop so every other node tears its workers down too.
-  void announce(const std::string& reason) {
-    if (options_.coordinator != nullptr) options_.coordinator->announceStop(restart_count_, reason);
+  void announce(const std::string& reason, int signo = 0) {
+    if (options_.coordinator != nullptr) {
+      options_.coordinator->announceStop(restart_count_, reason, signo);
+    }
   }
 
-  void onPeerStop(int n, const std::string& reason) {
+  void onPeerStop(int n, const std::string& reason, int signo) {
     if (n != restart_count_ || state_ != State::kRunning) return;
-    CPPRUN_LOG(kWarn) << "another node stopped attempt " << n << " (" << reason
-                      << "); stopping the workers";
+    if (signo != 0) {
+      CPPRUN_LOG(kWarn) << "another node stopped attempt " << n << " (" << reason
+                        << "); forwarding " << signalName(signo) << " to the workers";
+    } else {
+      CPPRUN_LOG(kWarn) << "another node stopped attempt " << n << " (" << reason
+                        << "); stopping the workers";
+    }
     peer_stopped_ = true;
-    beginStop(SIGTERM);
+    beginStop(signo != 0 ? signo : SIGTERM);
   }
 
   void onCoordinatorLost(const Status& status) {
@@ -495,8 +502,8 @@ Supervisor::~Supervisor() = default;
 void Supervisor::start() { impl_->startAttempt(); }
 void Supervisor::onChildExit(pid_t pid, int wait_status) { impl_->onChildExit(pid, wait_status); }
 void Supervisor::onSignal(int signo) { impl_->onSignal(signo); }
-void Supervisor::onPeerStop(int restart_count, const std::string& reason) {
-  impl_->onPeerStop(restart_count, reason);
+void Supervisor::onPeerStop(int restart_count, const std::string& reason, int signal) {
+  impl_->onPeerStop(restart_count, reason, signal);
 }
 const std::optional<AttemptStart>& Supervisor::attemptStart() const {
   return impl_->attempt_start_;

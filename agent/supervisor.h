@@ -97,8 +97,11 @@ class Supervisor {
   // A handled signal reached the agent: forward it to every group, then tear down. No restart
   // follows.
   void onSignal(int signo);
-  // Multi-node: another node's failure (or a lost agent) stopped attempt `restart_count`.
-  void onPeerStop(int restart_count, const std::string& reason);
+  // Multi-node: another node's failure (or a lost agent) stopped attempt `restart_count`; the
+  // workers get SIGTERM. When that node received a handled signal (`signal` != 0), the workers
+  // get that signal instead, as that node's did (a SIGUSR1 pre-emption warning reaches every
+  // rank, not only the ranks of the node Slurm happened to signal first).
+  void onPeerStop(int restart_count, const std::string& reason, int signal = 0);
   // Multi-node: the job's store cannot be reached; the workers are stopped and the job ends.
   void onCoordinatorLost(const Status& status);
   // Multi-node: what the nodes agreed for the attempt being prepared (membership, NCCL id);

@@ -184,6 +184,30 @@ TEST_CASE("a killed agent is named by every node and the job ends within the hea
   CHECK(allGone(processesMentioning(d)));
 }
 
+TEST_CASE("a signal one node receives reaches every node's workers as that signal",
+          "[integration][multinode]") {
+  // Slurm signals the agents one by one; the first to get SIGUSR1 (a pre-emption warning)
+  // must not have the other nodes' workers SIGTERMed before they can checkpoint.
+  TempDir dir;
+  const std::string d = dir.path();
+  const std::vector<std::string> args = {"on-signal", "USR1",         d + "/sig-{rank}",
+                                         "print",     "ready {rank}", "sleep-forever"};
+  auto agents = startJob(freeTcpPort(), {{0, 1, args}, {1, 2, args}},
+                         {"--signals-to-handle=SIGTERM,SIGUSR1"});
+  REQUIRE(relayed(*agents[1], "[default2]:ready"));
+  REQUIRE(relayed(*agents[1], "[default1]:ready"));
+  REQUIRE(relayed(*agents[0], "[default0]:ready"));
+  agents[0]->signal(SIGUSR1);  // node 0 only
+  INFO(agents[0]->output() << "\n--- node 1 ---\n" << agents[1]->output());
+  CHECK(waitExit(*agents[0]) == 128 + SIGUSR1);
+  CHECK(waitExit(*agents[1]) == 128 + SIGUSR1);
+  CHECK_THAT(agents[1]->output(), Catch::Contains("forwarding SIGUSR1 to the workers"));
+  for (int r = 0; r < 3; ++r) {
+    INFO("rank " << r);
+    CHECK_THAT(readFile(d + "/sig-" + std::to_string(r)), Catch::StartsWith("SIGUSR1 "));
+  }
+}
+
 TEST_CASE("the store host killed: the other nodes stop their workers and exit 4",
           "[integration][multinode]") {
   TempDir dir;
