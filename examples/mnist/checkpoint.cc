@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -64,6 +65,15 @@ Status writeAllAndSync(const std::string& path, const std::string& bytes) {
 }  // namespace
 
 std::string latestCheckpointPath(const std::string& dir) { return dir + "/latest.ckpt"; }
+
+Status makeCheckpointDirectory(const std::string& dir) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) {
+    return invalidArgument("--checkpoint-dir " + dir + ": cannot create it: " + error.message());
+  }
+  return Status::ok();
+}
 
 Status saveCheckpoint(const std::string& path, const Checkpoint& c) {
   nlohmann::json header = {{"model", c.model},

@@ -36,6 +36,9 @@ struct Checkpoint {
 Status saveCheckpoint(const std::string& path, const Checkpoint& checkpoint);
 Result<Checkpoint> loadCheckpoint(const std::string& path);
 
+// Creates `dir` and its parents when missing (mkdir -p); an error names what is in the way.
+Status makeCheckpointDirectory(const std::string& dir);
+
 // The file the trainer keeps its latest checkpoint in.
 std::string latestCheckpointPath(const std::string& dir);
 

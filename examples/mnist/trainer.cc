@@ -104,6 +104,9 @@ Result<TrainResult> train(const TrainerOptions& o, Communicator& comm) {
   comm.broadcast(initial.data(), initial.size(), 0);
   engine.setParameters(initial);
 
+  if (leader && !o.checkpoint_dir.empty()) {
+    if (Status s = makeCheckpointDirectory(o.checkpoint_dir); !s.isOk()) return s;
+  }
   TrainResult result;
   int start_epoch = 0;
   int start_batch = 0;  // of start_epoch: non-zero after a mid-epoch (pre-emption) checkpoint

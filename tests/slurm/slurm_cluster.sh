@@ -55,6 +55,8 @@ SelectTypeParameters=CR_CPU
 SlurmdParameters=config_overrides
 ReturnToService=2
 GresTypes=gpu
+# Pending jobs (a requeued one) are scheduled within a second, not at the default 60 s pass.
+SchedulerParameters=sched_interval=1
 CONF
 echo "AutoDetect=off" > "$D/gres.conf"
 for i in $(seq 1 $N); do
