@@ -404,6 +404,7 @@ const OptionSpec kOptions[] = {
     {"--virtual-local-rank", 0, Arity::kFlag, true, applyFlag<&LaunchConfig::virtual_local_rank>},
     // cpprun's own.
     {"--dry-run", 0, Arity::kFlag, false, applyFlag<&LaunchConfig::dry_run>},
+    {"--check", 0, Arity::kFlag, false, applyFlag<&LaunchConfig::check>},
     {"--worker-hosts-store", 0, Arity::kFlag, false, applyFlag<&LaunchConfig::worker_hosts_store>},
     {"--help", 'h', Arity::kHelp, false, nullptr},
     {"--version", 0, Arity::kVersion, false, nullptr},
@@ -615,10 +616,10 @@ Result<CliResult> parseCommandLine(const std::vector<std::string>& args, const E
         "-m/--module and --no-python cannot be used together: -m runs the entry point as a "
         "Python module, --no-python executes it directly");
   }
-  if (!have_entrypoint) {
+  if (!have_entrypoint && !config.check) {
     return invalidArgument("missing the training script (or program) to run (see cpprun --help)");
   }
-  if (config.entrypoint.empty()) {
+  if (have_entrypoint && config.entrypoint.empty()) {
     return invalidArgument("the training script (or program) to run is an empty string");
   }
 
@@ -713,6 +714,11 @@ ${local_rank})
 cpprun extras
   --dry-run                   Print the resolved plan (nodes, ranks, devices, each worker's
                               environment, store address) and exit 0 without running anything.
+  --check                     Preflight: check what would break this job on this node (the
+                              program, GPUs and driver, NCCL, the interfaces NCCL and gloo
+                              pick, the rendezvous endpoint, open files, CPUs and NUMA), print
+                              a report and exit 0, or 1 when something would fail. Takes the
+                              options of the run; the entry point is optional.
   --worker-hosts-store        Worker rank 0 hosts its own store instead of the agent (for
                               trainers that create their TCPStore themselves).
   -h, --help                  Show this text and exit.

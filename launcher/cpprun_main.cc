@@ -22,6 +22,7 @@
 #include "launcher/cli.h"
 #include "launcher/launch_plan.h"
 #include "launcher/node_resources.h"
+#include "launcher/preflight.h"
 #include "launcher/rendezvous_settings.h"
 #include "launcher/scheduler_env.h"
 
@@ -309,6 +310,23 @@ int main(int argc, char** argv) {
   }
   NodeResources node = discoverNodeResources(env);
   auto nproc = resolveNproc(config, node);
+  if (config.check) {
+    raiseOpenFileLimit();  // as a run does: the workers inherit the raised limit
+    SystemFacts facts = probeSystem(config, rdzv_settings.value(), env);
+    PreflightReport report = runPreflight(config, rdzv_settings.value(), node,
+                                          nproc.isOk() ? nproc.value() : 0, env, facts);
+    if (!nproc.isOk()) {
+      report.findings.insert(report.findings.begin(),
+                             {CheckLevel::kFail, "workers", nproc.status().message()});
+    }
+    std::fputs(report
+                   .format("cpprun --check on " + node.hostname + " (cpprun " + CPPRUN_VERSION +
+                           ", node " + std::to_string(rdzv_settings.value().node_rank) + " of " +
+                           std::to_string(rdzv_settings.value().nnodes) + ")")
+                   .c_str(),
+               stdout);
+    return report.failures() > 0 ? 1 : 0;
+  }
   if (!nproc.isOk()) {
     std::fprintf(stderr, "cpprun: error: %s\n", nproc.status().message().c_str());
     return kExitUsage;

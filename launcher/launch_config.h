@@ -57,6 +57,7 @@ struct LaunchConfig {
   bool virtual_local_rank = false;     // --virtual-local-rank
   bool worker_hosts_store = false;     // --worker-hosts-store: rank 0 hosts its own store
   bool dry_run = false;                // --dry-run
+  bool check = false;                  // --check: preflight report, no job (entry point optional)
 
   // Canonical long names ("--node-rank") of the options set on the command line or by their
   // PET_ variable: scheduler discovery fills only the others.
