@@ -3,9 +3,23 @@
 # Idempotent and non-interactive: packages already present are left alone, and apt is not
 # consulted at all when nothing is missing. Nothing is downloaded from anywhere but Debian.
 #
-# Usage (as root, or with sudo available):  packaging/setup.sh
+# Usage (as root, or with sudo available):  packaging/setup.sh [--build-only]
+#   --build-only: what building and running cpprun needs, not the tests' peers (PyTorch, Slurm,
+#                 Open MPI, datasets); the container definition uses it.
 set -euo pipefail
 
+build_only=0
+case "${1:-}" in
+  --build-only) build_only=1 ;;
+  "") ;;
+  *) echo "setup.sh: unknown argument '$1' (usage: setup.sh [--build-only])" >&2; exit 2 ;;
+esac
+
+build_packages=(
+  build-essential cmake g++ pkg-config
+  libboost-dev libboost-system-dev libboost-filesystem-dev nlohmann-json3-dev catch2 zlib1g-dev
+  libgloo-dev libopenblas-dev help2man
+)
 packages=(
   # toolchain
   build-essential cmake g++ clang clang-format libclang-rt-14-dev pkg-config git
@@ -19,7 +33,12 @@ packages=(
   dataset-fashion-mnist python3-matplotlib
   # multi-node tests: real Open MPI and Slurm (slurmctld + slurmd + munge started by the tests)
   openmpi-bin slurmctld slurmd slurm-client munge
+  # packaging: the man page from --help, the .deb's dependencies (dpkg-shlibdeps), and the
+  # modulefile's test (Environment Modules; Lmod reads the same Tcl modulefile)
+  help2man dpkg-dev environment-modules
 )
+
+if [ "$build_only" = 1 ]; then packages=("${build_packages[@]}"); fi
 
 missing=()
 for p in "${packages[@]}"; do

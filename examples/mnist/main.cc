@@ -44,7 +44,8 @@ is one rank: `cpprun --nproc-per-node=4 cpprun-mnist --epochs 5`. Alone, it is w
 
 Data and model:
   --data DIR             MNIST-format IDX files (train-/t10k-images-idx3-ubyte[.gz] and labels);
-                         default: the shipped digits (examples/mnist/data)
+                         default: the shipped digits (PREFIX/share/cpprun/mnist when
+                         installed, else the source tree's examples/mnist/data)
   --model cnn|mlp        the example's conv net (default) or a small MLP for quick runs
 Training:
   --epochs N             default 14, as the example
@@ -111,6 +112,20 @@ std::string localAddressTowards(const std::string& host, uint16_t port) {
   return address;
 }
 
+// The shipped digits: next to an installed binary (PREFIX/share/cpprun/mnist, from `cmake
+// --install` or the .deb, wherever it was unpacked), else in the source tree it was built from.
+std::string defaultDataDir() {
+  char exe[4096] = {};
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n > 0) {
+    std::string dir(exe, static_cast<size_t>(n));
+    dir = dir.substr(0, dir.rfind('/'));
+    const std::string installed = dir + "/../share/cpprun/mnist";
+    if (::access((installed + "/train-images-idx3-ubyte.gz").c_str(), R_OK) == 0) return installed;
+  }
+  return CPPRUN_MNIST_DEFAULT_DATA;
+}
+
 struct Parsed {
   TrainerOptions options;
   bool threads_given = false;
@@ -119,7 +134,7 @@ struct Parsed {
 Result<Parsed> parseFlags(int argc, char** argv) {
   Parsed p;
   TrainerOptions& o = p.options;
-  o.data_dir = CPPRUN_MNIST_DEFAULT_DATA;
+  o.data_dir = defaultDataDir();
   OptionCursor cursor(argc, argv);
   auto number = [&](uint64_t max) -> Result<uint64_t> {
     const std::string flag = cursor.name();
@@ -294,9 +309,10 @@ int main(int argc, char** argv) {
       comm = makeGlooCommunicator(std::make_shared<rendezvous::TcpStoreClient>(client), gloo);
     }
     if (rank == 0 && !options.quiet) {
-      std::printf("cpprun-mnist: %s, %d rank(s), %d thread(s) each, model %s, optimizer %s\n",
-                  comm->describe().c_str(), world, options.threads, options.model.c_str(),
-                  options.optimizer.c_str());
+      std::printf(
+          "cpprun-mnist: %s, %d rank(s), %d thread(s) each, model %s, optimizer %s, data %s\n",
+          comm->describe().c_str(), world, options.threads, options.model.c_str(),
+          options.optimizer.c_str(), options.data_dir.c_str());
     }
     Result<TrainResult> result = train(options, *comm);
     if (!result.isOk()) {
