@@ -250,6 +250,9 @@ class StoreCoordinator : public JobCoordinator {
 
   // Waits for `keys` in keep-alive-sized slices, so a lost store, a lost agent (host) or the
   // end of the job is noticed within one interval. `what` names the wait in errors.
+  // Ten years: a wait that only liveness (the store connection, heartbeats) ends.
+  static constexpr std::chrono::milliseconds kNoDeadline = std::chrono::hours(24 * 365 * 10);
+
   void waitKeys(TcpStoreClient& client, const std::vector<std::string>& keys,
                 std::chrono::milliseconds total, const std::string& what,
                 const std::function<void()>& on_slice = {}) {
@@ -595,7 +598,10 @@ class StoreCoordinator : public JobCoordinator {
       control_client_->set(attemptKey(n, "decision"), d.dump());
       next_attempt_ = n + 1;
     } else {
-      waitKeys(*control_client_, {attemptKey(n, "decision")}, opts_.join_timeout,
+      // The decision comes when every node's workers have exited, however long the others
+      // train after this node's finished: no deadline. Liveness bounds the wait instead: a lost
+      // store host ends it (store_status_), a lost node makes the host decide without it.
+      waitKeys(*control_client_, {attemptKey(n, "decision")}, kNoDeadline,
                "attempt " + std::to_string(n) + ": waiting for the store host's decision");
       json d =
           json::parse(toString(control_client_->get(attemptKey(n, "decision"))), nullptr, false);

@@ -208,6 +208,20 @@ TEST_CASE("a signal one node receives reaches every node's workers as that signa
   }
 }
 
+TEST_CASE("a node whose workers finish long before the others' waits for them, not join_timeout",
+          "[integration][multinode]") {
+  // join_timeout bounds joining; after that, only liveness bounds the wait for the outcome.
+  TempDir dir;
+  auto agents =
+      startJob(freeTcpPort(),
+               {{0, 1, {"sleep", "3", "print", "done {rank}"}}, {1, 1, {"print", "done {rank}"}}},
+               {"--rdzv-conf=keep_alive_interval=0.3,join_timeout=1"});
+  INFO(agents[0]->output() << "\n--- node 1 ---\n" << agents[1]->output());
+  CHECK(waitExit(*agents[1]) == 0);
+  CHECK(waitExit(*agents[0]) == 0);
+  CHECK_THAT(agents[1]->output(), Catch::Contains("all 2 workers of 2 nodes succeeded"));
+}
+
 TEST_CASE("the store host killed: the other nodes stop their workers and exit 4",
           "[integration][multinode]") {
   TempDir dir;

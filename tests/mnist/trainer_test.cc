@@ -126,7 +126,7 @@ TEST_CASE("cpprun-mnist: a worker killed mid-epoch is restarted and resumes from
   INFO(run.output());
   CHECK(exitCodeOf(*status) == 0);
   CHECK_THAT(run.output(), Catch::Contains("Resuming from " + interrupted.path() +
-                                           "/latest.ckpt: 1 epochs done"));
+                                           "/latest.ckpt: 1 epochs and 0 batches done"));
   CHECK_THAT(run.output(), Catch::Contains("attempt 1"));
   // The resumed attempt trained epochs 2 and 3 only.
   CHECK(run.output().find("[default0]:Train Epoch: 1 [", run.output().find("Resuming")) ==
