@@ -107,7 +107,7 @@ TEST_CASE("the pre-emption recipe: SIGUSR1 checkpoints, the job requeues and res
           sourcePath("examples/slurm/cpprun-preemptible.sbatch"), CPPRUN_MNIST_BINARY, "--epochs",
           "1", "--max-steps", "60", "--batch-size", "32", "--threads", "1", "--log-interval", "5",
           "--checkpoint-dir", d + "/ckpt"});
-  auto status = run.wait(420s);
+  auto status = run.wait(290s);
   REQUIRE(status.has_value());
   const std::string log = readFile(out);
   INFO(run.output() << "\n--- job output ---\n" << log);

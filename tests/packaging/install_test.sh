@@ -28,7 +28,7 @@ case $mode in
     grep -q "^ Version: $version$" "$scratch/info" || fail "package version"
     # dpkg-shlibdeps computed the dependencies from the binaries' libraries.
     for lib in libc6 libboost-filesystem libopenblas libgloo; do
-      grep "^ Depends:" "$scratch/info" | grep -q "$lib" || fail "Depends lacks $lib: $(grep Depends "$scratch/info")"
+      grep "^ Depends:" "$scratch/info" | grep "$lib" > /dev/null || fail "Depends lacks $lib: $(grep Depends "$scratch/info")"
     done
     dpkg-deb -x "$deb" "$scratch/root"
     prefix=$scratch/root/usr
@@ -76,7 +76,8 @@ loaded=$(env -i HOME="$HOME" PATH=/usr/bin:/bin bash -c '
 # A two-worker job from the tree alone: the installed trainer on the installed data.
 out=$("$prefix/bin/cpprun" --nproc-per-node=2 "$prefix/bin/cpprun-mnist" --epochs 1 --max-steps 5 \
   --threads 1 --log-interval 1 2>&1) || { echo "$out" >&2; fail "the two-worker job failed"; }
-echo "$out" | grep -q "2 rank(s).*data $prefix/bin/../share/cpprun/mnist" ||
+# (here-strings, not `echo | grep -q`: with pipefail, grep -q's early exit fails the pipe)
+grep -q "2 rank(s).*data $prefix/bin/../share/cpprun/mnist" <<< "$out" ||
   { echo "$out" >&2; fail "the job did not use the installed data"; }
-echo "$out" | grep -q "all 2 workers succeeded" || { echo "$out" >&2; fail "no success line"; }
+grep -q "all 2 workers succeeded" <<< "$out" || { echo "$out" >&2; fail "no success line"; }
 echo "install_test ($mode): ok: $prefix"
