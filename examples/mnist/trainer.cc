@@ -21,6 +21,23 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The training state a checkpoint holds: `epochs_done` whole epochs plus `batches_done` batches
+// of the next one (non-zero only when stopped mid-epoch).
+Checkpoint snapshot(const TrainerOptions& o, TrainingEngine& engine, int world, int epochs_done,
+                    int batches_done, int64_t steps) {
+  Checkpoint c;
+  c.model = o.model;
+  c.optimizer = o.optimizer;
+  c.epochs_done = epochs_done;
+  c.batches_done = batches_done;
+  c.optimizer_steps = steps;
+  c.seed = o.seed;
+  c.world_size = world;
+  c.parameters = engine.parameters();
+  c.optimizer_buffers = engine.optimizerState().buffers;
+  return c;
+}
+
 uint64_t sampleKey(uint64_t seed, int epoch, int index) {
   return mix64(seed * 0xD1B54A32D192ED03ULL + static_cast<uint64_t>(epoch) * 0x9E3779B97F4A7C15ULL +
                static_cast<uint64_t>(index));
@@ -180,16 +197,9 @@ Result<TrainResult> train(const TrainerOptions& o, Communicator& comm) {
           result.preempted = true;
           stop = true;
           if (leader && !o.checkpoint_dir.empty()) {
-            Checkpoint c;
-            c.model = o.model;
-            c.optimizer = o.optimizer;
-            c.epochs_done = b + 1 == batches ? epoch + 1 : epoch;
-            c.batches_done = b + 1 == batches ? 0 : b + 1;
-            c.optimizer_steps = result.steps;
-            c.seed = o.seed;
-            c.world_size = world;
-            c.parameters = engine.parameters();
-            c.optimizer_buffers = engine.optimizerState().buffers;
+            const bool last = b + 1 == batches;
+            const Checkpoint c = snapshot(o, engine, world, last ? epoch + 1 : epoch,
+                                          last ? 0 : b + 1, result.steps);
             if (Status s = saveCheckpoint(latest, c); !s.isOk()) return s;
             std::printf("Stop requested: checkpoint at epoch %d batch %d/%d (step %lld) in %s\n",
                         epoch + 1, b + 1, batches, static_cast<long long>(result.steps),
@@ -254,15 +264,7 @@ Result<TrainResult> train(const TrainerOptions& o, Communicator& comm) {
                      {"model", o.model},
                      {"optimizer", o.optimizer}});
       if (!o.checkpoint_dir.empty()) {
-        Checkpoint c;
-        c.model = o.model;
-        c.optimizer = o.optimizer;
-        c.epochs_done = result.epochs_done;
-        c.optimizer_steps = result.steps;
-        c.seed = o.seed;
-        c.world_size = world;
-        c.parameters = engine.parameters();
-        c.optimizer_buffers = engine.optimizerState().buffers;
+        const Checkpoint c = snapshot(o, engine, world, result.epochs_done, 0, result.steps);
         // Only whole epochs go to the checkpoint a restart resumes from.
         if (epoch_complete) {
           if (Status s = saveCheckpoint(latest, c); !s.isOk()) return s;
