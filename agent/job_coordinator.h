@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/event_log.h"
 #include "agent/failure_report.h"
 #include "common/status.h"
 
@@ -83,6 +84,16 @@ struct JobDecision {
   bool membership_change = false;  // kRestart because agents were lost or are waiting to join
 };
 
+// What the rendezvous has done, for /status and /metrics.
+struct RendezvousProgress {
+  int round = -1;  // the last round begun (static: 0, the one join)
+  int rounds_completed = 0;
+  double last_duration_s = 0;  // of the last completed round, from this agent's join
+  int nodes = 0;               // in the last completed round
+  int world_size = 0;
+  std::string waiting_for;  // what the agent waits for now, "" when it does not
+};
+
 class JobCoordinator {
  public:
   using StartDone = std::function<void(Result<AttemptStart>)>;
@@ -102,6 +113,8 @@ class JobCoordinator {
   // This agent's workers failed (signal 0) or it received `signal`: claim the attempt's stop.
   virtual void announceStop(int restart_count, const std::string& reason, int signal) = 0;
   virtual void endAttempt(int restart_count, const AttemptReport& report, DecisionDone done) = 0;
+  // Any thread.
+  virtual RendezvousProgress progress() const = 0;
 };
 
 struct StoreCoordinatorOptions {
@@ -125,6 +138,10 @@ struct StoreCoordinatorOptions {
   int keep_alive_max_attempt = 3;
   // How long the host keeps serving after the final decision for the others to read it.
   std::chrono::milliseconds final_linger{std::chrono::seconds(10)};
+  // The scheduler's names of the nodes by rank (Slurm's step node list), for "waiting for"
+  // notices; empty: nodes are named by rank.
+  std::vector<std::string> expected_hosts;
+  EventLog* event_log = nullptr;  // may be null; must outlive the coordinator
 };
 
 // REQUIRES: `io` outlives the coordinator, and runs while any request is pending.

@@ -1,11 +1,15 @@
 #include "agent/local_agent.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <optional>
 #include <thread>
 
+#include "agent/agent_status.h"
 #include "agent/child_reaper.h"
+#include "agent/event_log.h"
+#include "agent/http_server.h"
 #include "agent/nccl_unique_id.h"
 #include "agent/process_launcher.h"
 #include "common/asio.h"
@@ -24,7 +28,14 @@ Result<JobOutcome> runLocalAgent(const LocalAgentOptions& options,
     CPPRUN_LOG(kWarn) << "cannot become a child subreaper; orphans of workers may escape";
   }
   asio::io_context io{1};
+  const auto agent_started = std::chrono::steady_clock::now();
 
+  std::unique_ptr<EventLog> event_log;
+  if (!options.event_log_path.empty()) {
+    auto opened = EventLog::open(options.event_log_path, options.host_name);
+    if (!opened.isOk()) return opened.status();
+    event_log = std::move(opened).value();
+  }
   std::unique_ptr<rendezvous::TcpStoreServer> store;
   std::string store_host = options.store_host;
   int store_port = options.store_port;
@@ -88,8 +99,13 @@ Result<JobOutcome> runLocalAgent(const LocalAgentOptions& options,
   Supervisor* supervisor_ptr = nullptr;
   std::unique_ptr<JobCoordinator> coordinator;
   SupervisorOptions supervisor_options = options.supervisor;
+  supervisor_options.event_log = event_log.get();
+  supervisor_options.track_progress =
+      supervisor_options.track_progress || options.metrics_port >= 0;
+  RendezvousProgress single_node_rendezvous;  // one node: the trivial rendezvous
   if (options.multi_node) {
     StoreCoordinatorOptions co = *options.multi_node;
+    co.event_log = event_log.get();
     co.is_host = is_store_host;
     co.store_host = is_store_host ? "127.0.0.1" : store_host;
     if (is_store_host && store_host.find(':') != std::string::npos) co.store_host = "::1";
@@ -119,8 +135,24 @@ Result<JobOutcome> runLocalAgent(const LocalAgentOptions& options,
       return make_attempt(context);
     }
     // One node: this agent is the host.
+    if (single_node_rendezvous.rounds_completed == 0) {
+      emitEvent(event_log.get(), "rendezvous_started",
+                {{"round", 0}, {"backend", "single-node"}, {"min_nodes", 1}, {"max_nodes", 1}});
+    }
     context.nccl_unique_id_hex = host_prepare(restart_count);
-    return make_attempt(context);
+    auto attempt = make_attempt(context);
+    if (attempt.isOk() && single_node_rendezvous.rounds_completed == 0) {
+      single_node_rendezvous = {0, 1, 0.0, 1, static_cast<int>(attempt.value().workers.size()), ""};
+      emitEvent(event_log.get(), "rendezvous_completed",
+                {{"round", 0},
+                 {"nodes", 1},
+                 {"world_size", single_node_rendezvous.world_size},
+                 {"group_rank", 0},
+                 {"base_rank", 0},
+                 {"hosts", {options.host_name}},
+                 {"duration_s", 0.0}});
+    }
+    return attempt;
   };
 
   Supervisor supervisor(io, *launcher, supervisor_options, prepare, [&](const JobOutcome& result) {
@@ -128,6 +160,57 @@ Result<JobOutcome> runLocalAgent(const LocalAgentOptions& options,
     io.stop();
   });
   supervisor_ptr = &supervisor;
+
+  // /healthz, /metrics, /status: answered on this loop from snapshots.
+  auto status_now = [&]() {
+    AgentStatus s;
+    s.host = options.host_name;
+    s.run_id = options.run_id;
+    s.agent_pid = static_cast<int>(::getpid());
+    s.uptime_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - agent_started).count();
+    s.max_restarts = options.supervisor.max_restarts;
+    s.stall_timeout_s = std::chrono::duration<double>(options.supervisor.stall.timeout).count();
+    s.supervisor = supervisor.snapshot();
+    s.rendezvous = coordinator ? coordinator->progress() : single_node_rendezvous;
+    if (store) s.store = store->stats();
+    s.store_endpoint = store_host + ":" + std::to_string(store_port);
+    return s;
+  };
+  std::unique_ptr<HttpServer> metrics;
+  if (options.metrics_port >= 0) {
+    HttpServerOptions ho;
+    ho.host = options.metrics_host;
+    ho.port = static_cast<uint16_t>(options.metrics_port);
+    auto created = HttpServer::create(io, ho, [&](const std::string& target) {
+      const std::string path = target.substr(0, target.find('?'));
+      HttpResponse r;
+      if (path == "/healthz") {
+        r.body = "ok\n";
+      } else if (path == "/metrics") {
+        r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+        r.body = prometheusText(status_now());
+      } else if (path == "/status") {
+        r.content_type = "application/json";
+        r.body = statusJson(status_now()).dump(2) + "\n";
+      } else {
+        r.status = 404;
+        r.body = "not found; cpprun serves /healthz, /metrics and /status\n";
+      }
+      return r;
+    });
+    if (!created.isOk()) {
+      return Status(created.status().code(), "--metrics-port: " + created.status().message());
+    }
+    metrics = std::move(created).value();
+    CPPRUN_LOG(kInfo) << "metrics on http://"
+                      << (metrics->host().find(':') != std::string::npos
+                              ? "[" + metrics->host() + "]"
+                              : metrics->host())
+                      << ":" << metrics->port() << "/metrics (also /healthz, /status)";
+    emitEvent(event_log.get(), "metrics_listening",
+              {{"address", metrics->host()}, {"port", metrics->port()}});
+  }
   ChildReaper reaper(io, [&](pid_t pid, int status) { supervisor.onChildExit(pid, status); });
 
   asio::signal_set handled(io);
@@ -155,6 +238,7 @@ Result<JobOutcome> runLocalAgent(const LocalAgentOptions& options,
     io.run();
     closer.join();
   }
+  if (metrics) metrics->stop();
   if (store) store->stop();
   if (!outcome) return internalError("the agent's event loop ended before the job did");
   return *outcome;

@@ -8,6 +8,10 @@
 // unique id is made when NCCL is loadable and stored as "cpprun/nccl_unique_id", and the
 // caller's MakeAttempt turns the context into workers.
 //
+// Observability: --event-log (event_log.h) records what happens, --metrics-port serves
+// /healthz, /metrics and /status over HTTP from the same loop (agent_status.h), and the
+// supervisor's stall detection reads the workers' progress files.
+//
 // Thread safety: runLocalAgent() blocks the calling thread until the job ends; the agent must
 // be that thread for the workers' parent-death signal to stay armed.
 #pragma once
@@ -42,6 +46,13 @@ struct LocalAgentOptions {
   bool use_nccl = true;
   std::string nccl_library = "libnccl.so.2";
   SupervisorOptions supervisor;
+  std::string host_name;       // this node's name in events and /status
+  std::string run_id;          // the job's id in /status
+  std::string event_log_path;  // --event-log FILE; empty: none
+  // --metrics-port [HOST:]PORT: serve /healthz, /metrics and /status there (port 0: the kernel
+  // picks one; the log and the event log say which). Off when metrics_port < 0.
+  std::string metrics_host = "127.0.0.1";
+  int metrics_port = -1;
 };
 
 struct AttemptContext {

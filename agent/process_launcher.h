@@ -42,6 +42,9 @@ class ProcessLauncher {
   // Sends `signo` to every process in the group `pgid`. A group that no longer exists is not
   // an error.
   virtual Status signalGroup(pid_t pgid, int signo) = 0;
+  // Sends `signo` to the one process `pid` (not its group). A process that no longer exists
+  // is not an error.
+  virtual Status signalProcess(pid_t pid, int signo) = 0;
   // SIGKILLs every child of this process that is not in `known` — processes that double-forked
   // out of a worker's group and were re-parented to the agent (a child subreaper). Returns how
   // many were killed; the reaper collects them.

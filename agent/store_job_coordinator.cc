@@ -16,6 +16,7 @@
 #include "agent/job_coordinator.h"
 #include "common/asio.h"
 #include "common/logging.h"
+#include "common/wait_notice.h"
 #include "rendezvous/tcp_store_client.h"
 
 namespace cpprun::agent {
@@ -173,6 +174,10 @@ class StoreCoordinator : public JobCoordinator {
       }
     });
   }
+  RendezvousProgress progress() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return progress_;
+  }
 
   void endAttempt(int n, const AttemptReport& report, DecisionDone done) override {
     enqueue([this, n, report, done = std::move(done)] {
@@ -230,6 +235,42 @@ class StoreCoordinator : public JobCoordinator {
     return std::make_unique<TcpStoreClient>(o);
   }
 
+  // connect(), retried for the join timeout in notice-sized slices, saying what it waits for:
+  // an agent started before the store host is a common, and otherwise silent, wait.
+  std::unique_ptr<TcpStoreClient> connectWithNotices() {
+    const auto start = SteadyClock::now();
+    const auto deadline = start + opts_.join_timeout;
+    WaitNotice notice(start);
+    struct ClearWaiting {
+      StoreCoordinator* self;
+      ~ClearWaiting() { self->setWaiting(""); }
+    } clear_waiting{this};
+    while (true) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (shutting_down_) throw Abandoned{internalError("the agent is shutting down")};
+      }
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
+      try {
+        return connect(std::max(std::min(left, kNoticeSlice), std::chrono::milliseconds(1)),
+                       opts_.keep_alive_interval * 2);
+      } catch (const StoreTimeout&) {
+        const auto now = SteadyClock::now();
+        if (now >= deadline) throw;
+        if (notice.due(now)) {
+          const std::string text = "waiting for the store host (" + nodeNames({0}) + ") at " +
+                                   opts_.store_host + ":" + std::to_string(opts_.store_port) +
+                                   " to accept connections";
+          setWaiting(text);
+          CPPRUN_LOG(kInfo) << text << " for " << formatWait(notice.elapsed(now)) << ", timeout in "
+                            << formatWait(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   deadline - now));
+        }
+      }
+    }
+  }
+
   void controlLoop() {
     while (true) {
       std::function<void()> task;
@@ -252,11 +293,87 @@ class StoreCoordinator : public JobCoordinator {
   // end of the job is noticed within one interval. `what` names the wait in errors.
   // Ten years: a wait that only liveness (the store connection, heartbeats) ends.
   static constexpr std::chrono::milliseconds kNoDeadline = std::chrono::hours(24 * 365 * 10);
+  // A wait wakes at least this often, so its notices keep their schedule.
+  static constexpr std::chrono::milliseconds kNoticeSlice = std::chrono::seconds(5);
 
+  void setWaiting(const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu_);
+    progress_.waiting_for = what;
+  }
+
+  void rendezvousStarted(int round) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      progress_.round = round;
+      rendezvous_began_ = SteadyClock::now();
+    }
+    emitEvent(opts_.event_log, "rendezvous_started",
+              {{"round", round},
+               {"backend", opts_.elastic ? "c10d" : "static"},
+               {"min_nodes", opts_.elastic ? opts_.min_nodes : opts_.group_world_size},
+               {"max_nodes", opts_.elastic ? opts_.max_nodes : opts_.group_world_size}});
+  }
+
+  void rendezvousCompleted(int round, const Membership& m) {
+    double seconds = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      seconds = std::chrono::duration<double>(SteadyClock::now() - rendezvous_began_).count();
+      ++progress_.rounds_completed;
+      progress_.last_duration_s = seconds;
+      progress_.nodes = m.group_world_size;
+      progress_.world_size = m.world_size;
+    }
+    json hosts = json::array();
+    for (const AgentInfo& a : m.agents) hosts.push_back(a.host);
+    emitEvent(opts_.event_log, "rendezvous_completed",
+              {{"round", round},
+               {"nodes", m.group_world_size},
+               {"world_size", m.world_size},
+               {"group_rank", m.group_rank},
+               {"base_rank", m.base_rank},
+               {"hosts", hosts},
+               {"duration_s", seconds}});
+  }
+
+  // "node 4, 7" or, where the scheduler named the nodes, "n4, n7".
+  std::string nodeNames(const std::vector<int>& ranks) const {
+    std::string out;
+    for (int r : ranks) {
+      out += out.empty() ? "" : ", ";
+      if (r >= 0 && r < static_cast<int>(opts_.expected_hosts.size())) {
+        out += opts_.expected_hosts[static_cast<size_t>(r)];
+      } else {
+        out += "node " + std::to_string(r);
+      }
+    }
+    return out;
+  }
+
+  // Which of `keys` (one per node rank) are missing: "3 of 8 nodes (n4, n7, n8)". Only the
+  // store host lists them (one check per node); the others count the joined key.
+  std::string describeMissing(TcpStoreClient& client, const std::vector<std::string>& keys,
+                              const std::string& what) {
+    std::vector<int> missing;
+    for (size_t r = 0; r < keys.size(); ++r) {
+      if (!client.check({keys[r]})) missing.push_back(static_cast<int>(r));
+    }
+    return "waiting for " + std::to_string(missing.size()) + " of " + std::to_string(keys.size()) +
+           " nodes (" + nodeNames(missing) + ") " + what;
+  }  // `describe` (optional) says what the wait is for; it is logged every few seconds
+  // (WaitNotice) with how long the wait has lasted and how long it may still last, and shown
+  // in /status.
   void waitKeys(TcpStoreClient& client, const std::vector<std::string>& keys,
                 std::chrono::milliseconds total, const std::string& what,
-                const std::function<void()>& on_slice = {}) {
-    const auto deadline = SteadyClock::now() + total;
+                const std::function<void()>& on_slice = {},
+                const std::function<std::string()>& describe = {}) {
+    const auto start = SteadyClock::now();
+    const auto deadline = start + total;
+    WaitNotice notice(start);
+    struct ClearWaiting {
+      StoreCoordinator* self;
+      ~ClearWaiting() { self->setWaiting(""); }
+    } clear_waiting{this};
     while (true) {
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -270,10 +387,22 @@ class StoreCoordinator : public JobCoordinator {
                                      std::to_string(total.count() / 1000.0) + " s")};
       }
       try {
-        client.wait(keys, std::min(left, opts_.keep_alive_interval));
+        client.wait(keys, std::min({left, opts_.keep_alive_interval, kNoticeSlice}));
         return;
       } catch (const StoreTimeout&) {
         if (on_slice) on_slice();
+        const auto now = SteadyClock::now();
+        if (describe && notice.due(now)) {
+          const std::string text = describe();
+          setWaiting(text);
+          std::string line = text + " for " + formatWait(notice.elapsed(now));
+          if (total < kNoDeadline) {
+            line +=
+                ", timeout in " +
+                formatWait(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
+          }
+          CPPRUN_LOG(kInfo) << line;
+        }
       }
     }
   }
@@ -333,12 +462,21 @@ class StoreCoordinator : public JobCoordinator {
     control_client_->add(heartbeatKey(opts_.self.id), 1);
     std::vector<std::string> keys;
     for (int r = 0; r < n; ++r) keys.push_back(nodeKey(r));
+    const int64_t joined_now = control_client_->add("cpprun/rdzv/joined", 1);
+    rendezvousStarted(0);
     CPPRUN_LOG(kInfo) << "rendezvous: node " << opts_.group_rank << " of " << n
                       << " joined; waiting for the others (join timeout "
                       << opts_.join_timeout.count() / 1000.0 << " s)";
+    (void)joined_now;
     try {
-      control_client_->wait(keys, opts_.join_timeout);
-    } catch (const StoreTimeout&) {
+      waitKeys(*control_client_, keys, opts_.join_timeout, "rendezvous", {}, [&] {
+        if (isHost() || n <= 64) return describeMissing(*control_client_, keys, "to join");
+        const int64_t joined = control_client_->add("cpprun/rdzv/joined", 0);
+        return "waiting for " + std::to_string(n - joined) + " of " + std::to_string(n) +
+               " nodes to join";
+      });
+    } catch (const Abandoned& a) {
+      if (a.status.code() != StatusCode::kTimeout) throw;
       std::string missing;
       for (int r = 0; r < n; ++r) {
         if (!control_client_->check({nodeKey(r)})) {
@@ -358,6 +496,7 @@ class StoreCoordinator : public JobCoordinator {
     }
     Membership m = membershipOf(agents, opts_.group_rank);
     logMembership(m);
+    rendezvousCompleted(0, m);
     return m;
   }
 
@@ -367,7 +506,13 @@ class StoreCoordinator : public JobCoordinator {
   json closeRound(int r, int64_t my_index) {
     try {
       waitKeys(*control_client_, {roundKey(r, "agent/" + std::to_string(opts_.min_nodes))},
-               opts_.join_timeout, "rendezvous round " + std::to_string(r));
+               opts_.join_timeout, "rendezvous round " + std::to_string(r), {}, [&] {
+                 const int64_t joined = control_client_->add(roundKey(r, "joined"), 0);
+                 return "rendezvous round " + std::to_string(r) + ": waiting for " +
+                        std::to_string(opts_.min_nodes - joined) + " more node(s) (" +
+                        std::to_string(joined) + " of at least " + std::to_string(opts_.min_nodes) +
+                        " joined)";
+               });
     } catch (const Abandoned& a) {
       const int64_t joined = control_client_->add(roundKey(r, "joined"), 0);
       json members = {{"error", "rendezvous: only " + std::to_string(joined) + " of at least " +
@@ -436,6 +581,7 @@ class StoreCoordinator : public JobCoordinator {
       control_client_->set(roundKey(r, "agent/" + std::to_string(index)),
                            selfRecord(previous_rank_).dump());
       control_client_->add(heartbeatKey(opts_.self.id), 1);
+      rendezvousStarted(r);
       CPPRUN_LOG(kInfo) << "rendezvous round " << r << ": joined as number " << index
                         << "; waiting for " << opts_.min_nodes << ".." << opts_.max_nodes
                         << " nodes (join timeout " << formatSeconds(opts_.join_timeout)
@@ -446,7 +592,13 @@ class StoreCoordinator : public JobCoordinator {
       } else {
         waitKeys(*control_client_, {roundKey(r, "members")},
                  opts_.join_timeout + opts_.last_call_timeout,
-                 "rendezvous round " + std::to_string(r));
+                 "rendezvous round " + std::to_string(r), {}, [&] {
+                   const int64_t joined = control_client_->add(roundKey(r, "joined"), 0);
+                   return "rendezvous round " + std::to_string(r) +
+                          ": waiting for the store host to close it (" + std::to_string(joined) +
+                          " joined, " + std::to_string(opts_.min_nodes) + ".." +
+                          std::to_string(opts_.max_nodes) + " needed)";
+                 });
         members =
             json::parse(toString(control_client_->get(roundKey(r, "members"))), nullptr, false);
       }
@@ -478,6 +630,7 @@ class StoreCoordinator : public JobCoordinator {
       *attempt = members.value("attempt", 0);
       Membership m = membershipOf(agents, my_rank);
       logMembership(m);
+      rendezvousCompleted(r, m);
       return m;
     }
   }
@@ -486,7 +639,7 @@ class StoreCoordinator : public JobCoordinator {
     if (!control_client_) {
       // The first agents may start long before the store's host: keep trying for the join
       // timeout.
-      control_client_ = connect(opts_.join_timeout, opts_.keep_alive_interval * 2);
+      control_client_ = connectWithNotices();
     }
     int attempt = n;
     if (opts_.elastic) {
@@ -512,9 +665,15 @@ class StoreCoordinator : public JobCoordinator {
           keys.push_back(attemptKey(attempt, "ready/" + std::to_string(r)));
         }
         try {
-          waitKeys(*control_client_, keys, opts_.join_timeout,
-                   "attempt " + std::to_string(attempt) + ": waiting for every node to be ready",
-                   [&] { throwIfAgentLost(); });
+          waitKeys(
+              *control_client_, keys, opts_.join_timeout,
+              "attempt " + std::to_string(attempt) + ": waiting for every node to be ready",
+              [&] { throwIfAgentLost(); },
+              [&] {
+                return "attempt " + std::to_string(attempt) + ": " +
+                       describeMissing(*control_client_, keys,
+                                       "to tear their previous attempt down");
+              });
         } catch (const Abandoned& a) {
           control_client_->set(attemptKey(attempt, "go"), "!" + a.status.message());
           throw;
@@ -528,7 +687,10 @@ class StoreCoordinator : public JobCoordinator {
         control_client_->set(attemptKey(attempt, "ready/" + std::to_string(myRank())), "1");
       }
       waitKeys(*control_client_, {attemptKey(attempt, "go")}, opts_.join_timeout,
-               "attempt " + std::to_string(attempt) + ": waiting for the store host's go");
+               "attempt " + std::to_string(attempt) + ": waiting for the store host's go", {}, [&] {
+                 return "attempt " + std::to_string(attempt) +
+                        ": waiting for the store host's go (every node ready)";
+               });
       go = toString(control_client_->get(attemptKey(attempt, "go")));
       if (!go.empty() && go[0] == '!') throw Abandoned{unavailable(go.substr(1))};
     }
@@ -602,7 +764,11 @@ class StoreCoordinator : public JobCoordinator {
       // train after this node's finished: no deadline. Liveness bounds the wait instead: a lost
       // store host ends it (store_status_), a lost node makes the host decide without it.
       waitKeys(*control_client_, {attemptKey(n, "decision")}, kNoDeadline,
-               "attempt " + std::to_string(n) + ": waiting for the store host's decision");
+               "attempt " + std::to_string(n) + ": waiting for the store host's decision", {}, [&] {
+                 return "attempt " + std::to_string(n) +
+                        ": this node's workers are done; waiting for the other nodes' workers "
+                        "(the job's outcome)";
+               });
       json d =
           json::parse(toString(control_client_->get(attemptKey(n, "decision"))), nullptr, false);
       if (!d.is_object()) throw Abandoned{internalError("malformed decision in the store")};
@@ -625,6 +791,7 @@ class StoreCoordinator : public JobCoordinator {
     const Membership membership = currentMembership();
     const int world = membership.group_world_size;
     std::map<int, json> reports;
+    WaitNotice notice(SteadyClock::now());
     while (static_cast<int>(reports.size()) < world) {
       std::vector<std::string> missing;
       std::vector<int> missing_ranks;
@@ -643,6 +810,15 @@ class StoreCoordinator : public JobCoordinator {
       try {
         control_client_->wait(missing, opts_.keep_alive_interval);
       } catch (const StoreTimeout&) {
+        const auto now = SteadyClock::now();
+        if (notice.due(now)) {
+          const std::string text = "attempt " + std::to_string(n) + ": waiting for " +
+                                   std::to_string(missing_ranks.size()) + " of " +
+                                   std::to_string(world) + " nodes (" + nodeNames(missing_ranks) +
+                                   ") to report how it ended";
+          setWaiting(text);
+          CPPRUN_LOG(kInfo) << text << " for " << formatWait(notice.elapsed(now));
+        }
         continue;  // look at the lost agents again
       }
       auto values = control_client_->multiGet(missing);
@@ -895,7 +1071,7 @@ class StoreCoordinator : public JobCoordinator {
   PeerStop on_peer_stop_;
   Lost on_lost_;
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;         // guarded by mu_
   bool shutting_down_ = false;                      // guarded by mu_
@@ -913,6 +1089,8 @@ class StoreCoordinator : public JobCoordinator {
   int restarts_used_ = 0;                           // control thread only (host)
   std::thread control_;
   std::thread watcher_;
+  RendezvousProgress progress_;               // guarded by mu_
+  SteadyClock::time_point rendezvous_began_;  // guarded by mu_
 };
 
 }  // namespace

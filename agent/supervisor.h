@@ -16,6 +16,15 @@
 // and output pipes are drained before the attempt's result is decided, so the last lines of a
 // failing rank are in the report.
 //
+// Stall detection (options.stall.timeout > 0): every worker gets CPPRUN_PROGRESS_FILE
+// (common/progress_file.h) and CPPRUN_STACK_FILE in its rank directory. A running worker whose
+// progress file has not changed for the timeout (counted from its start until its first report)
+// is stalled: its stacks are collected — Python stacks first, by SIGUSR1 to a worker whose
+// faulthandler helper created CPPRUN_STACK_FILE, then native stacks of every thread by gdb in
+// batch mode (when gdb was found), each bounded — into the rank directory, and the attempt fails
+// with the stalled ranks as its root cause: the usual teardown, then a restart or the end.
+// While a teardown waits for workers to exit, a notice says which ranks and for how long.
+//
 // Thread safety: loop thread only; every entry point (start, onChildExit, onSignal) and every
 // callback runs there.
 #pragma once
@@ -30,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/event_log.h"
 #include "agent/failure_report.h"
 #include "agent/job_coordinator.h"
 #include "agent/process_launcher.h"
@@ -49,6 +59,18 @@ struct AttemptSpec {
   std::string attempt_dir;  // <log dir>/<run id>/attempt_<n>; per-rank dirs are made under it
 };
 
+struct StallOptions {
+  // 0: stall detection off.
+  std::chrono::milliseconds timeout{0};
+  // How often progress files are read; 0: a quarter of the timeout, at most 1 s (and 1 s when
+  // only /status reads progress).
+  std::chrono::milliseconds check_interval{0};
+  std::string gdb_path;  // empty: no native stacks
+  std::chrono::milliseconds gdb_timeout{std::chrono::seconds(30)};
+  // Between SIGUSR1 (faulthandler) and attaching gdb, so the Python stacks are written first.
+  std::chrono::milliseconds faulthandler_grace{std::chrono::milliseconds(250)};
+};
+
 struct SupervisorOptions {
   int max_restarts = 0;
   std::chrono::milliseconds shutdown_timeout{30000};
@@ -61,6 +83,37 @@ struct SupervisorOptions {
   // decision (one restart budget for the job) replaces max_restarts. Must outlive the
   // supervisor.
   JobCoordinator* coordinator = nullptr;
+  StallOptions stall;
+  // Read progress files even without stall detection (for /status and /metrics).
+  bool track_progress = false;
+  EventLog* event_log = nullptr;  // may be null; must outlive the supervisor
+};
+
+// What the supervisor is doing now, for /status and /metrics (loop thread).
+struct WorkerSnapshot {
+  int rank = 0;
+  int local_rank = 0;
+  pid_t pid = -1;
+  bool alive = false;
+  int exit_code = 0;                  // when exited
+  int signal = 0;                     // when killed by a signal
+  std::optional<uint64_t> progress;   // the last counter the worker reported
+  double seconds_since_progress = 0;  // since its last report, or its start
+  bool stalled = false;
+  uint64_t stdout_bytes = 0;
+  uint64_t stderr_bytes = 0;
+};
+
+struct SupervisorSnapshot {
+  std::string state;  // waiting, running, stopping, draining, done
+  int restart_count = 0;
+  std::vector<WorkerSnapshot> workers;
+  // Seconds spent in each state since the supervisor was created, the current one included.
+  std::map<std::string, double> seconds_in_state;
+  uint64_t output_bytes_total = 0;  // every attempt's workers, stdout and stderr
+  uint64_t workers_started_total = 0;
+  uint64_t worker_failures_total = 0;  // exits that were not 0, teardown excluded
+  uint64_t stalls_total = 0;
 };
 
 struct JobOutcome {
@@ -112,6 +165,7 @@ class Supervisor {
   int restartCount() const;
   // Pids of the current attempt's workers still running (for tests and the signal path).
   std::vector<pid_t> runningPids() const;
+  SupervisorSnapshot snapshot() const;
 
   class Impl;
 

@@ -130,6 +130,15 @@ class SystemProcessLauncher : public ProcessLauncher {
     return Status::ok();
   }
 
+  Status signalProcess(pid_t pid, int signo) override {
+    if (pid <= 0) return invalidArgument("bad pid " + std::to_string(pid));
+    if (::kill(pid, signo) != 0 && errno != ESRCH) {
+      return internalError("kill(" + std::to_string(pid) + ", " + std::to_string(signo) +
+                           "): " + std::strerror(errno));
+    }
+    return Status::ok();
+  }
+
   size_t killAdoptedOrphans(const std::vector<pid_t>& known) override {
     std::unordered_set<pid_t> keep(known.begin(), known.end());
     size_t killed = 0;

@@ -35,3 +35,25 @@ int pickFreeTcpPort() {
 }
 
 }  // namespace cpprun
+
+namespace cpprun {
+
+std::string findExecutable(const std::string& program, const std::string& path) {
+  if (program.empty()) return "";
+  if (program.find('/') != std::string::npos) {
+    return ::access(program.c_str(), X_OK) == 0 ? program : "";
+  }
+  const std::string dirs = path.empty() ? "/usr/local/bin:/usr/bin:/bin" : path;
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    size_t end = dirs.find(':', start);
+    if (end == std::string::npos) end = dirs.size();
+    const std::string dir = end > start ? dirs.substr(start, end - start) : ".";
+    const std::string candidate = dir + "/" + program;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    start = end + 1;
+  }
+  return "";
+}
+
+}  // namespace cpprun

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace cpprun {
 
@@ -14,5 +15,14 @@ uint64_t raiseOpenFileLimit();
 // Racy by nature (someone may take it before the caller binds it): for tests, benchmarks and
 // --worker-hosts-store, which hands the port to a worker that binds it.
 int pickFreeTcpPort();
+
+}  // namespace cpprun
+
+namespace cpprun {
+
+// What `program` runs as: itself when it holds a '/' and is executable, else the first
+// executable file of that name in the directories of `path` (a PATH value; empty:
+// /usr/local/bin:/usr/bin:/bin). "" when there is none.
+std::string findExecutable(const std::string& program, const std::string& path);
 
 }  // namespace cpprun

@@ -369,6 +369,43 @@ Status applyShutdownTimeout(LaunchConfig& c, const std::string& v, const std::st
   return Status::ok();
 }
 
+Status applyStallTimeout(LaunchConfig& c, const std::string& v, const std::string& source) {
+  if (!parseSeconds(v, c.stall_timeout) || c.stall_timeout <= 0) {
+    return badValue(v, source, "a positive number of seconds");
+  }
+  return Status::ok();
+}
+
+// [HOST:]PORT, IPv6 as [ADDR]:PORT.
+Status applyMetricsPort(LaunchConfig& c, const std::string& v, const std::string& source) {
+  const char* expected = "PORT or HOST:PORT (IPv6 as [ADDR]:PORT), port 0-65535";
+  std::string host = "127.0.0.1";
+  std::string port = v;
+  if (!v.empty() && v.front() == '[') {
+    const size_t close = v.find(']');
+    if (close == std::string::npos || close + 1 >= v.size() || v[close + 1] != ':') {
+      return badValue(v, source, expected);
+    }
+    host = v.substr(1, close - 1);
+    port = v.substr(close + 2);
+  } else if (const size_t colon = v.rfind(':'); colon != std::string::npos) {
+    if (v.find(':') != colon) return badValue(v, source, expected);  // bare IPv6
+    host = v.substr(0, colon);
+    port = v.substr(colon + 1);
+  }
+  if (host.empty() || !parseIntIn(port, 0, 65535, c.metrics_port)) {
+    return badValue(v, source, expected);
+  }
+  c.metrics_host = host;
+  return Status::ok();
+}
+
+Status applyEventLog(LaunchConfig& c, const std::string& v, const std::string& source) {
+  if (v.empty()) return badValue(v, source, "a file path");
+  c.event_log = v;
+  return Status::ok();
+}
+
 // Every option cpprun knows, in torchrun's order, then cpprun's own.
 const OptionSpec kOptions[] = {
     {"--nnodes", 0, Arity::kValue, true, applyNnodes},
@@ -406,6 +443,9 @@ const OptionSpec kOptions[] = {
     {"--dry-run", 0, Arity::kFlag, false, applyFlag<&LaunchConfig::dry_run>},
     {"--check", 0, Arity::kFlag, false, applyFlag<&LaunchConfig::check>},
     {"--worker-hosts-store", 0, Arity::kFlag, false, applyFlag<&LaunchConfig::worker_hosts_store>},
+    {"--stall-timeout", 0, Arity::kValue, false, applyStallTimeout},
+    {"--metrics-port", 0, Arity::kValue, false, applyMetricsPort},
+    {"--event-log", 0, Arity::kValue, false, applyEventLog},
     {"--help", 'h', Arity::kHelp, false, nullptr},
     {"--version", 0, Arity::kVersion, false, nullptr},
 };
@@ -721,6 +761,20 @@ cpprun extras
                               options of the run; the entry point is optional.
   --worker-hosts-store        Worker rank 0 hosts its own store instead of the agent (for
                               trainers that create their TCPStore themselves).
+
+Operations (docs/operations.md)
+  --stall-timeout SECONDS     A rank whose progress file ($CPPRUN_PROGRESS_FILE, bumped by
+                              the trainer each step) has not changed for this long while its
+                              process runs is stalled: its stacks (gdb; Python faulthandler
+                              via examples/python/cpprun_progress.py) go to its log directory
+                              and the report, then the attempt fails (restart or end).
+                              Default off.
+  --metrics-port [HOST:]PORT  Serve /healthz, /metrics (Prometheus) and /status (JSON) over
+                              HTTP on HOST (default 127.0.0.1; 0.0.0.0 for every interface).
+                              Port 0 picks a free one (logged). Default off.
+  --event-log FILE            Append one JSON line per event (rendezvous, worker start and
+                              exit, restart, signal, stall, failure, root cause). Default
+                              none.
   -h, --help                  Show this text and exit.
   --version                   Show the version and exit.
 

@@ -122,7 +122,7 @@ std::string uniqueAgentId(const std::string& host) {
 // `scheduler_rank`: this agent's rank as the scheduler gave it (elastic ordering), -1 if none.
 int runJob(const LaunchConfig& config, const RendezvousSettings& rdzv_settings,
            const NodeResources& node, int nproc, const std::map<std::string, std::string>& env,
-           int scheduler_rank) {
+           int scheduler_rank, const std::vector<std::string>& expected_hosts) {
   RunDirectory run_dir;
   Status dir_status = makeRunDirectory(config, &run_dir);
   if (!dir_status.isOk()) {
@@ -133,6 +133,10 @@ int runJob(const LaunchConfig& config, const RendezvousSettings& rdzv_settings,
     // torchrun does the same: redirected output needs a place; say where it is and keep it.
     run_dir.temporary = false;
     CPPRUN_LOG(kInfo) << "no --log-dir: worker logs are in " << run_dir.path;
+  } else if (config.stall_timeout > 0 && config.log_dir.empty()) {
+    // Stall reports (stacks) must outlive the job.
+    run_dir.temporary = false;
+    CPPRUN_LOG(kInfo) << "no --log-dir: progress files and stall reports are in " << run_dir.path;
   }
 
   agent::LocalAgentOptions options;
@@ -150,6 +154,7 @@ int runJob(const LaunchConfig& config, const RendezvousSettings& rdzv_settings,
     co.keep_alive_interval = rdzv_settings.keep_alive_interval;
     co.keep_alive_max_attempt = rdzv_settings.keep_alive_max_attempt;
     co.final_linger = rdzv_settings.close_timeout;
+    co.expected_hosts = expected_hosts;
     if (rdzv_settings.elastic) {
       co.elastic = true;
       co.min_nodes = rdzv_settings.min_nodes;
@@ -164,6 +169,21 @@ int runJob(const LaunchConfig& config, const RendezvousSettings& rdzv_settings,
       CPPRUN_LOG(kWarn) << "--rdzv-conf " << key << ": not a key cpprun uses; ignored";
     }
     options.multi_node = co;
+  }
+  options.host_name = config.local_addr.empty() ? node.hostname : config.local_addr;
+  options.run_id = config.rdzv_id;
+  options.event_log_path = config.event_log;
+  options.metrics_host = config.metrics_host;
+  options.metrics_port = config.metrics_port;
+  if (config.stall_timeout > 0) {
+    options.supervisor.stall.timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(config.stall_timeout * 1000));
+    options.supervisor.stall.gdb_path = findExecutable("gdb", envOr(env, "PATH", ""));
+    CPPRUN_LOG(kInfo) << "stall detection: a rank is stalled after " << config.stall_timeout
+                      << " s without progress; stacks by "
+                      << (options.supervisor.stall.gdb_path.empty()
+                              ? "Python faulthandler only (gdb not found)"
+                              : options.supervisor.stall.gdb_path + " and Python faulthandler");
   }
   options.signals_to_handle = config.signals_to_handle;
   options.supervisor.max_restarts = config.max_restarts;
@@ -371,11 +391,15 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-
   raiseOpenFileLimit();
+  // The scheduler's node names, by node rank, for "waiting for" notices (static ranks only).
+  std::vector<std::string> expected_hosts;
+  if (sched.value().hosts && !rdzv_settings.value().elastic && provenance.count("--node-rank"))
+    expected_hosts = sched.value().hosts->value;
   int code = agent::runUnderGuardian(
       [&] {
-        return runJob(config, rdzv_settings.value(), node, nproc.value(), env, scheduler_rank);
+        return runJob(config, rdzv_settings.value(), node, nproc.value(), env, scheduler_rank,
+                      expected_hosts);
       },
       config.signals_to_handle);
   if (code < 0) {

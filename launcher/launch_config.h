@@ -58,6 +58,10 @@ struct LaunchConfig {
   bool worker_hosts_store = false;     // --worker-hosts-store: rank 0 hosts its own store
   bool dry_run = false;                // --dry-run
   bool check = false;                  // --check: preflight report, no job (entry point optional)
+  double stall_timeout = 0;            // --stall-timeout, seconds; 0: off
+  std::string metrics_host = "127.0.0.1";  // --metrics-port [HOST:]PORT
+  int metrics_port = -1;                   // -1: off
+  std::string event_log;                   // --event-log FILE
 
   // Canonical long names ("--node-rank") of the options set on the command line or by their
   // PET_ variable: scheduler discovery fills only the others.

@@ -19,6 +19,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/system.h"
 #include "launcher/launch_plan.h"
 
 namespace cpprun::launcher {
@@ -273,18 +274,7 @@ void probeNuma(SystemFacts& f) {
 }
 
 std::string findOnPath(const std::string& program, const std::map<std::string, std::string>& env) {
-  if (program.find('/') != std::string::npos) {
-    return ::access(program.c_str(), X_OK) == 0 ? program : "";
-  }
-  for (const std::string& dir : splitComma([&] {
-         std::string path = envOr(env, "PATH", "/usr/local/bin:/usr/bin:/bin");
-         std::replace(path.begin(), path.end(), ':', ',');
-         return path;
-       }())) {
-    const std::string candidate = dir + "/" + program;
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return "";
+  return findExecutable(program, envOr(env, "PATH", ""));
 }
 
 void probeProgram(const LaunchConfig& config, const std::map<std::string, std::string>& env,

@@ -36,6 +36,8 @@ packages=(
   # packaging: the man page from --help, the .deb's dependencies (dpkg-shlibdeps), and the
   # modulefile's test (Environment Modules; Lmod reads the same Tcl modulefile)
   help2man dpkg-dev environment-modules
+  # --stall-timeout's native stacks (gdb in batch mode); its tests need it
+  gdb
 )
 
 if [ "$build_only" = 1 ]; then packages=("${build_packages[@]}"); fi

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "common/progress_file.h"
 #include "examples/mnist/checkpoint.h"
 #include "examples/mnist/distributed_sampler.h"
 #include "examples/mnist/engine.h"
@@ -168,7 +169,8 @@ Result<TrainResult> train(const TrainerOptions& o, Communicator& comm) {
   std::vector<int> indices;
   std::vector<uint64_t> keys;
   bool stop = false;
-
+  // One pwrite per step to $CPPRUN_PROGRESS_FILE, for the launcher's --stall-timeout.
+  ProgressReporter progress = ProgressReporter::fromEnvironment();
   for (int epoch = start_epoch; epoch < o.epochs && !stop; ++epoch) {
     const float lr = stepLrRate(base_lr, o.gamma, o.step_size, epoch);
     const std::vector<int> shard =
@@ -186,6 +188,7 @@ Result<TrainResult> train(const TrainerOptions& o, Communicator& comm) {
       for (int i = 0; i < batch; ++i) keys[i] = sampleKey(o.seed, epoch, indices[i]);
       engine.trainStep(indices, keys, lr);
       ++result.steps;
+      progress.bump(static_cast<uint64_t>(result.steps));
       images_done += batch;
       next_batch = b + 1;
       if (o.max_steps > 0 && result.steps >= o.max_steps) stop = true;

@@ -47,6 +47,10 @@ class FakeLauncher : public ProcessLauncher {
     if (on_signal) on_signal(pgid, signo);
     return Status::ok();
   }
+  Status signalProcess(pid_t pid, int signo) override {
+    process_signals.emplace_back(pid, signo);
+    return Status::ok();
+  }
   size_t killAdoptedOrphans(const std::vector<pid_t>&) override {
     ++orphan_sweeps;
     return 0;
@@ -89,6 +93,7 @@ class FakeLauncher : public ProcessLauncher {
 
   std::vector<Process> spawned;
   std::vector<std::pair<pid_t, int>> signals;
+  std::vector<std::pair<pid_t, int>> process_signals;
   std::function<void(pid_t, int)> on_signal;
   int fail_spawn_at = -1;
   size_t orphan_sweeps = 0;
@@ -185,9 +190,10 @@ TEST_CASE_METHOD(Fixture, "the first failure stops every group and a restart fol
   };
   launcher.write(pidOf(1), true, "Traceback: boom\n");
   launcher.exit(*supervisor, pidOf(1), exitedWith(3));
-  // SIGTERM went to both groups at once, including the failed one (its grandchildren).
-  CHECK(launcher.signalsTo(pidOf(0)) == std::vector<int>{SIGTERM});
-  CHECK(launcher.signalsTo(pidOf(1)) == std::vector<int>{SIGTERM});
+  // SIGTERM went to both groups at once, including the failed one (its grandchildren), and
+  // SIGCONT after it, so a stopped worker acts on it.
+  CHECK(launcher.signalsTo(pidOf(0)) == std::vector<int>{SIGTERM, SIGCONT});
+  CHECK(launcher.signalsTo(pidOf(1)) == std::vector<int>{SIGTERM, SIGCONT});
   REQUIRE(runUntil([&] { return launcher.spawned.size() == 4; }));
   CHECK(attempts_prepared == std::vector<int>{0, 1});
   CHECK(supervisor->restartCount() == 1);

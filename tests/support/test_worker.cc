@@ -35,6 +35,11 @@
 //   wait-file PATH SECONDS   wait until PATH exists (10 ms polls); exit 124 after SECONDS
 //   sleep SECONDS            sleep (fractions allowed)
 //   sleep-forever            pause() forever
+//   progress N               write N to $CPPRUN_PROGRESS_FILE (common/progress_file.h)
+//   progress-every N SECONDS write 1..N to $CPPRUN_PROGRESS_FILE, SECONDS apart (a step each)
+//   stall-if-restart C       pause() forever (a stalled rank) when TORCHELASTIC_RESTART_COUNT
+//                            == C, else go on
+//   stall-if-rank R          the same when RANK == R
 //
 // Exit codes: as the actions say; 2 for a bad command line; 124 when wait-file or store-get time
 // out; 1 for other failures (I/O, store errors). Prints nothing unless an action asks for it.
@@ -54,6 +59,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/progress_file.h"
 #include "rendezvous/tcp_store_client.h"
 
 extern char** environ;
@@ -315,8 +321,10 @@ void sleepFor(double seconds) {
 int argCount(const std::string& action) {
   static const char* const kByCount[] = {
       " sleep-forever ",
-      " env-json print eprint exit kill-self ignore fork-daemon touch sleep list-fds ",
-      " flood exit-if-rank exit-if-restart kill-self-if-rank on-signal on-signal-continue "
+      " env-json print eprint exit kill-self ignore fork-daemon touch sleep list-fds progress "
+      "stall-if-restart stall-if-rank ",
+      " flood progress-every exit-if-rank exit-if-restart kill-self-if-rank on-signal "
+      "on-signal-continue "
       "fork-grandchildren write-error-file store-set store-get store-check wait-file "};
   for (int n = 0; n < 3 && action.find(' ') == std::string::npos; ++n) {
     if (std::strstr(kByCount[n], (" " + action + " ").c_str()) != nullptr) return n;
@@ -441,6 +449,19 @@ int main(int argc, char** argv) {
       sleepFor(parseSeconds(arg()));
     } else if (a == "sleep-forever") {
       pauseForever();
+    } else if (a == "progress") {
+      cpprun::ProgressReporter::fromEnvironment().bump(static_cast<uint64_t>(parseInt(arg())));
+    } else if (a == "progress-every") {
+      const long n = parseInt(arg());
+      const double seconds = parseSeconds(arg());
+      auto reporter = cpprun::ProgressReporter::fromEnvironment();
+      for (long step = 1; step <= n; ++step) {
+        reporter.bump(static_cast<uint64_t>(step));
+        if (step < n) sleepFor(seconds);
+      }
+    } else if (a == "stall-if-restart" || a == "stall-if-rank") {
+      const char* var = a == "stall-if-rank" ? "RANK" : "TORCHELASTIC_RESTART_COUNT";
+      if (env(var) == arg()) pauseForever();
     }
   }
   return 0;

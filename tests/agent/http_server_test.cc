@@ -1,0 +1,510 @@
+// The agent's HTTP server: the handler's answers, HEAD, keep-alive, rejected requests, limits,
+// idle timeouts, binding and stop(). The server runs on an io_context in a thread of its own;
+// the tests talk to it over plain blocking sockets, each with a receive timeout.
+#include "agent/http_server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <future>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "common/asio.h"
+
+namespace {
+
+using namespace cpprun;
+using namespace cpprun::agent;
+using namespace std::chrono_literals;
+namespace asio = boost::asio;
+
+// Answers /healthz, /metrics, /echo... (the body is the target) and /throw; 404 otherwise.
+HttpResponse testHandler(const std::string& target) {
+  if (target == "/healthz") return HttpResponse{200, "text/plain; charset=utf-8", "ok\n"};
+  if (target == "/metrics") {
+    return HttpResponse{200, "text/plain; version=0.0.4", "cpprun_workers_running 4\n"};
+  }
+  if (target.rfind("/echo", 0) == 0) return HttpResponse{200, "text/plain", target};
+  if (target == "/throw") throw std::runtime_error("boom");
+  return HttpResponse{404, "text/plain; charset=utf-8", "no such page\n"};
+}
+
+// An io_context running on its own thread with an HttpServer on it.
+class TestServer {
+ public:
+  explicit TestServer(HttpServerOptions options = {}, HttpHandler handler = testHandler) {
+    auto server = HttpServer::create(io_, std::move(options), std::move(handler));
+    REQUIRE(server.isOk());
+    server_ = std::move(server).value();
+    thread_ = std::thread([this] {
+      io_.run();
+      loop_done_.set_value();
+    });
+  }
+  ~TestServer() {
+    if (!thread_.joinable()) return;
+    postStop();
+    if (!loopFinished()) io_.stop();
+    thread_.join();
+  }
+  TestServer(const TestServer&) = delete;
+  TestServer& operator=(const TestServer&) = delete;
+
+  uint16_t port() const { return server_->port(); }
+  HttpServer& server() { return *server_; }
+
+  void postStop() {
+    asio::post(io_, [this] { server_->stop(); });
+  }
+  // True once io.run() has returned (waits up to 5 s).
+  bool loopFinished() { return loop_done_future_.wait_for(5s) == std::future_status::ready; }
+  // Read on the loop thread.
+  uint64_t requestsServed() {
+    std::promise<uint64_t> result;
+    asio::post(io_, [&] { result.set_value(server_->requestsServed()); });
+    auto future = result.get_future();
+    REQUIRE(future.wait_for(5s) == std::future_status::ready);
+    return future.get();
+  }
+
+ private:
+  asio::io_context io_{1};
+  std::unique_ptr<HttpServer> server_;
+  std::promise<void> loop_done_;
+  std::future<void> loop_done_future_ = loop_done_.get_future();
+  std::thread thread_;
+};
+
+struct Response {
+  int status = 0;
+  std::map<std::string, std::string> headers;  // names in lower case
+  std::string body;
+
+  std::string header(const std::string& name) const {
+    auto it = headers.find(name);
+    return it == headers.end() ? "" : it->second;
+  }
+  bool has(const std::string& name) const { return headers.count(name) != 0; }
+};
+
+// A blocking TCP connection to 127.0.0.1 whose reads give up after `timeout`.
+class Client {
+ public:
+  explicit Client(uint16_t port, std::chrono::milliseconds timeout = 5s) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd_ >= 0);
+    timeval tv{};
+    tv.tv_sec = static_cast<time_t>(timeout.count() / 1000);
+    tv.tv_usec = static_cast<suseconds_t>((timeout.count() % 1000) * 1000);
+    REQUIRE(::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0);
+    REQUIRE(::setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) == 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    REQUIRE(::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr) == 1);
+    REQUIRE(::connect(fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0);
+  }
+  ~Client() { ::close(fd_); }
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  bool send(const std::string& data) {
+    size_t sent = 0;
+    while (sent < data.size()) {
+      ssize_t n = ::send(fd_, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      sent += static_cast<size_t>(n);
+    }
+    return true;
+  }
+
+  std::optional<Response> get(const std::string& target, const std::string& extra_headers = "") {
+    if (!send("GET " + target + " HTTP/1.1\r\nHost: test\r\n" + extra_headers + "\r\n")) {
+      return std::nullopt;
+    }
+    return readResponse();
+  }
+
+  // One response: the header, then Content-Length bytes of body (none if `head`).
+  std::optional<Response> readResponse(bool head = false) {
+    size_t end;
+    while ((end = pending_.find("\r\n\r\n")) == std::string::npos) {
+      if (!readMore()) return std::nullopt;
+    }
+    Response r;
+    std::string header = pending_.substr(0, end + 2);
+    pending_.erase(0, end + 4);
+    size_t line_end = header.find("\r\n");
+    std::string status_line = header.substr(0, line_end);
+    if (status_line.rfind("HTTP/1.", 0) != 0 || status_line.size() < 12) return std::nullopt;
+    r.status = std::stoi(status_line.substr(9, 3));
+    for (size_t pos = line_end + 2; pos < header.size();) {
+      size_t next = header.find("\r\n", pos);
+      std::string line = header.substr(pos, next - pos);
+      pos = next + 2;
+      size_t colon = line.find(':');
+      if (colon == std::string::npos) return std::nullopt;
+      std::string name = line.substr(0, colon);
+      for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      size_t value_start = line.find_first_not_of(' ', colon + 1);
+      r.headers[name] = value_start == std::string::npos ? "" : line.substr(value_start);
+    }
+    size_t length = r.has("content-length") && !head ? std::stoul(r.header("content-length")) : 0;
+    while (pending_.size() < length) {
+      if (!readMore()) return std::nullopt;
+    }
+    r.body = pending_.substr(0, length);
+    pending_.erase(0, length);
+    return r;
+  }
+
+  enum class End { kEof, kReset, kTimeout, kData };
+  // How the stream ends from here: kEof or kReset with no more bytes, kData if bytes arrive,
+  // kTimeout if nothing happens within the receive timeout.
+  End readEnd() {
+    if (!pending_.empty()) return End::kData;
+    char c;
+    ssize_t n = ::recv(fd_, &c, 1, 0);
+    if (n == 0) return End::kEof;
+    if (n > 0) return End::kData;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return End::kTimeout;
+    return End::kReset;
+  }
+
+  // Bytes received so far but not yet consumed by readResponse().
+  const std::string& pending() const { return pending_; }
+
+ private:
+  bool readMore() {
+    char buf[4096];
+    ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+    if (n <= 0) return false;
+    pending_.append(buf, static_cast<size_t>(n));
+    return true;
+  }
+
+  int fd_ = -1;
+  std::string pending_;
+};
+
+}  // namespace
+
+TEST_CASE("http: GET returns the handler's status, body and content type", "[integration][http]") {
+  TestServer server;
+  Client client(server.port());
+
+  auto metrics = client.get("/metrics");
+  REQUIRE(metrics);
+  CHECK(metrics->status == 200);
+  CHECK(metrics->body == "cpprun_workers_running 4\n");
+  CHECK(metrics->header("content-type") == "text/plain; version=0.0.4");
+  CHECK(metrics->header("content-length") == std::to_string(metrics->body.size()));
+  CHECK(metrics->header("server") == "cpprun");
+
+  auto missing = client.get("/nowhere");
+  REQUIRE(missing);
+  CHECK(missing->status == 404);
+  CHECK(missing->body == "no such page\n");
+  CHECK(missing->header("content-type") == "text/plain; charset=utf-8");
+
+  auto echo = client.get("/echo?verbose=1&x=%20");
+  REQUIRE(echo);
+  CHECK(echo->body == "/echo?verbose=1&x=%20");  // the target as sent, query included
+
+  CHECK(server.requestsServed() == 3);
+}
+
+TEST_CASE("http: a handler that throws gets 500, and the server goes on", "[integration][http]") {
+  TestServer server;
+  Client client(server.port());
+  auto thrown = client.get("/throw");
+  REQUIRE(thrown);
+  CHECK(thrown->status == 500);
+  CHECK(thrown->header("server") == "cpprun");
+  auto ok = client.get("/healthz");
+  REQUIRE(ok);
+  CHECK(ok->status == 200);
+}
+
+TEST_CASE("http: HEAD returns the headers of a GET without the body", "[integration][http]") {
+  TestServer server;
+  Client client(server.port());
+  // A GET follows on the same connection: had the HEAD response carried a body, the bytes read
+  // next would be that body instead of the GET's status line.
+  REQUIRE(
+      client.send("HEAD /metrics HTTP/1.1\r\nHost: test\r\n\r\n"
+                  "GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n"));
+  auto head = client.readResponse(/*head=*/true);
+  REQUIRE(head);
+  CHECK(head->status == 200);
+  CHECK(head->header("content-length") ==
+        std::to_string(std::string("cpprun_workers_running 4\n").size()));
+  CHECK(head->header("content-type") == "text/plain; version=0.0.4");
+  CHECK(head->header("server") == "cpprun");
+  auto get = client.readResponse();
+  REQUIRE(get);
+  CHECK(get->status == 200);
+  CHECK(get->body == "ok\n");
+}
+
+TEST_CASE("http: keep-alive serves several requests on one connection", "[integration][http]") {
+  TestServer server;
+  Client client(server.port());
+
+  SECTION("one after the other") {
+    auto first = client.get("/healthz");
+    REQUIRE(first);
+    CHECK(first->body == "ok\n");
+    CHECK(first->header("connection") != "close");
+    auto second = client.get("/metrics");
+    REQUIRE(second);
+    CHECK(second->body == "cpprun_workers_running 4\n");
+  }
+
+  SECTION("pipelined, answered in order") {
+    REQUIRE(
+        client.send("GET /echo1 HTTP/1.1\r\nHost: test\r\n\r\n"
+                    "GET /echo2 HTTP/1.1\r\nHost: test\r\n\r\n"));
+    auto first = client.readResponse();
+    auto second = client.readResponse();
+    REQUIRE(first);
+    REQUIRE(second);
+    CHECK(first->body == "/echo1");
+    CHECK(second->body == "/echo2");
+  }
+
+  SECTION("Connection: close is honoured") {
+    auto response = client.get("/healthz", "Connection: close\r\n");
+    REQUIRE(response);
+    CHECK(response->status == 200);
+    CHECK(response->header("connection") == "close");
+    CHECK(client.readEnd() == Client::End::kEof);
+  }
+
+  SECTION("HTTP/1.0 without keep-alive is closed after the response") {
+    REQUIRE(client.send("GET /healthz HTTP/1.0\r\n\r\n"));
+    auto response = client.readResponse();
+    REQUIRE(response);
+    CHECK(response->status == 200);
+    CHECK(response->body == "ok\n");
+    CHECK(client.readEnd() == Client::End::kEof);
+  }
+}
+
+TEST_CASE("http: methods other than GET and HEAD get 405 with Allow", "[integration][http]") {
+  TestServer server;
+  Client client(server.port());
+  REQUIRE(client.send("POST /healthz HTTP/1.1\r\nHost: test\r\nContent-Length: 5\r\n\r\nhello"));
+  auto post = client.readResponse();
+  REQUIRE(post);
+  CHECK(post->status == 405);
+  CHECK(post->header("allow") == "GET, HEAD");
+  CHECK(post->header("content-type") == "text/plain; charset=utf-8");
+  CHECK(post->header("content-length") == std::to_string(post->body.size()));
+  CHECK(post->header("server") == "cpprun");
+  // The request was read whole, so the connection stays usable.
+  auto get = client.get("/healthz");
+  REQUIRE(get);
+  CHECK(get->status == 200);
+  CHECK(server.requestsServed() == 1);  // the handler never saw the POST
+}
+
+TEST_CASE("http: a malformed request gets 400 and only its connection is closed",
+          "[integration][http]") {
+  TestServer server;
+  Client bystander(server.port());
+  REQUIRE(bystander.get("/healthz"));
+
+  Client bad(server.port());
+  REQUIRE(bad.send("\x01\x02garbage that is not HTTP\r\n\r\n"));
+  auto response = bad.readResponse();
+  REQUIRE(response);
+  CHECK(response->status == 400);
+  CHECK(response->header("connection") == "close");
+  CHECK(response->header("content-type") == "text/plain; charset=utf-8");
+  CHECK(response->header("content-length") == std::to_string(response->body.size()));
+  CHECK(bad.readEnd() == Client::End::kEof);
+
+  auto still = bystander.get("/metrics");
+  REQUIRE(still);
+  CHECK(still->status == 200);
+}
+
+TEST_CASE("http: a request over max_request_bytes is rejected and closed", "[integration][http]") {
+  HttpServerOptions options;
+  options.max_request_bytes = 1024;
+  TestServer server(options);
+  Client client(server.port());
+
+  SECTION("a header too large: 431") {
+    REQUIRE(client.send("GET /healthz HTTP/1.1\r\nHost: test\r\nX-Pad: " + std::string(4000, 'a') +
+                        "\r\n\r\n"));
+    auto response = client.readResponse();
+    REQUIRE(response);
+    CHECK(response->status == 431);
+    CHECK(response->header("connection") == "close");
+    CHECK(client.readEnd() == Client::End::kEof);
+  }
+
+  SECTION("a Content-Length too large: 413 before the body is sent") {
+    REQUIRE(client.send("GET /healthz HTTP/1.1\r\nHost: test\r\nContent-Length: 5000\r\n\r\n"));
+    auto response = client.readResponse();
+    REQUIRE(response);
+    CHECK(response->status == 413);
+    CHECK(client.readEnd() == Client::End::kEof);
+  }
+
+  SECTION("header and body together too large: 413") {
+    // Each part fits the limit alone, not both together.
+    std::string pad(600, 'p');
+    REQUIRE(client.send("POST /healthz HTTP/1.1\r\nHost: test\r\nX-Pad: " + pad +
+                        "\r\nContent-Length: 600\r\n\r\n" + pad));
+    auto response = client.readResponse();
+    REQUIRE(response);
+    CHECK(response->status == 413);
+    CHECK(client.readEnd() == Client::End::kEof);
+  }
+
+  SECTION("a chunked body too large: 413") {
+    REQUIRE(
+        client.send("POST /healthz HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    "7d0\r\n" +
+                    std::string(2000, 'c') + "\r\n0\r\n\r\n"));
+    auto response = client.readResponse();
+    REQUIRE(response);
+    CHECK(response->status == 413);
+    CHECK(client.readEnd() == Client::End::kEof);
+  }
+
+  SECTION("just under the limit is served") {
+    auto response = client.get("/healthz", "X-Pad: " + std::string(900, 'a') + "\r\n");
+    REQUIRE(response);
+    CHECK(response->status == 200);
+  }
+}
+
+TEST_CASE("http: a silent client is closed after idle_timeout and stalls nobody",
+          "[integration][http]") {
+  HttpServerOptions options;
+  options.idle_timeout = 200ms;
+  TestServer server(options);
+
+  SECTION("silent mid-request") {
+    Client slow(server.port());
+    auto sent_at = std::chrono::steady_clock::now();
+    REQUIRE(slow.send("GET /healthz HTTP/1.1\r\nHo"));
+    // Another client is served while the first one's request hangs half-way.
+    Client other(server.port());
+    auto response = other.get("/healthz");
+    REQUIRE(response);
+    CHECK(response->status == 200);
+    CHECK(slow.readEnd() == Client::End::kEof);
+    auto waited = std::chrono::steady_clock::now() - sent_at;
+    CHECK(waited >= 100ms);  // the timer started at accept, a little before the send
+    CHECK(waited < 4s);
+  }
+
+  SECTION("silent between keep-alive requests") {
+    Client idle(server.port());
+    REQUIRE(idle.get("/healthz"));
+    auto served_at = std::chrono::steady_clock::now();
+    CHECK(idle.readEnd() == Client::End::kEof);
+    auto waited = std::chrono::steady_clock::now() - served_at;
+    CHECK(waited >= 150ms);
+    CHECK(waited < 4s);
+  }
+}
+
+TEST_CASE("http: connections beyond max_connections are closed at once", "[integration][http]") {
+  HttpServerOptions options;
+  options.max_connections = 1;
+  TestServer server(options);
+  Client first(server.port());
+  REQUIRE(first.get("/healthz"));  // accepted and counted
+  Client second(server.port());
+  auto end = second.readEnd();
+  CHECK((end == Client::End::kEof || end == Client::End::kReset));
+  auto again = first.get("/healthz");
+  REQUIRE(again);
+  CHECK(again->status == 200);
+}
+
+TEST_CASE("http: port 0 binds a free port", "[integration][http]") {
+  TestServer server;
+  CHECK(server.port() != 0);
+  CHECK(server.server().host() == "127.0.0.1");
+  Client client(server.port());
+  auto response = client.get("/healthz");
+  REQUIRE(response);
+  CHECK(response->status == 200);
+}
+
+TEST_CASE("http: a port in use and a bad host are clear errors", "[integration][http]") {
+  asio::io_context io;
+  auto first = HttpServer::create(io, {}, testHandler);
+  REQUIRE(first.isOk());
+  uint16_t port = first.value()->port();
+
+  HttpServerOptions options;
+  options.port = port;
+  auto second = HttpServer::create(io, options, testHandler);
+  REQUIRE_FALSE(second.isOk());
+  CHECK(second.status().code() == StatusCode::kAlreadyExists);
+  CHECK_THAT(second.status().message(), Catch::Contains("127.0.0.1:" + std::to_string(port)));
+
+  options.port = 0;
+  options.host = "no-such-host.invalid";
+  auto third = HttpServer::create(io, options, testHandler);
+  REQUIRE_FALSE(third.isOk());
+  CHECK(third.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(third.status().message(), Catch::Contains("no-such-host.invalid"));
+}
+
+TEST_CASE("http: stop() closes open connections and lets the loop finish", "[integration][http]") {
+  std::atomic<int> calls{0};
+  TestServer server({}, [&](const std::string& target) {
+    ++calls;
+    return testHandler(target);
+  });
+  Client served(server.port());
+  REQUIRE(served.get("/healthz"));  // accepted, now waiting for its next request
+  Client half(server.port());
+  REQUIRE(half.send("GET /healthz HTTP/1.1\r\n"));  // a read pending mid-request
+  Client connected(server.port());
+  REQUIRE(connected.get("/metrics"));
+  REQUIRE(half.pending().empty());
+
+  server.postStop();
+  CHECK(served.readEnd() == Client::End::kEof);
+  auto half_end = half.readEnd();
+  CHECK((half_end == Client::End::kEof || half_end == Client::End::kReset));
+  CHECK(connected.readEnd() == Client::End::kEof);
+  CHECK(server.loopFinished());  // nothing is left pending: io.run() returned
+  // The request completed after stop() never reaches the handler.
+  half.send("Host: test\r\n\r\n");
+  CHECK(half.readEnd() != Client::End::kData);
+  CHECK(calls == 2);
+}
+
+TEST_CASE("http: a server destroyed before its loop ever ran leaves nothing behind",
+          "[unit][http]") {
+  asio::io_context io;
+  {
+    auto server = HttpServer::create(io, {}, testHandler);
+    REQUIRE(server.isOk());
+  }
+  io.run();  // the cancelled accept completes; nothing else is queued
+  SUCCEED();
+}

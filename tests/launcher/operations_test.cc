@@ -1,0 +1,422 @@
+// Operating cpprun: stall detection (progress files, stacks by gdb and faulthandler), the event
+// log, the metrics endpoint and the notices of visible waiting — end to end with the real
+// binary, real workers, real gdb and a real HTTP client. Every wait is bounded; the tests
+// synchronise on relayed output lines, files the workers write and process exits.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/launcher/cpprun_test_helpers.h"
+#include "tests/support/test_support.h"
+
+namespace {
+
+using namespace cpprun::testing;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+std::vector<Json> readEvents(const std::string& path) {
+  std::vector<Json> events;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    INFO(line);
+    REQUIRE_NOTHROW(events.push_back(Json::parse(line)));
+  }
+  return events;
+}
+
+std::vector<Json> eventsNamed(const std::vector<Json>& events, const std::string& name) {
+  std::vector<Json> out;
+  for (const Json& e : events) {
+    if (e.value("event", "") == name) out.push_back(e);
+  }
+  return out;
+}
+
+double secondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+struct HttpReply {
+  int status = 0;
+  std::string headers;
+  std::string body;
+};
+
+// One GET with Connection: close; reads until the server closes (bounded by SO_RCVTIMEO).
+HttpReply httpGet(int port, const std::string& target) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  HttpReply reply;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return reply;  // status 0: nothing listens
+  }
+  const std::string request =
+      "GET " + target + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+  REQUIRE(::send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
+          static_cast<ssize_t>(request.size()));
+  std::string raw;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    raw.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  const size_t split = raw.find("\r\n\r\n");
+  REQUIRE(split != std::string::npos);
+  reply.headers = raw.substr(0, split);
+  reply.body = raw.substr(split + 4);
+  REQUIRE(raw.rfind("HTTP/1.1 ", 0) == 0);
+  reply.status = std::stoi(raw.substr(9, 3));
+  return reply;
+}
+
+// The value of a metric sample line "name{labels} value" (exact name and labels).
+std::optional<double> metricValue(const std::string& text, const std::string& name_and_labels) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(name_and_labels + " ", 0) == 0) {
+      return std::stod(line.substr(name_and_labels.size() + 1));
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a rank that stops making progress is reported stalled within the bound, with gdb's "
+    "stack of it, and the job fails",
+    "[integration][stall]") {
+  TempDir dir;
+  const std::string events = dir.path() + "/events.jsonl";
+  const auto start = Clock::now();
+  // Both ranks bump their progress file three times, 0.1 s apart; rank 1 then hangs in pause().
+  ChildProcess run(
+      cpprunCommand({"--nproc-per-node=2", "--stall-timeout=2", "--log-dir=" + dir.path(),
+                     "--rdzv-id=stall", "--event-log=" + events, "--no-python", kWorker,
+                     "progress-every", "3", "0.1", "stall-if-rank", "1", "exit", "0"}));
+  auto status = run.wait(60s);
+  REQUIRE(status.has_value());
+  const double took = secondsSince(start);
+  INFO(run.output());
+  CHECK(exitCodeOf(*status) == 1);
+  // Detected no sooner than the timeout after the last report, and no later than one check
+  // interval (0.5 s) plus scheduling slack after it.
+  auto stalls = eventsNamed(readEvents(events), "stall_detected");
+  REQUIRE(stalls.size() == 1);
+  CHECK(stalls[0]["rank"] == 1);
+  CHECK(stalls[0]["progress"] == 3);
+  CHECK(stalls[0]["seconds_since_progress"].get<double>() >= 2.0);
+  CHECK(stalls[0]["seconds_since_progress"].get<double>() < 3.5);
+  CHECK(took < 15);
+  // Where it hangs: gdb's native stack, in the log, the report and the rank's log directory.
+  CHECK_THAT(run.output(), Catch::Contains("rank 1 (local_rank 1, pid"));
+  CHECK_THAT(run.output(), Catch::Contains("is stalled: no progress for"));
+  CHECK_THAT(run.output(), Catch::Contains("Root Cause (first observed failure)"));
+  const std::string report = run.output().substr(run.output().find("Root Cause"));
+  CHECK_THAT(report, Catch::Contains("rank      : 1 (local_rank: 1)"));
+  CHECK_THAT(report, Catch::Contains("stalled: no progress for"));
+  CHECK_THAT(report, Catch::Contains("pauseForever"));
+  const std::string stacks = readFile(dir.path() + "/stall/attempt_0/1/stacks_gdb.txt");
+  CHECK_THAT(stacks, Catch::Contains("pauseForever"));
+  CHECK_THAT(stacks, Catch::Contains("Thread 1"));
+  auto roots = eventsNamed(readEvents(events), "root_cause");
+  REQUIRE(roots.size() == 1);
+  CHECK(roots[0]["rank"] == 1);
+  CHECK_THAT(roots[0]["message"].get<std::string>(), Catch::StartsWith("stalled:"));
+}
+
+TEST_CASE("a SIGSTOPped worker is detected, its stack taken while stopped, and the job restarts",
+          "[integration][stall]") {
+  TempDir dir;
+  const std::string events = dir.path() + "/events.jsonl";
+  const auto start = Clock::now();
+  // Attempt 0: one progress report, then the worker stops itself (SIGSTOP). Attempt 1 succeeds.
+  // A stopped process cannot act on SIGTERM: unless the agent wakes it, teardown would wait out
+  // the 30 s shutdown timeout before SIGKILL.
+  ChildProcess run(cpprunCommand(
+      {"--nproc-per-node=1", "--stall-timeout=1.5", "--max-restarts=1", "--shutdown-timeout=30",
+       "--log-dir=" + dir.path(), "--rdzv-id=stop", "--event-log=" + events, "--no-python", kWorker,
+       "progress", "1", "exit-if-restart", "1", "0", "kill-self", "SIGSTOP"}));
+  auto status = run.wait(60s);
+  REQUIRE(status.has_value());
+  const double took = secondsSince(start);
+  INFO(run.output());
+  CHECK(exitCodeOf(*status) == 0);
+  CHECK(took < 20);  // not the 30 s shutdown timeout
+  const auto all = readEvents(events);
+  REQUIRE(eventsNamed(all, "stall_detected").size() == 1);
+  REQUIRE(eventsNamed(all, "restart").size() == 1);
+  CHECK(eventsNamed(all, "job_finished").at(0)["outcome"] == "succeeded");
+  const std::string stacks = readFile(dir.path() + "/stop/attempt_0/0/stacks_gdb.txt");
+  CHECK_THAT(stacks, Catch::Contains("killSelf"));
+}
+
+TEST_CASE("a healthy step longer than the check interval but under the bound is left alone",
+          "[integration][stall]") {
+  TempDir dir;
+  // Steps of 1.2 s under a 2 s bound (checked every 0.5 s).
+  ChildProcess run(
+      cpprunCommand({"--nproc-per-node=2", "--stall-timeout=2", "--log-dir=" + dir.path(),
+                     "--no-python", kWorker, "progress-every", "4", "1.2"}));
+  auto status = run.wait(60s);
+  REQUIRE(status.has_value());
+  INFO(run.output());
+  CHECK(exitCodeOf(*status) == 0);
+  CHECK_THAT(run.output(), !Catch::Contains("is stalled:"));
+}
+
+TEST_CASE("a stalled Python rank's Python stack comes from faulthandler through the helper",
+          "[integration][stall][torch]") {
+  TempDir dir;
+  ChildProcess run(cpprunCommand({"--nproc-per-node=2", "--stall-timeout=2",
+                                  "--log-dir=" + dir.path(), "--rdzv-id=py", "--no-python",
+                                  CPPRUN_PYTHON, sourcePath("tests/support/stall_worker.py"),
+                                  sourcePath("examples/python"), "0"}));
+  auto status = run.wait(60s);
+  REQUIRE(status.has_value());
+  INFO(run.output());
+  CHECK(exitCodeOf(*status) == 1);
+  const std::string report = run.output().substr(run.output().find("Root Cause"));
+  CHECK_THAT(report, Catch::Contains("rank      : 0 (local_rank: 0)"));
+  CHECK_THAT(report, Catch::Contains("Python stacks (faulthandler"));
+  CHECK_THAT(report, Catch::Contains("in hang_in_collective"));
+  CHECK_THAT(readFile(dir.path() + "/py/attempt_0/0/python_stacks.txt"),
+             Catch::Contains("stall_worker.py\", line"));
+}
+
+TEST_CASE("--event-log records the rendezvous, every worker, the restart and the root cause",
+          "[integration][events]") {
+  TempDir dir;
+  const std::string events = dir.path() + "/events.jsonl";
+  ChildProcess run(
+      cpprunCommand({"--nproc-per-node=2", "--max-restarts=1", "--event-log=" + events,
+                     "--local-addr=nodeA", "--no-python", kWorker, "exit-if-rank", "1", "3"}));
+  auto status = run.wait(60s);
+  REQUIRE(status.has_value());
+  INFO(run.output());
+  REQUIRE(exitCodeOf(*status) == 1);
+  const auto all = readEvents(events);
+  INFO(readFile(events));
+  for (const Json& e : all) {
+    CHECK(e["host"] == "nodeA");
+    CHECK(e["time_us"].get<int64_t>() > 0);
+    CHECK_THAT(e["time"].get<std::string>(), Catch::EndsWith("Z"));
+  }
+  std::vector<std::string> order;
+  for (const Json& e : all) order.push_back(e["event"]);
+  const std::vector<std::string> expected = {"rendezvous_started",
+                                             "rendezvous_completed",
+                                             "worker_started",
+                                             "worker_started",
+                                             "worker_exited",
+                                             "worker_exited",
+                                             "failure",
+                                             "restart",
+                                             "worker_started",
+                                             "worker_started",
+                                             "worker_exited",
+                                             "worker_exited",
+                                             "failure",
+                                             "root_cause",
+                                             "job_finished"};
+  // The two ranks of an attempt exit in either order; the rest is fixed.
+  CHECK(order == expected);
+  auto failures = eventsNamed(all, "failure");
+  REQUIRE(failures.size() == 2);
+  CHECK(failures[0]["rank"] == 1);
+  CHECK(failures[0]["exit_code"] == 3);
+  auto root = eventsNamed(all, "root_cause").at(0);
+  CHECK(root["rank"] == 1);
+  CHECK(root["exit_code"] == 3);
+  auto done = eventsNamed(all, "job_finished").at(0);
+  CHECK(done["exit_code"] == 1);
+  CHECK(done["restarts"] == 1);
+  CHECK(eventsNamed(all, "rendezvous_completed").at(0)["world_size"] == 2);
+}
+
+TEST_CASE("--event-log records a signal and the job it stopped", "[integration][events]") {
+  TempDir dir;
+  const std::string events = dir.path() + "/events.jsonl";
+  ChildProcess run(cpprunCommand({"--nproc-per-node=1", "--event-log=" + events, "--no-python",
+                                  kWorker, "print", "ready", "sleep-forever"}));
+  REQUIRE(relayed(run, "[default0]:ready"));
+  run.signal(SIGTERM);
+  auto status = run.wait(60s);
+  REQUIRE(status.has_value());
+  INFO(run.output());
+  CHECK(exitCodeOf(*status) == 128 + SIGTERM);
+  const auto all = readEvents(events);
+  auto signals = eventsNamed(all, "signal_received");
+  REQUIRE(signals.size() == 1);
+  CHECK(signals[0]["signal"] == "SIGTERM");
+  auto exits = eventsNamed(all, "worker_exited");
+  REQUIRE(exits.size() == 1);
+  CHECK(exits[0]["signal"] == "SIGTERM");
+  CHECK(exits[0]["during_teardown"] == true);
+  CHECK(eventsNamed(all, "job_finished").at(0)["outcome"] == "signalled");
+}
+
+TEST_CASE("--event-log names an unwritable file and the job does not start",
+          "[integration][events]") {
+  ChildProcess run(cpprunCommand(
+      {"--event-log=/nonexistent-dir/events.jsonl", "--no-python", kWorker, "exit", "0"}));
+  auto status = run.wait(30s);
+  REQUIRE(status.has_value());
+  CHECK(exitCodeOf(*status) == 3);
+  CHECK_THAT(run.output(), Catch::Contains("--event-log: cannot open /nonexistent-dir/events"));
+}
+
+TEST_CASE("--metrics-port serves /healthz, /metrics and /status while the job runs",
+          "[integration][metrics]") {
+  TempDir dir;
+  const std::string events = dir.path() + "/events.jsonl";
+  // Each rank uses the store, writes progress 7, says ready and waits for the go file.
+  ChildProcess run(cpprunCommand({"--nproc-per-node=2", "--metrics-port=0", "--event-log=" + events,
+                                  "--rdzv-id=metrics", "--no-python", kWorker, "store-set",
+                                  "k{rank}", "v", "progress", "7", "print", "ready {rank}",
+                                  "wait-file", dir.path() + "/go", "30"}));
+  REQUIRE(relayed(run, "[default0]:ready 0"));
+  REQUIRE(relayed(run, "[default1]:ready 1"));
+  auto listening = eventsNamed(readEvents(events), "metrics_listening");
+  REQUIRE(listening.size() == 1);
+  const int port = listening[0]["port"];
+  CHECK(listening[0]["address"] == "127.0.0.1");
+  CHECK_THAT(run.output(),
+             Catch::Contains("metrics on http://127.0.0.1:" + std::to_string(port) + "/metrics"));
+
+  HttpReply health = httpGet(port, "/healthz");
+  CHECK(health.status == 200);
+  CHECK(health.body == "ok\n");
+
+  HttpReply metrics = httpGet(port, "/metrics");
+  REQUIRE(metrics.status == 200);
+  INFO(metrics.body);
+  CHECK_THAT(metrics.headers, Catch::Contains("text/plain; version=0.0.4"));
+  CHECK(metricValue(metrics.body, "cpprun_workers_alive") == 2.0);
+  CHECK(metricValue(metrics.body, "cpprun_restarts_total") == 0.0);
+  CHECK(metricValue(metrics.body, "cpprun_state{state=\"running\"}") == 1.0);
+  CHECK(metricValue(metrics.body, "cpprun_state_seconds_total{state=\"running\"}") > 0.0);
+  CHECK(metricValue(metrics.body, "cpprun_rendezvous_rounds_total") == 1.0);
+  CHECK(metricValue(metrics.body, "cpprun_world_size") == 2.0);
+  CHECK(metricValue(metrics.body, "cpprun_store_connections_accepted_total") >= 2.0);
+  CHECK(metricValue(metrics.body, "cpprun_store_operations_total") >= 2.0);
+  CHECK(metricValue(metrics.body, "cpprun_worker_progress{rank=\"1\",local_rank=\"1\"}") == 7.0);
+  // "ready 0\n" went through rank 0's stdout pipe.
+  CHECK(metricValue(metrics.body,
+                    "cpprun_worker_output_bytes{rank=\"0\",local_rank=\"0\",stream=\"stdout\"}") ==
+        8.0);
+  CHECK_THAT(metrics.body, Catch::Contains("# TYPE cpprun_restarts_total counter"));
+
+  HttpReply status_reply = httpGet(port, "/status");
+  REQUIRE(status_reply.status == 200);
+  Json status = Json::parse(status_reply.body);
+  CHECK(status["state"] == "running");
+  CHECK(status["run_id"] == "metrics");
+  REQUIRE(status["workers"].size() == 2);
+  CHECK(status["workers"][0]["alive"] == true);
+  CHECK(status["workers"][0]["progress"] == 7);
+  CHECK(status["workers"][1]["pid"].get<int>() > 0);
+  CHECK(status["rendezvous"]["nodes"] == 1);
+  CHECK(status["store"]["keys"].get<int>() >= 2);
+
+  CHECK(httpGet(port, "/nope").status == 404);
+
+  std::ofstream(dir.path() + "/go").put('\n');
+  auto exited = run.wait(60s);
+  REQUIRE(exited.has_value());
+  INFO(run.output());
+  CHECK(exitCodeOf(*exited) == 0);
+  CHECK(httpGet(port, "/healthz").status == 0);  // the endpoint ends with the job
+}
+
+TEST_CASE("--metrics-port on a port already taken is a launch error naming it",
+          "[integration][metrics]") {
+  const int taken = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(taken >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(taken, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(taken, 1) == 0);
+  socklen_t len = sizeof addr;
+  REQUIRE(::getsockname(taken, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  const int port = ntohs(addr.sin_port);
+  ChildProcess run(cpprunCommand(
+      {"--metrics-port=" + std::to_string(port), "--no-python", kWorker, "exit", "0"}));
+  auto status = run.wait(30s);
+  ::close(taken);
+  REQUIRE(status.has_value());
+  INFO(run.output());
+  CHECK(exitCodeOf(*status) == 3);
+  CHECK_THAT(run.output(), Catch::Contains("--metrics-port: "));
+  CHECK_THAT(run.output(), Catch::Contains(std::to_string(port)));
+}
+
+TEST_CASE("a teardown that waits says on which ranks, and for how long until SIGKILL",
+          "[integration][waiting]") {
+  // Rank 1 ignores SIGTERM, then rank 0 fails (once the store says rank 1 ignores it), so the
+  // teardown waits 7 s for SIGKILL.
+  TempDir dir;
+  ChildProcess run(
+      cpprunCommand({"--nproc-per-node=2", "--shutdown-timeout=7", "--no-python", kWorker, "ignore",
+                     "SIGTERM", "store-set", "ignoring{rank}", "1", "store-get", "ignoring1",
+                     dir.path() + "/seen{rank}", "exit-if-rank", "0", "1", "sleep-forever"}));
+  auto status = run.wait(60s);
+  REQUIRE(status.has_value());
+  INFO(run.output());
+  CHECK(exitCodeOf(*status) == 1);
+  CHECK_THAT(run.output(), Catch::Contains("waiting for 1 of 2 workers (ranks 1) to exit after "
+                                           "SIGTERM for 5.0 s, SIGKILL in "));
+}
+
+TEST_CASE("an agent waiting for the others to join says which nodes it waits for",
+          "[integration][waiting][multinode]") {
+  const int port = freeTcpPort();
+  auto node = [&](int rank) {
+    return std::make_unique<ChildProcess>(
+        cpprunCommand({"--nnodes=2", "--node-rank=" + std::to_string(rank), "--nproc-per-node=1",
+                       "--master-addr=127.0.0.1", "--master-port=" + std::to_string(port),
+                       "--rdzv-conf=join_timeout=60", "--no-python", kWorker, "exit", "0"}));
+  };
+  // Node 1 first: nothing serves the store yet. Its agent's lines all start with "cpprun ".
+  auto node1 = node(1);
+  const std::string expected =
+      "waiting for the store host (node 0) at 127.0.0.1:" + std::to_string(port) +
+      " to accept connections for 5.";
+  while (node1->output().find(expected) == std::string::npos) {
+    REQUIRE(node1->waitForLine("cpprun ", 30s).has_value());
+  }
+  CHECK_THAT(node1->output(), Catch::Contains("timeout in 5"));
+  auto node0 = node(0);
+  auto s0 = node0->wait(60s);
+  auto s1 = node1->wait(60s);
+  REQUIRE(s0.has_value());
+  REQUIRE(s1.has_value());
+  INFO(node0->output());
+  INFO(node1->output());
+  CHECK(exitCodeOf(*s0) == 0);
+  CHECK(exitCodeOf(*s1) == 0);
+}
