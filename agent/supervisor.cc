@@ -486,6 +486,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     w.err->start();
     return Status::ok();
   }
+
   void onChildExit(pid_t pid, int status) {
     if (auto helper = helpers_.find(pid); helper != helpers_.end()) {
       auto done = std::move(helper->second);
@@ -581,6 +582,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
       finishJob();  // between attempts: nothing is running
     }
   }
+
   void beginStop(int signo) {
     setState(State::kStopping);
     stop_signal_ = signo;
@@ -653,6 +655,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
       }
     }
   }
+
   void beginDrain() {
     setState(State::kDraining);
     stop_timer_.cancel();
@@ -692,6 +695,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     });
     setState(State::kIdle);
   }
+
   void finishAttempt() {
     failures_ = collectFailures();
     for (const WorkerFailure& f : failures_) {

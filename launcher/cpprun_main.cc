@@ -391,6 +391,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+
   raiseOpenFileLimit();
   // The scheduler's node names, by node rank, for "waiting for" notices (static ranks only).
   std::vector<std::string> expected_hosts;

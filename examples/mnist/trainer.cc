@@ -171,6 +171,7 @@ Result<TrainResult> train(const TrainerOptions& o, Communicator& comm) {
   bool stop = false;
   // One pwrite per step to $CPPRUN_PROGRESS_FILE, for the launcher's --stall-timeout.
   ProgressReporter progress = ProgressReporter::fromEnvironment();
+
   for (int epoch = start_epoch; epoch < o.epochs && !stop; ++epoch) {
     const float lr = stepLrRate(base_lr, o.gamma, o.step_size, epoch);
     const std::vector<int> shard =

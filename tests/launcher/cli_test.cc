@@ -514,3 +514,37 @@ TEST_CASE("cli usage text covers every group and the exit codes", "[unit]") {
     start = end + 1;
   }
 }
+
+TEST_CASE("cli operations options: --stall-timeout, --metrics-port, --event-log", "[unit]") {
+  LaunchConfig off = parseOk({"t.py"});
+  CHECK(off.stall_timeout == 0);
+  CHECK(off.metrics_port == -1);
+  CHECK(off.event_log.empty());
+  LaunchConfig c = parseOk(
+      {"--stall-timeout=2.5", "--metrics-port", "9400", "--event-log", "/tmp/e.jsonl", "t.py"});
+  CHECK(c.stall_timeout == 2.5);
+  CHECK(c.metrics_host == "127.0.0.1");
+  CHECK(c.metrics_port == 9400);
+  CHECK(c.event_log == "/tmp/e.jsonl");
+  LaunchConfig any = parseOk({"--metrics-port=0.0.0.0:0", "t.py"});
+  CHECK(any.metrics_host == "0.0.0.0");
+  CHECK(any.metrics_port == 0);
+  LaunchConfig v6 = parseOk({"--metrics-port=[::1]:9401", "t.py"});
+  CHECK(v6.metrics_host == "::1");
+  CHECK(v6.metrics_port == 9401);
+  // --event-log is not an abbreviation of --event-log-handler.
+  CHECK(parseOk({"--event-log-handler=null", "--event-log=x", "t.py"}).event_log == "x");
+  for (const char* bad : {"0", "-1", "soon", ""}) {
+    INFO(bad);
+    CHECK_THAT(parseError({std::string("--stall-timeout=") + bad, "t.py"}),
+               Catch::Contains("a positive number of seconds"));
+  }
+  for (const char* bad : {"70000", "host:", ":9400", "::1:9400", "[::1]9400", "x"}) {
+    INFO(bad);
+    CHECK_THAT(parseError({std::string("--metrics-port=") + bad, "t.py"}),
+               Catch::Contains("PORT or HOST:PORT"));
+  }
+  CHECK_THAT(parseError({"--event-log=", "t.py"}), Catch::Contains("a file path"));
+  // cpprun's own options have no PET_ fallback.
+  CHECK(parseOk({"t.py"}, {{"PET_STALL_TIMEOUT", "3"}}).stall_timeout == 0);
+}

@@ -207,7 +207,7 @@ TEST_CASE("a stalled Python rank's Python stack comes from faulthandler through 
              Catch::Contains("stall_worker.py\", line"));
 }
 
-TEST_CASE("--event-log records the rendezvous, every worker, the restart and the root cause",
+TEST_CASE("the event log records the rendezvous, every worker, the restart and the root cause",
           "[integration][events]") {
   TempDir dir;
   const std::string events = dir.path() + "/events.jsonl";
@@ -257,7 +257,7 @@ TEST_CASE("--event-log records the rendezvous, every worker, the restart and the
   CHECK(eventsNamed(all, "rendezvous_completed").at(0)["world_size"] == 2);
 }
 
-TEST_CASE("--event-log records a signal and the job it stopped", "[integration][events]") {
+TEST_CASE("the event log records a signal and the job it stopped", "[integration][events]") {
   TempDir dir;
   const std::string events = dir.path() + "/events.jsonl";
   ChildProcess run(cpprunCommand({"--nproc-per-node=1", "--event-log=" + events, "--no-python",
@@ -279,7 +279,7 @@ TEST_CASE("--event-log records a signal and the job it stopped", "[integration][
   CHECK(eventsNamed(all, "job_finished").at(0)["outcome"] == "signalled");
 }
 
-TEST_CASE("--event-log names an unwritable file and the job does not start",
+TEST_CASE("an unwritable --event-log is named file and the job does not start",
           "[integration][events]") {
   ChildProcess run(cpprunCommand(
       {"--event-log=/nonexistent-dir/events.jsonl", "--no-python", kWorker, "exit", "0"}));
@@ -289,8 +289,10 @@ TEST_CASE("--event-log names an unwritable file and the job does not start",
   CHECK_THAT(run.output(), Catch::Contains("--event-log: cannot open /nonexistent-dir/events"));
 }
 
-TEST_CASE("--metrics-port serves /healthz, /metrics and /status while the job runs",
-          "[integration][metrics]") {
+TEST_CASE(
+    "the metrics endpoint (--metrics-port) serves /healthz, /metrics and /status while the job "
+    "runs",
+    "[integration][metrics]") {
   TempDir dir;
   const std::string events = dir.path() + "/events.jsonl";
   // Each rank uses the store, writes progress 7, says ready and waits for the go file.
@@ -352,8 +354,7 @@ TEST_CASE("--metrics-port serves /healthz, /metrics and /status while the job ru
   CHECK(httpGet(port, "/healthz").status == 0);  // the endpoint ends with the job
 }
 
-TEST_CASE("--metrics-port on a port already taken is a launch error naming it",
-          "[integration][metrics]") {
+TEST_CASE("a metrics port already taken is a launch error naming it", "[integration][metrics]") {
   const int taken = ::socket(AF_INET, SOCK_STREAM, 0);
   REQUIRE(taken >= 0);
   sockaddr_in addr{};

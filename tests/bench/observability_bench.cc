@@ -1,0 +1,267 @@
+// observability_bench: what cpprun's operations features cost the agent — its CPU time and peak
+// RSS with --stall-timeout, --metrics-port (scraped every second) and --event-log on, against
+// the same job with all of them off, in the same run.
+//
+//   observability_bench [--seconds S] [--nproc N] [--step-ms MS] [--runs R]
+//
+// The job: cpprun --no-python --nproc-per-node=N cpprun_test_worker progress-every K MS/1000,
+// i.e. N workers that each report progress every MS milliseconds (a training step) for S
+// seconds. Defaults: 8 workers, 60 s, 10 ms steps (800 progress writes per second in all), one
+// run of each variant; variants alternate order between runs.
+//
+// Measured on the agent process (the guardian's child), from /proc, once a second while the
+// job runs: CPU = utime + stime over the window from 2 s after start to the last sample,
+// divided by that window (fraction of one core); RSS = VmHWM (peak) at the last sample.
+// Prints a table (median per variant over the runs) and:
+//   RESULT agent_cpu_on <percent of a core> % peer=<off> ratio=<on/off>
+//   RESULT agent_cpu_overhead <on - off> %-of-a-core (target < 1)
+//   RESULT agent_rss_on <MiB> MiB peer=<off> ratio=<on/off>
+// Every wait is bounded: a job still running 30 s after it should have ended is killed (by
+// PID, its process group) and the benchmark exits 1.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "agent/process_launcher.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  int seconds = 60;
+  int nproc = 8;
+  int step_ms = 10;
+  int runs = 1;
+};
+
+struct Sample {
+  double cpu_s = 0;  // utime + stime
+  double rss_mib = 0;
+  Clock::time_point at;
+};
+
+std::optional<Sample> sampleProcess(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!std::getline(stat, text)) return std::nullopt;
+  const size_t close = text.rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  std::istringstream fields(text.substr(close + 2));
+  std::string field;
+  std::vector<std::string> f;
+  while (fields >> field) f.push_back(field);
+  if (f.size() < 13) return std::nullopt;
+  const double ticks = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  Sample s;
+  s.cpu_s = (std::stod(f[11]) + std::stod(f[12])) / ticks;  // utime, stime (fields 14, 15)
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) s.rss_mib = std::stod(line.substr(6)) / 1024.0;
+  }
+  s.at = Clock::now();
+  return s;
+}
+
+// One GET /metrics, to load the endpoint as a Prometheus scrape would.
+bool scrape(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  timeval tv{2, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bool ok = false;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+    const std::string req = "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
+      char buf[65536];
+      size_t total = 0;
+      for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) total += static_cast<size_t>(n);
+      ok = total > 0;
+    }
+  }
+  ::close(fd);
+  return ok;
+}
+
+// The port from the event log's metrics_listening line, once it is there.
+std::optional<int> metricsPort(const std::string& events) {
+  std::ifstream in(events);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.find("\"metrics_listening\"") == std::string::npos) continue;
+    const size_t at = line.find("\"port\":");
+    if (at != std::string::npos) return std::atoi(line.c_str() + at + 7);
+  }
+  return std::nullopt;
+}
+
+struct RunResult {
+  double cpu_percent = 0;
+  double rss_mib = 0;
+  int scrapes = 0;
+  bool ok = false;
+};
+
+RunResult runJob(const Options& o, bool on, const std::string& dir) {
+  const int steps = o.seconds * 1000 / o.step_ms;
+  char step_s[32];
+  std::snprintf(step_s, sizeof step_s, "%.3f", o.step_ms / 1000.0);
+  const std::string events = dir + "/events.jsonl";
+  std::vector<std::string> argv = {CPPRUN_BINARY, "--no-python",
+                                   "--nproc-per-node=" + std::to_string(o.nproc),
+                                   "--log-dir=" + dir};
+  if (on) {
+    argv.insert(argv.end(), {"--stall-timeout=30", "--metrics-port=0", "--event-log=" + events});
+  }
+  argv.insert(argv.end(), {CPPRUN_TEST_WORKER, "progress-every", std::to_string(steps), step_s});
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    const int null = ::open("/dev/null", O_RDWR);
+    ::dup2(null, 1);
+    ::dup2(null, 2);
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  RunResult result;
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::seconds(o.seconds + 30);
+  std::optional<Sample> first;
+  std::optional<Sample> last;
+  pid_t agent = -1;
+  int status = 0;
+  while (true) {
+    const pid_t done = ::waitpid(pid, &status, WNOHANG);
+    if (done == pid) break;
+    if (Clock::now() > deadline) {
+      ::kill(-pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      std::fprintf(stderr, "observability_bench: the job did not end in time; killed\n");
+      return result;
+    }
+    if (agent < 0) {
+      auto children = cpprun::agent::childrenOf(pid);
+      if (!children.empty()) agent = children.front();
+    }
+    if (agent > 0) {
+      auto s = sampleProcess(agent);
+      if (s && s->at - start >= std::chrono::seconds(2)) {
+        if (!first) first = s;
+        last = s;
+      }
+    }
+    if (on) {
+      if (auto port = metricsPort(events)) result.scrapes += scrape(*port) ? 1 : 0;
+    }
+    std::this_thread::sleep_for(std::chrono::seconds(1));  // the sampling period, not a sync
+  }
+  result.ok =
+      WIFEXITED(status) && WEXITSTATUS(status) == 0 && first && last && last->at > first->at;
+  if (result.ok) {
+    const double window = std::chrono::duration<double>(last->at - first->at).count();
+    result.cpu_percent = 100.0 * (last->cpu_s - first->cpu_s) / window;
+    result.rss_mib = last->rss_mib;
+  }
+  return result;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> int {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "observability_bench: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return std::atoi(argv[++i]);
+    };
+    if (a == "--seconds") {
+      o.seconds = value();
+    } else if (a == "--nproc") {
+      o.nproc = value();
+    } else if (a == "--step-ms") {
+      o.step_ms = value();
+    } else if (a == "--runs") {
+      o.runs = value();
+    } else {
+      std::fprintf(stderr,
+                   "usage: observability_bench [--seconds S] [--nproc N] [--step-ms MS] "
+                   "[--runs R]\n");
+      return 2;
+    }
+  }
+  if (o.seconds < 5 || o.nproc < 1 || o.step_ms < 1 || o.runs < 1) {
+    std::fprintf(stderr, "observability_bench: --seconds >= 5, --nproc, --step-ms, --runs >= 1\n");
+    return 2;
+  }
+  std::vector<double> cpu[2], rss[2];
+  int scrapes = 0;
+  for (int r = 0; r < o.runs; ++r) {
+    for (int k = 0; k < 2; ++k) {
+      const bool on = (k + r) % 2 == 1 ? false : true;
+      const std::string dir = std::filesystem::temp_directory_path() /
+                              ("cpprun-obs-bench-" + std::to_string(::getpid()));
+      std::filesystem::create_directories(dir);
+      RunResult res = runJob(o, on, dir);
+      std::filesystem::remove_all(dir);
+      if (!res.ok) {
+        std::fprintf(stderr, "observability_bench: run %d (%s) failed\n", r, on ? "on" : "off");
+        return 1;
+      }
+      std::printf("run %d %-3s agent CPU %.3f %% of a core, peak RSS %.1f MiB%s\n", r,
+                  on ? "on" : "off", res.cpu_percent, res.rss_mib,
+                  on ? (", " + std::to_string(res.scrapes) + " scrapes").c_str() : "");
+      std::fflush(stdout);
+      cpu[on ? 1 : 0].push_back(res.cpu_percent);
+      rss[on ? 1 : 0].push_back(res.rss_mib);
+      scrapes += res.scrapes;
+    }
+  }
+  const double cpu_off = median(cpu[0]), cpu_on = median(cpu[1]);
+  const double rss_off = median(rss[0]), rss_on = median(rss[1]);
+  std::printf("\n%d workers, progress every %d ms, %d s, %d run(s) per variant (medians)\n",
+              o.nproc, o.step_ms, o.seconds, o.runs);
+  std::printf("%-34s %12s %12s\n", "", "off", "on");
+  std::printf("%-34s %12.3f %12.3f\n", "agent CPU (% of one core)", cpu_off, cpu_on);
+  std::printf("%-34s %12.1f %12.1f\n", "agent peak RSS (MiB)", rss_off, rss_on);
+  std::printf("RESULT agent_cpu_on %.3f %% peer=%.3f ratio=%.2f\n", cpu_on, cpu_off,
+              cpu_off > 0 ? cpu_on / cpu_off : 0.0);
+  std::printf("RESULT agent_cpu_overhead %.3f %%-of-a-core (target < 1)\n", cpu_on - cpu_off);
+  std::printf("RESULT agent_rss_on %.1f MiB peer=%.1f ratio=%.2f\n", rss_on, rss_off,
+              rss_off > 0 ? rss_on / rss_off : 0.0);
+  return 0;
+}
