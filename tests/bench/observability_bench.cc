@@ -10,8 +10,9 @@
 // run of each variant; variants alternate order between runs.
 //
 // Measured on the agent process (the guardian's child), from /proc, once a second while the
-// job runs: CPU = utime + stime over the window from 2 s after start to the last sample,
-// divided by that window (fraction of one core); RSS = VmHWM (peak) at the last sample.
+// job runs: CPU = time on a CPU (schedstat, every thread, nanoseconds) over the window from
+// 2 s after start to the last sample, divided by that window (fraction of one core); RSS =
+// VmHWM (peak) at the last sample.
 // Prints a table (median per variant over the runs) and:
 //   RESULT agent_cpu_on <percent of a core> % peer=<off> ratio=<on/off>
 //   RESULT agent_cpu_overhead <on - off> %-of-a-core (target < 1)
@@ -54,26 +55,29 @@ struct Options {
 };
 
 struct Sample {
-  double cpu_s = 0;  // utime + stime
+  double cpu_s = 0;  // on a CPU, every thread
   double rss_mib = 0;
   Clock::time_point at;
 };
 
+// CPU time from the scheduler (/proc/<pid>/task/*/schedstat, nanoseconds on a CPU, every
+// thread): the 10 ms ticks of /proc/<pid>/stat are too coarse for an agent that is idle most
+// of the time. Peak RSS from /proc/<pid>/status.
 std::optional<Sample> sampleProcess(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string text;
-  if (!std::getline(stat, text)) return std::nullopt;
-  const size_t close = text.rfind(')');
-  if (close == std::string::npos) return std::nullopt;
-  std::istringstream fields(text.substr(close + 2));
-  std::string field;
-  std::vector<std::string> f;
-  while (fields >> field) f.push_back(field);
-  if (f.size() < 13) return std::nullopt;
-  const double ticks = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  const std::string proc = "/proc/" + std::to_string(pid);
+  std::error_code ec;
   Sample s;
-  s.cpu_s = (std::stod(f[11]) + std::stod(f[12])) / ticks;  // utime, stime (fields 14, 15)
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  bool any = false;
+  for (const auto& task : std::filesystem::directory_iterator(proc + "/task", ec)) {
+    std::ifstream stat(task.path() / "schedstat");
+    unsigned long long ns = 0;
+    if (stat >> ns) {
+      s.cpu_s += static_cast<double>(ns) / 1e9;
+      any = true;
+    }
+  }
+  if (ec || !any) return std::nullopt;
+  std::ifstream status(proc + "/status");
   std::string line;
   while (std::getline(status, line)) {
     if (line.rfind("VmHWM:", 0) == 0) s.rss_mib = std::stod(line.substr(6)) / 1024.0;

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -101,6 +102,34 @@ std::optional<double> metricValue(const std::string& text, const std::string& na
     }
   }
   return std::nullopt;
+}
+
+// One agent of a two-node static job whose one worker exits 0.
+std::unique_ptr<ChildProcess> startNode(int port, int rank) {
+  return std::make_unique<ChildProcess>(
+      cpprunCommand({"--nnodes=2", "--node-rank=" + std::to_string(rank), "--nproc-per-node=1",
+                     "--master-addr=127.0.0.1", "--master-port=" + std::to_string(port),
+                     "--rdzv-conf=join_timeout=60", "--no-python", kWorker, "exit", "0"}));
+}
+
+// Reads the agent's lines (each starts with "cpprun ") until one contains `text`.
+bool agentSays(ChildProcess& agent, const std::string& text) {
+  while (agent.output().find(text) == std::string::npos) {
+    if (!agent.waitForLine("cpprun ", 30s).has_value()) return false;
+  }
+  return true;
+}
+
+// Both agents exit 0.
+void bothSucceed(ChildProcess& a, ChildProcess& b) {
+  auto sa = a.wait(60s);
+  auto sb = b.wait(60s);
+  REQUIRE(sa.has_value());
+  REQUIRE(sb.has_value());
+  INFO(a.output());
+  INFO(b.output());
+  CHECK(exitCodeOf(*sa) == 0);
+  CHECK(exitCodeOf(*sb) == 0);
 }
 
 }  // namespace
@@ -390,34 +419,27 @@ TEST_CASE("a teardown that waits says on which ranks, and for how long until SIG
   INFO(run.output());
   CHECK(exitCodeOf(*status) == 1);
   CHECK_THAT(run.output(), Catch::Contains("waiting for 1 of 2 workers (ranks 1) to exit after "
-                                           "SIGTERM for 5.0 s, SIGKILL in "));
+                                           "SIGTERM for 5."));
 }
 
 TEST_CASE("an agent waiting for the others to join says which nodes it waits for",
           "[integration][waiting][multinode]") {
   const int port = freeTcpPort();
-  auto node = [&](int rank) {
-    return std::make_unique<ChildProcess>(
-        cpprunCommand({"--nnodes=2", "--node-rank=" + std::to_string(rank), "--nproc-per-node=1",
-                       "--master-addr=127.0.0.1", "--master-port=" + std::to_string(port),
-                       "--rdzv-conf=join_timeout=60", "--no-python", kWorker, "exit", "0"}));
-  };
-  // Node 1 first: nothing serves the store yet. Its agent's lines all start with "cpprun ".
-  auto node1 = node(1);
-  const std::string expected =
-      "waiting for the store host (node 0) at 127.0.0.1:" + std::to_string(port) +
-      " to accept connections for 5.";
-  while (node1->output().find(expected) == std::string::npos) {
-    REQUIRE(node1->waitForLine("cpprun ", 30s).has_value());
-  }
+  // Node 1 first: nothing serves the store yet.
+  auto node1 = startNode(port, 1);
+  REQUIRE(agentSays(*node1, "waiting for the store host (node 0) at 127.0.0.1:" +
+                                std::to_string(port) + " to accept connections for 5."));
   CHECK_THAT(node1->output(), Catch::Contains("timeout in 5"));
-  auto node0 = node(0);
-  auto s0 = node0->wait(60s);
-  auto s1 = node1->wait(60s);
-  REQUIRE(s0.has_value());
-  REQUIRE(s1.has_value());
-  INFO(node0->output());
-  INFO(node1->output());
-  CHECK(exitCodeOf(*s0) == 0);
-  CHECK(exitCodeOf(*s1) == 0);
+  auto node0 = startNode(port, 0);
+  bothSucceed(*node0, *node1);
+}
+
+TEST_CASE("the store host waiting for a node to join names it",
+          "[integration][waiting][multinode]") {
+  const int port = freeTcpPort();
+  auto node0 = startNode(port, 0);
+  REQUIRE(agentSays(*node0, "waiting for 1 of 2 nodes (node 1) to join for 5."));
+  CHECK_THAT(node0->output(), Catch::Contains("timeout in 5"));
+  auto node1 = startNode(port, 1);
+  bothSucceed(*node0, *node1);
 }
