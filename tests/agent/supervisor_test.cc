@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "common/asio.h"
+#include "common/progress_file.h"
 #include "tests/support/test_support.h"
 
 namespace {
@@ -116,6 +117,7 @@ struct Fixture {
   std::optional<JobOutcome> outcome;
   std::vector<int> attempts_prepared;
   int nproc = 2;
+  bool with_attempt_dir = false;  // give every attempt a directory (progress files, stacks)
   std::unique_ptr<Supervisor> supervisor;
 
   ~Fixture() { ::close(console_fd); }
@@ -128,6 +130,7 @@ struct Fixture {
         [this](int restart) -> Result<AttemptSpec> {
           attempts_prepared.push_back(restart);
           AttemptSpec a;
+          if (with_attempt_dir) a.attempt_dir = dir.path() + "/attempt_" + std::to_string(restart);
           for (int i = 0; i < nproc; ++i) {
             WorkerSpec w;
             w.local_rank = i;
@@ -325,4 +328,80 @@ TEST_CASE("redirects tee and the rank filter decide where each stream goes", "[u
   CHECK(planWorkerOutput(o, 2, 10, "").out.prefix == "trainer:2/10| ");
   CHECK(anyRedirect(o));
   CHECK_FALSE(anyRedirect(OutputOptions{}));
+}
+
+TEST_CASE_METHOD(Fixture,
+                 "a worker silent for the stall timeout is stalled: Python stack, gdb, then it is "
+                 "the attempt's root cause with its stacks",
+                 "[unit]") {
+  SupervisorOptions options;
+  options.stall.timeout = 200ms;
+  options.stall.check_interval = 20ms;
+  options.stall.faulthandler_grace = 10ms;
+  options.stall.gdb_path = "/opt/fake/gdb";
+  with_attempt_dir = true;
+  make(options);
+  REQUIRE(launcher.spawned.size() == 2);
+  const std::string rank_dir = dir.path() + "/attempt_0/1";
+  CHECK(launcher.spawned[1].spec.env.at("CPPRUN_PROGRESS_FILE") == rank_dir + "/progress");
+  CHECK(launcher.spawned[1].spec.env.at("CPPRUN_STACK_FILE") == rank_dir + "/python_stacks.txt");
+  // Rank 1's helper registered faulthandler (it created the stack file); rank 0 is done.
+  std::ofstream(rank_dir + "/python_stacks.txt").flush();
+  launcher.exit(*supervisor, pidOf(0), exitedWith(0));
+  REQUIRE(runUntil([&] { return !launcher.process_signals.empty(); }));
+  CHECK(launcher.process_signals.front() == std::make_pair(pidOf(1), SIGUSR1));
+  std::ofstream(rank_dir + "/python_stacks.txt", std::ios::app)
+      << "Current thread 0x1 (most recent call first):\n  File \"t.py\", line 3 in hang\n";
+  // Then gdb, on that pid, writing into the rank's directory.
+  REQUIRE(runUntil([&] { return launcher.spawned.size() == 3; }));
+  const auto& gdb = launcher.spawned[2];
+  CHECK(gdb.spec.argv.front() == "/opt/fake/gdb");
+  CHECK(std::find(gdb.spec.argv.begin(), gdb.spec.argv.end(), std::to_string(pidOf(1))) !=
+        gdb.spec.argv.end());
+  CHECK(launcher.signalsTo(pidOf(1)).empty());  // nothing stops it before the stacks are in
+  launcher.write(gdb.pid, false, "Thread 1 (LWP 9):\n#0  pause () at pause.c:29\n");
+  launcher.exit(*supervisor, gdb.pid, exitedWith(0));
+  REQUIRE(runUntil([&] { return !launcher.signalsTo(pidOf(1)).empty(); }));
+  CHECK(launcher.signalsTo(pidOf(1)) == std::vector<int>{SIGTERM, SIGCONT});
+  CHECK(supervisor->snapshot().stalls_total == 1);
+  CHECK(supervisor->snapshot().workers[1].stalled);
+  launcher.exit(*supervisor, pidOf(1), killedBy(SIGTERM));
+  REQUIRE(runUntil([&] { return outcome.has_value(); }));
+  CHECK(outcome->kind == JobOutcome::Kind::kWorkersFailed);
+  REQUIRE(outcome->failures.size() == 1);
+  const WorkerFailure& f = outcome->failures[0];
+  CHECK(f.rank == 1);
+  CHECK_FALSE(f.teardown);  // the agent ended it, but the stall is the failure
+  CHECK_THAT(f.message, Catch::StartsWith("stalled: no progress for"));
+  CHECK_THAT(f.message, Catch::Contains("it never reported progress"));
+  CHECK_THAT(f.traceback, Catch::Contains("File \"t.py\", line 3 in hang"));
+  CHECK_THAT(f.traceback, Catch::Contains("#0  pause () at pause.c:29"));
+}
+
+TEST_CASE_METHOD(Fixture, "a worker that keeps reporting progress is never stalled", "[unit]") {
+  SupervisorOptions options;
+  options.stall.timeout = 150ms;
+  options.stall.check_interval = 10ms;
+  with_attempt_dir = true;
+  nproc = 1;
+  make(options);
+  REQUIRE(launcher.spawned.size() == 1);
+  cpprun::ProgressReporter progress(dir.path() + "/attempt_0/0/progress");
+  REQUIRE(progress.active());
+  // Steps of about 10 ms for 4 stall timeouts; the file's modification time moves each time.
+  const auto until = std::chrono::steady_clock::now() + 600ms;
+  uint64_t step = 0;
+  runUntil(
+      [&] {
+        progress.bump(++step);
+        return std::chrono::steady_clock::now() >= until;
+      },
+      2s);
+  CHECK(launcher.signalsTo(pidOf(0)).empty());
+  CHECK(launcher.spawned.size() == 1);
+  CHECK(supervisor->snapshot().stalls_total == 0);
+  CHECK(supervisor->snapshot().workers[0].progress == step);
+  launcher.exit(*supervisor, pidOf(0), exitedWith(0));
+  REQUIRE(runUntil([&] { return outcome.has_value(); }));
+  CHECK(outcome->kind == JobOutcome::Kind::kSucceeded);
 }

@@ -481,3 +481,30 @@ TEST_CASE("elastic: with fewer than MIN nodes left the job fails naming the lost
                  Catch::Contains("1 nodes left, fewer than the minimum 2"));
   waitExit(*agents[victim]);
 }
+
+TEST_CASE("a rank stalled on one node stops every node and is every node's root cause",
+          "[integration][multinode][stall]") {
+  TempDir dir;
+  // Every rank reports progress once; rank 2 (node 1) then hangs, the others keep sleeping in
+  // steps well under the bound (they must be stopped by the stall, not end on their own).
+  auto agents =
+      startJob(freeTcpPort(),
+               {{0, 2, {"progress-every", "60", "0.5"}},
+                {1, 1, {"progress", "1", "stall-if-rank", "2", "progress-every", "60", "0.5"}}},
+               {"--stall-timeout=2"});
+  for (size_t i = 0; i < agents.size(); ++i) {
+    ChildProcess& a = *agents[i];
+    INFO(a.output());
+    CHECK(waitExit(a) == 1);
+    const std::string& out = a.output();
+    const size_t root = out.find("Root Cause (first observed failure):");
+    REQUIRE(root != std::string::npos);
+    const std::string root_cause = out.substr(root, out.find("=====", root) - root);
+    CHECK_THAT(root_cause, Catch::Contains("rank      : 2 (local_rank: 0)") &&
+                               Catch::Contains("stalled: no progress for") &&
+                               Catch::Contains("pauseForever"));
+  }
+  // Only node 1 detected it; node 0 was stopped by the announcement.
+  CHECK_THAT(agents[1]->output(), Catch::Contains("rank 2 (local_rank 0, pid"));
+  CHECK_THAT(agents[0]->output(), Catch::Contains("another node stopped attempt 0"));
+}
