@@ -550,6 +550,25 @@ SystemFacts probeSystem(const LaunchConfig& config, const RendezvousSettings& rd
     }
   }
   probeProgram(config, env, f);
+  f.gdb_path = findExecutable("gdb", envOr(env, "PATH", ""));
+  if (config.metrics_port > 0) {
+    const auto error = tryEndpoint(config.metrics_host, config.metrics_port, false);
+    f.metrics_bind_error = error ? *error : std::string();
+  }
+  if (!config.event_log.empty()) {
+    // Opened for appending, as the agent will, and left as it was (created only if missing,
+    // then removed again when it was).
+    const bool existed = ::access(config.event_log.c_str(), F_OK) == 0;
+    const int fd =
+        ::open(config.event_log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      f.event_log_error = std::strerror(errno);
+    } else {
+      ::close(fd);
+      if (!existed) ::unlink(config.event_log.c_str());
+      f.event_log_error = std::string();
+    }
+  }
   return f;
 }
 
@@ -629,6 +648,34 @@ PreflightReport runPreflight(const LaunchConfig& config, const RendezvousSetting
                                ": raise it (ulimit -n, or the scheduler's limits) before cpprun");
   } else {
     out.ok("open files", limit_text + " >= " + need_text);
+  }
+
+  // Operations.
+  if (config.stall_timeout > 0) {
+    if (f.gdb_path.empty()) {
+      out.warn("stall stacks",
+               "gdb is not on PATH: a stalled rank's report has only the Python stacks of ranks "
+               "that use examples/python/cpprun_progress.py (install gdb for native stacks)");
+    } else {
+      out.ok("stall stacks", "gdb " + f.gdb_path +
+                                 " for native stacks (it needs ptrace: the same user, or "
+                                 "CAP_SYS_PTRACE in a container); Python stacks by faulthandler");
+    }
+  }
+  if (f.metrics_bind_error) {
+    const std::string where = config.metrics_host + ":" + std::to_string(config.metrics_port);
+    if (f.metrics_bind_error->empty()) {
+      out.ok("metrics", where + " is free for --metrics-port");
+    } else {
+      out.fail("metrics", where + " cannot be bound: " + *f.metrics_bind_error);
+    }
+  }
+  if (f.event_log_error) {
+    if (f.event_log_error->empty()) {
+      out.ok("event log", config.event_log + " can be appended to");
+    } else {
+      out.fail("event log", config.event_log + " cannot be opened: " + *f.event_log_error);
+    }
   }
 
   // CPUs and NUMA.

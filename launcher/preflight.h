@@ -61,6 +61,11 @@ struct SystemFacts {
   // the file exists.
   std::string program_path;
   std::string program_error;
+  // Operations (--stall-timeout, --metrics-port, --event-log): gdb on PATH (empty: none), and
+  // whether the metrics port binds and the event log opens (set only when asked for).
+  std::string gdb_path;
+  std::optional<std::string> metrics_bind_error;
+  std::optional<std::string> event_log_error;
 };
 
 enum class CheckLevel { kOk, kWarn, kFail };

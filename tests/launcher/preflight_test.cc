@@ -168,6 +168,44 @@ TEST_CASE("preflight: a store not up yet, more workers than GPUs or CPUs are war
   CHECK(finding(report, "CPUs")->level == CheckLevel::kWarn);
 }
 
+TEST_CASE("preflight: the operations options are checked when given", "[unit]") {
+  LaunchConfig config = twoNodeConfig();
+  SystemFacts f = healthyFacts();
+  auto report = runPreflight(config, twoNodes(1), twoGpus(), 2, {}, f);
+  CHECK(finding(report, "stall stacks") == nullptr);  // not asked for
+  CHECK(finding(report, "metrics") == nullptr);
+  CHECK(finding(report, "event log") == nullptr);
+
+  config.stall_timeout = 30;
+  f.gdb_path = "/usr/bin/gdb";
+  report = runPreflight(config, twoNodes(1), twoGpus(), 2, {}, f);
+  REQUIRE(finding(report, "stall stacks") != nullptr);
+  CHECK(finding(report, "stall stacks")->level == CheckLevel::kOk);
+  CHECK_THAT(finding(report, "stall stacks")->text, Catch::Contains("/usr/bin/gdb"));
+  f.gdb_path.clear();
+  report = runPreflight(config, twoNodes(1), twoGpus(), 2, {}, f);
+  CHECK(finding(report, "stall stacks")->level == CheckLevel::kWarn);
+  CHECK(report.failures() == 0);
+
+  config.metrics_port = 9400;
+  config.event_log = "/var/log/cpprun/events.jsonl";
+  f.metrics_bind_error = "Address already in use";
+  f.event_log_error = "Permission denied";
+  report = runPreflight(config, twoNodes(1), twoGpus(), 2, {}, f);
+  INFO(report.format("test"));
+  CHECK(report.failures() == 2);
+  CHECK_THAT(finding(report, "metrics")->text,
+             Catch::Contains("127.0.0.1:9400 cannot be bound: Address already in use"));
+  CHECK_THAT(finding(report, "event log")->text,
+             Catch::Contains("/var/log/cpprun/events.jsonl cannot be opened: Permission denied"));
+  f.metrics_bind_error = "";
+  f.event_log_error = "";
+  report = runPreflight(config, twoNodes(1), twoGpus(), 2, {}, f);
+  CHECK(report.failures() == 0);
+  CHECK(finding(report, "metrics")->level == CheckLevel::kOk);
+  CHECK(finding(report, "event log")->level == CheckLevel::kOk);
+}
+
 TEST_CASE("cpprun --check on this machine: report, exit 0, and exit 1 for real problems",
           "[integration][check]") {
   auto check = [](std::vector<std::string> args, std::map<std::string, std::string> env = {},
