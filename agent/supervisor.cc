@@ -186,8 +186,8 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     workers_.resize(attempt.value().workers.size());
     setState(State::kRunning);
     attempt_failed_ = false;
-    stall_collection_pending_ = 0;
     collecting_stacks_ = false;
+    ++stall_generation_;
     peer_stopped_ = false;
     stop_signal_ = 0;
     for (size_t i = 0; i < workers_.size(); ++i) {
@@ -276,6 +276,8 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
 
   void onStall(const std::vector<size_t>& indices, SteadyClock::time_point now) {
     collecting_stacks_ = true;
+    ++stall_generation_;
+    stall_collection_pending_ = 0;
     stall_indices_ = indices;
     bool any_python = false;
     for (size_t i : indices) {
@@ -351,9 +353,12 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
           continue;
         }
         ++stall_collection_pending_;
-        helpers_[pid.value()] = [weak = weak_from_this()](int) {
+        // A gdb of an earlier stall that exits late (killed with its attempt's leftovers)
+        // must not count for this one.
+        helpers_[pid.value()] = [weak = weak_from_this(), generation = stall_generation_](int) {
           auto self = weak.lock();
-          if (self && --self->stall_collection_pending_ == 0) self->finishStall();
+          if (!self || generation != self->stall_generation_) return;
+          if (--self->stall_collection_pending_ == 0) self->finishStall();
         };
       }
     }
@@ -948,6 +953,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
   // Stall handling: stack collection in progress, its helper processes (gdb) by pid.
   bool collecting_stacks_ = false;
   int stall_collection_pending_ = 0;
+  uint64_t stall_generation_ = 0;  // one per stall: helpers of an older one are ignored
   std::vector<size_t> stall_indices_;
   std::map<pid_t, std::function<void(int)>> helpers_;
   uint64_t output_bytes_before_ = 0;
