@@ -79,7 +79,9 @@ agent::OutputOptions outputOptions(const LaunchConfig& config,
 }
 
 // The run's directory: <log dir>/<run id> when --log-dir is given, else a fresh temporary one
-// (removed at the end) for the error files.
+// (removed at the end) for the error files. It is made before the guardian forks, and both
+// processes remove a temporary one when they are done: the guardian after the agent is gone
+// (even when the agent was SIGKILLed), the agent when its job ends (even when the guardian was).
 struct RunDirectory {
   std::string path;
   bool temporary = false;
@@ -119,25 +121,32 @@ std::string uniqueAgentId(const std::string& host) {
   return host + "-" + std::to_string(::getpid()) + "-" + suffix;
 }
 
-// `scheduler_rank`: this agent's rank as the scheduler gave it (elastic ordering), -1 if none.
-int runJob(const LaunchConfig& config, const RendezvousSettings& rdzv_settings,
-           const NodeResources& node, int nproc, const std::map<std::string, std::string>& env,
-           int scheduler_rank, const std::vector<std::string>& expected_hosts) {
-  RunDirectory run_dir;
-  Status dir_status = makeRunDirectory(config, &run_dir);
-  if (!dir_status.isOk()) {
-    CPPRUN_LOG(kError) << dir_status.message();
-    return kExitLaunchError;
-  }
+// Makes the run directory and decides whether a temporary one is kept (in the guardian, before
+// the fork, so the guardian and the agent agree on it).
+Status prepareRunDirectory(const LaunchConfig& config,
+                           const std::map<std::string, std::string>& env, RunDirectory* run_dir) {
+  Status made = makeRunDirectory(config, run_dir);
+  if (!made.isOk()) return made;
   if (agent::anyRedirect(outputOptions(config, env)) && config.log_dir.empty()) {
     // torchrun does the same: redirected output needs a place; say where it is and keep it.
-    run_dir.temporary = false;
-    CPPRUN_LOG(kInfo) << "no --log-dir: worker logs are in " << run_dir.path;
+    run_dir->temporary = false;
+    CPPRUN_LOG(kInfo) << "no --log-dir: worker logs are in " << run_dir->path;
   } else if (config.stall_timeout > 0 && config.log_dir.empty()) {
     // Stall reports (stacks) must outlive the job.
-    run_dir.temporary = false;
-    CPPRUN_LOG(kInfo) << "no --log-dir: progress files and stall reports are in " << run_dir.path;
+    run_dir->temporary = false;
+    CPPRUN_LOG(kInfo) << "no --log-dir: progress files and stall reports are in " << run_dir->path;
   }
+  return Status::ok();
+}
+
+// `scheduler_rank`: this agent's rank as the scheduler gave it (elastic ordering), -1 if none.
+// `shared_run_dir`: made by prepareRunDirectory in the guardian; the agent removes a temporary
+// one when the job ends.
+int runJob(const LaunchConfig& config, const RendezvousSettings& rdzv_settings,
+           const NodeResources& node, int nproc, const std::map<std::string, std::string>& env,
+           int scheduler_rank, const std::vector<std::string>& expected_hosts,
+           const RunDirectory& shared_run_dir) {
+  RunDirectory run_dir{shared_run_dir.path, shared_run_dir.temporary};
 
   agent::LocalAgentOptions options;
   options.host_store = !config.worker_hosts_store && rdzv_settings.node_rank == 0;
@@ -392,6 +401,11 @@ int main(int argc, char** argv) {
     return 0;
   }
 
+  RunDirectory run_dir;
+  if (Status s = prepareRunDirectory(config, env, &run_dir); !s.isOk()) {
+    std::fprintf(stderr, "cpprun: error: %s\n", s.message().c_str());
+    return kExitLaunchError;
+  }
   raiseOpenFileLimit();
   // The scheduler's node names, by node rank, for "waiting for" notices (static ranks only).
   std::vector<std::string> expected_hosts;
@@ -400,7 +414,7 @@ int main(int argc, char** argv) {
   int code = agent::runUnderGuardian(
       [&] {
         return runJob(config, rdzv_settings.value(), node, nproc.value(), env, scheduler_rank,
-                      expected_hosts);
+                      expected_hosts, run_dir);
       },
       config.signals_to_handle);
   if (code < 0) {

@@ -262,10 +262,20 @@ static std::vector<std::string> processTreeCommand(const std::string& d) {
                         "sleep-forever"});
 }
 
-TEST_CASE("no worker or grandchild survives kill -9 of the agent", "[integration]") {
+// The entries of `dir` (the run's temporary directory goes under $TMPDIR).
+static std::vector<std::string> entriesOf(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().string());
+  return names;
+}
+
+TEST_CASE("no worker or grandchild survives kill -9 of the agent, nor its run directory",
+          "[integration]") {
   TempDir dir;
-  ChildProcess run(processTreeCommand(dir.path()));
+  TempDir tmp;  // $TMPDIR of cpprun: where its temporary run directory goes
+  ChildProcess run(processTreeCommand(dir.path()), {{"TMPDIR", tmp.path()}});
   std::vector<pid_t> everything = startProcessTree(run, dir.path());
+  REQUIRE(entriesOf(tmp.path()).size() == 1);
   // cpprun's pid is the guardian; its one child is the agent.
   std::vector<pid_t> agent = cpprun::agent::childrenOf(run.pid());
   REQUIRE(agent.size() == 1);
@@ -274,16 +284,23 @@ TEST_CASE("no worker or grandchild survives kill -9 of the agent", "[integration
   REQUIRE(status.has_value());
   CHECK(exitCodeOf(*status) == 128 + SIGKILL);
   CHECK(allGone(everything));
+  // The guardian removed it: the agent could not.
+  CHECK(entriesOf(tmp.path()).empty());
 }
 
-TEST_CASE("no worker or grandchild survives kill -9 of cpprun itself", "[integration]") {
+TEST_CASE("no worker or grandchild survives kill -9 of cpprun itself, nor its run directory",
+          "[integration]") {
   TempDir dir;
-  ChildProcess run(processTreeCommand(dir.path()));
+  TempDir tmp;
+  ChildProcess run(processTreeCommand(dir.path()), {{"TMPDIR", tmp.path()}});
   std::vector<pid_t> everything = startProcessTree(run, dir.path());
   run.signal(SIGKILL);
   auto status = run.wait(30s);
   REQUIRE(status.has_value());
   CHECK(allGone(everything));
+  // The agent removed it on its way out (the guardian could not); `everything` includes the
+  // agent, so it is done.
+  CHECK(entriesOf(tmp.path()).empty());
 }
 
 TEST_CASE("grandchildren of a failed worker are killed on teardown", "[integration]") {

@@ -484,14 +484,16 @@ TEST_CASE("elastic: with fewer than MIN nodes left the job fails naming the lost
 
 TEST_CASE("a rank stalled on one node stops every node and is every node's root cause",
           "[integration][multinode][stall]") {
-  TempDir dir;
+  TempDir dir;  // $TMPDIR of both agents: the run directories kept for the stall reports
   // Every rank reports progress once; rank 2 (node 1) then hangs, the others keep sleeping in
   // steps well under the bound (they must be stopped by the stall, not end on their own).
-  auto agents =
-      startJob(freeTcpPort(),
-               {{0, 2, {"progress-every", "60", "0.5"}},
-                {1, 1, {"progress", "1", "stall-if-rank", "2", "progress-every", "60", "0.5"}}},
-               {"--stall-timeout=2"});
+  auto agents = startJob(freeTcpPort(),
+                         {{0, 2, {"progress-every", "60", "0.5"}, {{"TMPDIR", dir.path()}}},
+                          {1,
+                           1,
+                           {"progress", "1", "stall-if-rank", "2", "progress-every", "60", "0.5"},
+                           {{"TMPDIR", dir.path()}}}},
+                         {"--stall-timeout=2"});
   for (size_t i = 0; i < agents.size(); ++i) {
     ChildProcess& a = *agents[i];
     INFO(a.output());
