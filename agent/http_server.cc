@@ -15,6 +15,7 @@
 
 #include "common/check.h"
 #include "common/logging.h"
+#include "rendezvous/tcp_listen.h"
 
 namespace cpprun::agent {
 
@@ -24,12 +25,6 @@ namespace http = boost::beast::http;
 using asio::ip::tcp;
 
 namespace {
-
-std::string describe(const tcp::endpoint& ep) {
-  auto addr = ep.address();
-  std::string a = addr.is_v6() ? "[" + addr.to_string() + "]" : addr.to_string();
-  return a + ":" + std::to_string(ep.port());
-}
 
 constexpr const char* kTextPlain = "text/plain; charset=utf-8";
 
@@ -77,7 +72,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   HttpConnection(std::shared_ptr<HttpServer::Impl> server, tcp::socket socket)
       : server_(std::move(server)), stream_(std::move(socket)) {
     boost::system::error_code ec;
-    peer_ = describe(stream_.socket().remote_endpoint(ec));
+    peer_ = rendezvous::describeEndpoint(stream_.socket().remote_endpoint(ec));
     if (ec) peer_ = "unknown peer";
     stream_.socket().set_option(tcp::no_delay(true), ec);
   }
@@ -286,43 +281,10 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
 };
 
 Status HttpServer::Impl::listen() {
-  boost::system::error_code ec;
-  std::string where = options_.host + ":" + std::to_string(options_.port);
-  tcp::endpoint endpoint;
-  auto addr = asio::ip::make_address(options_.host, ec);
-  if (!ec) {
-    endpoint = tcp::endpoint(addr, options_.port);
-  } else {
-    tcp::resolver resolver(io_);
-    auto results = resolver.resolve(options_.host, std::to_string(options_.port),
-                                    tcp::resolver::passive | tcp::resolver::numeric_service, ec);
-    if (ec || results.empty()) {
-      return Status(StatusCode::kInvalidArgument,
-                    "cannot resolve HTTP host '" + options_.host + "': " + ec.message());
-    }
-    endpoint = results.begin()->endpoint();
-  }
-  acceptor_.open(endpoint.protocol(), ec);
-  if (ec) return unavailable("socket for " + where + ": " + ec.message());
-  acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (endpoint.address().is_v6() && endpoint.address().is_unspecified()) {
-    acceptor_.set_option(asio::ip::v6_only(false), ec);  // "::" serves IPv4 too
-  }
-  acceptor_.bind(endpoint, ec);
-  if (ec == asio::error::address_in_use) {
-    return Status(StatusCode::kAlreadyExists, "bind " + describe(endpoint) + ": " + ec.message());
-  }
-  if (ec) return unavailable("bind " + describe(endpoint) + ": " + ec.message());
-  acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec == asio::error::address_in_use) {  // SO_REUSEADDR: a racing bind fails only here
-    return Status(StatusCode::kAlreadyExists,
-                  "listen on " + describe(endpoint) + ": " + ec.message());
-  }
-  if (ec) return unavailable("listen on " + describe(endpoint) + ": " + ec.message());
-  auto local = acceptor_.local_endpoint(ec);
-  if (ec) return unavailable("local address of " + where + ": " + ec.message());
-  bound_host_ = local.address().to_string();
-  bound_port_ = local.port();
+  auto bound = rendezvous::listenTcp(acceptor_, options_.host, options_.port, "HTTP");
+  if (!bound.isOk()) return bound.status();
+  bound_host_ = bound.value().host;
+  bound_port_ = bound.value().port;
   return Status::ok();
 }
 
@@ -344,7 +306,7 @@ void HttpServer::Impl::startAccepting() {
     if (self->connections_.size() >= self->options_.max_connections) {
       boost::system::error_code ignored;
       CPPRUN_LOG(kWarn) << "http: refusing connection from "
-                        << describe(socket.remote_endpoint(ignored)) << ": "
+                        << rendezvous::describeEndpoint(socket.remote_endpoint(ignored)) << ": "
                         << self->options_.max_connections << " connections already open";
       socket.close(ignored);
     } else {

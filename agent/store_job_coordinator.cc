@@ -238,13 +238,8 @@ class StoreCoordinator : public JobCoordinator {
   // connect(), retried for the join timeout in notice-sized slices, saying what it waits for:
   // an agent started before the store host is a common, and otherwise silent, wait.
   std::unique_ptr<TcpStoreClient> connectWithNotices() {
-    const auto start = SteadyClock::now();
-    const auto deadline = start + opts_.join_timeout;
-    WaitNotice notice(start);
-    struct ClearWaiting {
-      StoreCoordinator* self;
-      ~ClearWaiting() { self->setWaiting(""); }
-    } clear_waiting{this};
+    const auto deadline = SteadyClock::now() + opts_.join_timeout;
+    WaitAnnouncer announcer(*this, deadline);
     while (true) {
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -256,17 +251,11 @@ class StoreCoordinator : public JobCoordinator {
         return connect(std::max(std::min(left, kNoticeSlice), std::chrono::milliseconds(1)),
                        opts_.keep_alive_interval * 2);
       } catch (const StoreTimeout&) {
-        const auto now = SteadyClock::now();
-        if (now >= deadline) throw;
-        if (notice.due(now)) {
-          const std::string text = "waiting for the store host (" + nodeNames({0}) + ") at " +
-                                   opts_.store_host + ":" + std::to_string(opts_.store_port) +
-                                   " to accept connections";
-          setWaiting(text);
-          CPPRUN_LOG(kInfo) << text << " for " << formatWait(notice.elapsed(now)) << ", timeout in "
-                            << formatWait(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                   deadline - now));
-        }
+        if (SteadyClock::now() >= deadline) throw;
+        announcer.maybeAnnounce([&] {
+          return "waiting for the store host (" + nodeNames({0}) + ") at " + opts_.store_host +
+                 ":" + std::to_string(opts_.store_port) + " to accept connections";
+        });
       }
     }
   }
@@ -300,6 +289,37 @@ class StoreCoordinator : public JobCoordinator {
     std::lock_guard<std::mutex> lock(mu_);
     progress_.waiting_for = what;
   }
+
+  // One wait's notices: when WaitNotice says one is due, logs what the wait is for, how long it
+  // has lasted and (with a deadline) how long it may still last, and shows it in /status until
+  // the wait ends.
+  class WaitAnnouncer {
+   public:
+    explicit WaitAnnouncer(StoreCoordinator& coordinator,
+                           SteadyClock::time_point deadline = SteadyClock::time_point::max())
+        : coordinator_(coordinator), notice_(SteadyClock::now()), deadline_(deadline) {}
+    ~WaitAnnouncer() { coordinator_.setWaiting(""); }
+    WaitAnnouncer(const WaitAnnouncer&) = delete;
+    WaitAnnouncer& operator=(const WaitAnnouncer&) = delete;
+
+    void maybeAnnounce(const std::function<std::string()>& describe) {
+      const auto now = SteadyClock::now();
+      if (!notice_.due(now)) return;
+      const std::string text = describe();
+      coordinator_.setWaiting(text);
+      std::string line = text + " for " + formatWait(notice_.elapsed(now));
+      if (deadline_ != SteadyClock::time_point::max()) {
+        line += ", timeout in " +
+                formatWait(std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - now));
+      }
+      CPPRUN_LOG(kInfo) << line;
+    }
+
+   private:
+    StoreCoordinator& coordinator_;
+    WaitNotice notice_;
+    SteadyClock::time_point deadline_;
+  };
 
   void rendezvousStarted(int round) {
     {
@@ -360,20 +380,17 @@ class StoreCoordinator : public JobCoordinator {
     }
     return "waiting for " + std::to_string(missing.size()) + " of " + std::to_string(keys.size()) +
            " nodes (" + nodeNames(missing) + ") " + what;
-  }  // `describe` (optional) says what the wait is for; it is logged every few seconds
+  }
+
+  // `describe` (optional) says what the wait is for; it is logged every few seconds
   // (WaitNotice) with how long the wait has lasted and how long it may still last, and shown
   // in /status.
   void waitKeys(TcpStoreClient& client, const std::vector<std::string>& keys,
                 std::chrono::milliseconds total, const std::string& what,
                 const std::function<void()>& on_slice = {},
                 const std::function<std::string()>& describe = {}) {
-    const auto start = SteadyClock::now();
-    const auto deadline = start + total;
-    WaitNotice notice(start);
-    struct ClearWaiting {
-      StoreCoordinator* self;
-      ~ClearWaiting() { self->setWaiting(""); }
-    } clear_waiting{this};
+    const auto deadline = SteadyClock::now() + total;
+    WaitAnnouncer announcer(*this, total < kNoDeadline ? deadline : SteadyClock::time_point::max());
     while (true) {
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -391,18 +408,7 @@ class StoreCoordinator : public JobCoordinator {
         return;
       } catch (const StoreTimeout&) {
         if (on_slice) on_slice();
-        const auto now = SteadyClock::now();
-        if (describe && notice.due(now)) {
-          const std::string text = describe();
-          setWaiting(text);
-          std::string line = text + " for " + formatWait(notice.elapsed(now));
-          if (total < kNoDeadline) {
-            line +=
-                ", timeout in " +
-                formatWait(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
-          }
-          CPPRUN_LOG(kInfo) << line;
-        }
+        if (describe) announcer.maybeAnnounce(describe);
       }
     }
   }
@@ -791,7 +797,7 @@ class StoreCoordinator : public JobCoordinator {
     const Membership membership = currentMembership();
     const int world = membership.group_world_size;
     std::map<int, json> reports;
-    WaitNotice notice(SteadyClock::now());
+    WaitAnnouncer announcer(*this);
     while (static_cast<int>(reports.size()) < world) {
       std::vector<std::string> missing;
       std::vector<int> missing_ranks;
@@ -810,15 +816,11 @@ class StoreCoordinator : public JobCoordinator {
       try {
         control_client_->wait(missing, opts_.keep_alive_interval);
       } catch (const StoreTimeout&) {
-        const auto now = SteadyClock::now();
-        if (notice.due(now)) {
-          const std::string text = "attempt " + std::to_string(n) + ": waiting for " +
-                                   std::to_string(missing_ranks.size()) + " of " +
-                                   std::to_string(world) + " nodes (" + nodeNames(missing_ranks) +
-                                   ") to report how it ended";
-          setWaiting(text);
-          CPPRUN_LOG(kInfo) << text << " for " << formatWait(notice.elapsed(now));
-        }
+        announcer.maybeAnnounce([&] {
+          return "attempt " + std::to_string(n) + ": waiting for " +
+                 std::to_string(missing_ranks.size()) + " of " + std::to_string(world) +
+                 " nodes (" + nodeNames(missing_ranks) + ") to report how it ended";
+        });
         continue;  // look at the lost agents again
       }
       auto values = control_client_->multiGet(missing);

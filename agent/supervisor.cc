@@ -505,7 +505,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     w->status = status;
     w->exit_time = SystemClock::now();
     w->exited_during_stop = state_ == State::kStopping;
-    {
+    if (options_.event_log != nullptr) {
       nlohmann::json fields = {{"attempt", restart_count_},
                                {"rank", w->spec.rank},
                                {"local_rank", w->spec.local_rank},

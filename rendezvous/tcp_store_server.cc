@@ -9,21 +9,12 @@
 #include "common/asio.h"
 #include "common/logging.h"
 #include "rendezvous/store_engine.h"
+#include "rendezvous/tcp_listen.h"
 
 namespace cpprun::rendezvous {
 
 namespace asio = boost::asio;
 using asio::ip::tcp;
-
-namespace {
-
-std::string describe(const tcp::endpoint& ep) {
-  auto addr = ep.address();
-  std::string a = addr.is_v6() ? "[" + addr.to_string() + "]" : addr.to_string();
-  return a + ":" + std::to_string(ep.port());
-}
-
-}  // namespace
 
 class Connection;
 
@@ -69,7 +60,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
         socket_(std::move(socket)),
         decoder_(server_->options_.limits) {
     boost::system::error_code ec;
-    peer_ = describe(socket_.remote_endpoint(ec));
+    peer_ = describeEndpoint(socket_.remote_endpoint(ec));
     if (ec) peer_ = "unknown peer";
     socket_.set_option(tcp::no_delay(true), ec);
     socket_.non_blocking(true, ec);  // for the direct writes in flush()
@@ -214,43 +205,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
 };
 
 Status TcpStoreServer::Impl::listen() {
-  boost::system::error_code ec;
-  std::string where = options_.host + ":" + std::to_string(options_.port);
-  tcp::endpoint endpoint;
-  auto addr = asio::ip::make_address(options_.host, ec);
-  if (!ec) {
-    endpoint = tcp::endpoint(addr, options_.port);
-  } else {
-    tcp::resolver resolver(io_);
-    auto results = resolver.resolve(options_.host, std::to_string(options_.port),
-                                    tcp::resolver::passive | tcp::resolver::numeric_service, ec);
-    if (ec || results.empty()) {
-      return Status(StatusCode::kInvalidArgument,
-                    "cannot resolve store host '" + options_.host + "': " + ec.message());
-    }
-    endpoint = results.begin()->endpoint();
-  }
-  acceptor_.open(endpoint.protocol(), ec);
-  if (ec) return unavailable("socket for " + where + ": " + ec.message());
-  acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (endpoint.address().is_v6() && endpoint.address().is_unspecified()) {
-    acceptor_.set_option(asio::ip::v6_only(false), ec);  // "::" serves IPv4 too
-  }
-  acceptor_.bind(endpoint, ec);
-  if (ec == asio::error::address_in_use) {
-    // Distinct code: an elastic agent takes it to mean "another agent serves the store".
-    return Status(StatusCode::kAlreadyExists, "bind " + describe(endpoint) + ": " + ec.message());
-  }
-  if (ec) return unavailable("bind " + describe(endpoint) + ": " + ec.message());
-  acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec == asio::error::address_in_use) {  // SO_REUSEADDR: a racing bind fails only here
-    return Status(StatusCode::kAlreadyExists,
-                  "listen on " + describe(endpoint) + ": " + ec.message());
-  }
-  if (ec) return unavailable("listen on " + describe(endpoint) + ": " + ec.message());
-  auto local = acceptor_.local_endpoint(ec);
-  bound_host_ = local.address().to_string();
-  bound_port_ = local.port();
+  auto bound = rendezvous::listenTcp(acceptor_, options_.host, options_.port, "store");
+  if (!bound.isOk()) return bound.status();
+  bound_host_ = bound.value().host;
+  bound_port_ = bound.value().port;
   return Status::ok();
 }
 
@@ -273,7 +231,7 @@ void TcpStoreServer::Impl::startAccepting() {
       ++self->stats_.connections_rejected;
       boost::system::error_code ignored;
       CPPRUN_LOG(kWarn) << "store: refusing connection from "
-                        << describe(socket.remote_endpoint(ignored)) << ": "
+                        << describeEndpoint(socket.remote_endpoint(ignored)) << ": "
                         << self->options_.max_connections << " connections already open";
       socket.close(ignored);
     } else {

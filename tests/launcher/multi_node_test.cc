@@ -45,6 +45,13 @@ std::vector<std::unique_ptr<ChildProcess>> startJob(int port, const std::vector<
   return agents;
 }
 
+// The failure report's root-cause section of an agent's output (it must have one).
+std::string rootCauseSection(const std::string& out) {
+  const size_t root = out.find("Root Cause (first observed failure):");
+  REQUIRE(root != std::string::npos);
+  return out.substr(root, out.find("=====", root) - root);
+}
+
 int waitExit(ChildProcess& agent, std::chrono::milliseconds bound = 60s) {
   auto status = agent.wait(bound);
   REQUIRE(status.has_value());
@@ -146,9 +153,7 @@ TEST_CASE("with no restart left every node names the same root cause and exits 1
     INFO(a.output());
     CHECK(waitExit(a) == 1);
     const std::string& out = a.output();
-    const size_t root = out.find("Root Cause (first observed failure):");
-    REQUIRE(root != std::string::npos);
-    root_cause_lines[i] = out.substr(root, out.find("=====", root) - root);
+    root_cause_lines[i] = rootCauseSection(out);
     CHECK_THAT(root_cause_lines[i], Catch::Contains("rank      : 2 (local_rank: 0)") &&
                                         Catch::Contains("ValueError: shard 9 is corrupt") &&
                                         Catch::Contains("loading shard 9"));
@@ -499,9 +504,7 @@ TEST_CASE("a rank stalled on one node stops every node and is every node's root 
     INFO(a.output());
     CHECK(waitExit(a) == 1);
     const std::string& out = a.output();
-    const size_t root = out.find("Root Cause (first observed failure):");
-    REQUIRE(root != std::string::npos);
-    const std::string root_cause = out.substr(root, out.find("=====", root) - root);
+    const std::string root_cause = rootCauseSection(out);
     CHECK_THAT(root_cause, Catch::Contains("rank      : 2 (local_rank: 0)") &&
                                Catch::Contains("stalled: no progress for") &&
                                Catch::Contains("pauseForever"));

@@ -1,0 +1,55 @@
+#include "rendezvous/tcp_listen.h"
+
+namespace cpprun::rendezvous {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+std::string describeEndpoint(const tcp::endpoint& endpoint) {
+  auto addr = endpoint.address();
+  std::string a = addr.is_v6() ? "[" + addr.to_string() + "]" : addr.to_string();
+  return a + ":" + std::to_string(endpoint.port());
+}
+
+Result<BoundAddress> listenTcp(tcp::acceptor& acceptor, const std::string& host, uint16_t port,
+                               const std::string& what) {
+  boost::system::error_code ec;
+  const std::string where = host + ":" + std::to_string(port);
+  tcp::endpoint endpoint;
+  auto addr = asio::ip::make_address(host, ec);
+  if (!ec) {
+    endpoint = tcp::endpoint(addr, port);
+  } else {
+    tcp::resolver resolver(acceptor.get_executor());
+    auto results = resolver.resolve(host, std::to_string(port),
+                                    tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+    if (ec || results.empty()) {
+      return Status(StatusCode::kInvalidArgument,
+                    "cannot resolve " + what + " host '" + host + "': " + ec.message());
+    }
+    endpoint = results.begin()->endpoint();
+  }
+  acceptor.open(endpoint.protocol(), ec);
+  if (ec) return unavailable("socket for " + where + ": " + ec.message());
+  acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (endpoint.address().is_v6() && endpoint.address().is_unspecified()) {
+    acceptor.set_option(asio::ip::v6_only(false), ec);  // "::" serves IPv4 too
+  }
+  acceptor.bind(endpoint, ec);
+  if (ec == asio::error::address_in_use) {
+    return Status(StatusCode::kAlreadyExists,
+                  "bind " + describeEndpoint(endpoint) + ": " + ec.message());
+  }
+  if (ec) return unavailable("bind " + describeEndpoint(endpoint) + ": " + ec.message());
+  acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec == asio::error::address_in_use) {  // SO_REUSEADDR: a racing bind fails only here
+    return Status(StatusCode::kAlreadyExists,
+                  "listen on " + describeEndpoint(endpoint) + ": " + ec.message());
+  }
+  if (ec) return unavailable("listen on " + describeEndpoint(endpoint) + ": " + ec.message());
+  auto local = acceptor.local_endpoint(ec);
+  if (ec) return unavailable("local address of " + where + ": " + ec.message());
+  return BoundAddress{local.address().to_string(), local.port()};
+}
+
+}  // namespace cpprun::rendezvous
