@@ -12,9 +12,9 @@
 //               the stop key's owner's first failure; the rest are listed as collateral) or
 //               stopped by a signal — and every agent acts on that one decision
 //   liveness    every agent bumps a heartbeat key each keep-alive interval; the host declares an
-//               agent lost after keep_alive_max_attempt silent intervals and stops the attempt;
-//               an agent that cannot reach the store within the same bound stops its workers
-//               and ends with exit code 4
+//               agent lost after keep_alive_max_attempt silent intervals (not counting the
+//               host's own delays) and stops the attempt; an agent whose store requests go
+//               unanswered for the same bound stops its workers and ends with exit code 4
 //
 // Keys live under "cpprun/" (kept across attempts); docs/rendezvous.md lists them. The store
 // operations per agent per attempt are a constant number (join: 3, attempt: 2, report: 3),

@@ -221,6 +221,12 @@ class StoreCoordinator : public JobCoordinator {
            " (served by the store host's agent)";
   }
 
+  // How long the store (or an agent) may stay silent before it counts as lost: every store
+  // request's reply timeout, and the heartbeat bound.
+  std::chrono::milliseconds keepAliveBound() const {
+    return opts_.keep_alive_interval * opts_.keep_alive_max_attempt;
+  }
+
   std::unique_ptr<TcpStoreClient> connect(std::chrono::milliseconds connect_timeout,
                                           std::chrono::milliseconds timeout) {
     rendezvous::TcpStoreClientOptions o;
@@ -249,7 +255,7 @@ class StoreCoordinator : public JobCoordinator {
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
       try {
         return connect(std::max(std::min(left, kNoticeSlice), std::chrono::milliseconds(1)),
-                       opts_.keep_alive_interval * 2);
+                       std::max(keepAliveBound(), opts_.keep_alive_interval * 2));
       } catch (const StoreTimeout&) {
         if (SteadyClock::now() >= deadline) throw;
         announcer.maybeAnnounce([&] {
@@ -947,16 +953,19 @@ class StoreCoordinator : public JobCoordinator {
   // everyone's heartbeats and (elastic) agents waiting to join.
   void watchLoop() {
     std::unique_ptr<TcpStoreClient> client;
-    const auto bound = opts_.keep_alive_interval * opts_.keep_alive_max_attempt;
+    const auto bound = keepAliveBound();
     try {
-      client = connect(bound, opts_.keep_alive_interval);
+      // A reply may be late by up to the whole bound: one slow reply (the store host's agent
+      // busy or descheduled for a moment) is not a lost store; keep_alive_max_attempt silent
+      // intervals are.
+      client = connect(bound, bound);
     } catch (const StoreError& e) {
       reportLost(unavailable("cannot reach " + storeWhere() + ": " + e.what()));
       return;
     }
     int handled_stop = -1;
     int beats_for = -1;
-    std::map<std::string, std::pair<int64_t, SteadyClock::time_point>> seen;  // host: id -> beat
+    HeartbeatWatch beats;  // host only
     while (true) {
       int n;
       {
@@ -971,7 +980,7 @@ class StoreCoordinator : public JobCoordinator {
         }
       }
       if (n != beats_for) {  // a new attempt (elastic: maybe new members): start afresh
-        seen.clear();
+        beats = HeartbeatWatch{};
         beats_for = n;
       }
       try {
@@ -991,7 +1000,7 @@ class StoreCoordinator : public JobCoordinator {
         }
         client->add(heartbeatKey(opts_.self.id), 1);
         if (isHost() && n >= 0) {
-          checkHeartbeats(*client, n, seen, bound);
+          checkHeartbeats(*client, n, beats, bound);
           if (opts_.elastic) checkJoiners(*client, n);
         }
       } catch (const StoreError& e) {
@@ -1001,8 +1010,13 @@ class StoreCoordinator : public JobCoordinator {
     }
   }
 
-  void checkHeartbeats(TcpStoreClient& client, int n,
-                       std::map<std::string, std::pair<int64_t, SteadyClock::time_point>>& seen,
+  // The host's view of the other agents' heartbeats: each one's last value and when it changed.
+  struct HeartbeatWatch {
+    std::map<std::string, std::pair<int64_t, SteadyClock::time_point>> seen;  // id -> beat
+    SteadyClock::time_point last_check{};
+  };
+
+  void checkHeartbeats(TcpStoreClient& client, int n, HeartbeatWatch& watch,
                        std::chrono::milliseconds bound) {
     const Membership m = currentMembership();
     std::vector<std::string> keys;
@@ -1015,6 +1029,17 @@ class StoreCoordinator : public JobCoordinator {
     if (keys.empty()) return;
     auto values = client.multiGet(keys);
     const auto now = SteadyClock::now();
+    // A check that comes late (the host's agent was stopped, descheduled or swapping, and the
+    // store it serves with it) finds the others' beats queued up behind it, unread. That
+    // silence is this host's: the delay beyond one interval does not count against them.
+    auto& seen = watch.seen;
+    if (watch.last_check != SteadyClock::time_point{}) {
+      const auto delay = now - watch.last_check - opts_.keep_alive_interval;
+      if (delay > opts_.keep_alive_interval) {
+        for (auto& entry : seen) entry.second.second = std::min(now, entry.second.second + delay);
+      }
+    }
+    watch.last_check = now;
     for (size_t i = 0; i < keys.size(); ++i) {
       const int r = ranks[i];
       const int64_t beat = std::atoll(toString(values[i]).c_str());

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <utility>
 
 #include "common/asio.h"
 #include "common/logging.h"
@@ -158,6 +159,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     }
     // Every node must be ready (its previous attempt torn down) before any starts this one.
     setState(State::kIdle);
+    early_peer_stop_.reset();
     options_.coordinator->beginAttempt(
         restart_count_, [weak = weak_from_this(), n = restart_count_](Result<AttemptStart> r) {
           auto self = weak.lock();
@@ -171,6 +173,11 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
           // The job's attempt number: an agent that joined an elastic job late starts there.
           self->restart_count_ = r.value().attempt;
           self->launchAttempt();
+          // Another node stopped this attempt before it started here (its workers could not
+          // start, say): these workers must not run on alone.
+          if (auto stop = std::exchange(self->early_peer_stop_, std::nullopt)) {
+            self->onPeerStop(stop->attempt, stop->reason, stop->signal);
+          }
         });
   }
 
@@ -565,6 +572,12 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
   }
 
   void onPeerStop(int n, const std::string& reason, int signo) {
+    if (state_ == State::kIdle && options_.coordinator != nullptr) {
+      // The attempt's start is on its way (the stop and the start are posted from different
+      // threads of the coordinator): act on it once the workers are up.
+      early_peer_stop_ = PeerStopNote{n, reason, signo};
+      return;
+    }
     if (n != restart_count_ || state_ != State::kRunning) return;
     if (signo != 0) {
       CPPRUN_LOG(kWarn) << "another node stopped attempt " << n << " (" << reason
@@ -966,6 +979,12 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
   std::vector<WorkerFailure> failures_;
   bool attempt_failed_ = false;
   bool peer_stopped_ = false;
+  struct PeerStopNote {
+    int attempt;
+    std::string reason;
+    int signal;
+  };
+  std::optional<PeerStopNote> early_peer_stop_;  // a peer's stop that came before the start
   Status lost_error_;
   std::optional<AttemptStart> attempt_start_;
   std::string summary_;

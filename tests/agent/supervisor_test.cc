@@ -101,6 +101,30 @@ class FakeLauncher : public ProcessLauncher {
   pid_t next_pid = 5000001;  // above any real pid_max: a slip cannot signal a real process
 };
 
+// A coordinator the test drives: it keeps the start and decision callbacks for the test to
+// call, as the real one posts them from its own threads.
+class FakeCoordinator : public JobCoordinator {
+ public:
+  void beginAttempt(int restart_count, StartDone done) override {
+    begun.push_back(restart_count);
+    start = std::move(done);
+  }
+  void announceStop(int restart_count, const std::string& reason, int) override {
+    announced.emplace_back(restart_count, reason);
+  }
+  void endAttempt(int, const AttemptReport& r, DecisionDone done) override {
+    reports.push_back(r);
+    decide = std::move(done);
+  }
+  RendezvousProgress progress() const override { return {}; }
+
+  std::vector<int> begun;
+  StartDone start;
+  std::vector<std::pair<int, std::string>> announced;
+  std::vector<AttemptReport> reports;
+  DecisionDone decide;
+};
+
 std::string readFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream s;
@@ -404,4 +428,44 @@ TEST_CASE_METHOD(Fixture, "a worker that keeps reporting progress is never stall
   launcher.exit(*supervisor, pidOf(0), exitedWith(0));
   REQUIRE(runUntil([&] { return outcome.has_value(); }));
   CHECK(outcome->kind == JobOutcome::Kind::kSucceeded);
+}
+
+TEST_CASE_METHOD(Fixture, "a peer's stop that arrives before the attempt's start stops its workers",
+                 "[unit]") {
+  FakeCoordinator coordinator;
+  SupervisorOptions options;
+  options.coordinator = &coordinator;
+  make(options);
+  REQUIRE(runUntil([&] { return !coordinator.begun.empty(); }));
+  REQUIRE(coordinator.begun == std::vector<int>{0});
+  // The coordinator's watcher posts another node's stop of attempt 0 before its control thread
+  // posts the start: the stop must not be lost, or these workers run on alone.
+  supervisor->onPeerStop(0, "node 1 (n1): could not start its workers", 0);
+  AttemptStart started;
+  started.attempt = 0;
+  coordinator.start(started);
+  REQUIRE(launcher.spawned.size() == 2);
+  CHECK(launcher.signalsTo(pidOf(0)) == std::vector<int>{SIGTERM, SIGCONT});
+  CHECK(launcher.signalsTo(pidOf(1)) == std::vector<int>{SIGTERM, SIGCONT});
+  launcher.exit(*supervisor, pidOf(0), killedBy(SIGTERM));
+  launcher.exit(*supervisor, pidOf(1), killedBy(SIGTERM));
+  REQUIRE(runUntil([&] { return coordinator.reports.size() == 1; }));
+  CHECK(coordinator.reports[0].kind == AttemptReport::Kind::kStopped);
+  CHECK(coordinator.announced.empty());  // the stop was the other node's, not this one's
+}
+
+TEST_CASE_METHOD(Fixture, "a peer's stop of an earlier attempt does not stop the next one",
+                 "[unit]") {
+  FakeCoordinator coordinator;
+  SupervisorOptions options;
+  options.coordinator = &coordinator;
+  make(options);
+  REQUIRE(runUntil([&] { return !coordinator.begun.empty(); }));
+  supervisor->onPeerStop(7, "an old attempt's stop", 0);
+  AttemptStart started;
+  started.attempt = 8;
+  coordinator.start(started);
+  REQUIRE(launcher.spawned.size() == 2);
+  CHECK(launcher.signalsTo(pidOf(0)).empty());
+  CHECK(supervisor->restartCount() == 8);
 }

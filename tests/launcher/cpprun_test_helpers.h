@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -79,6 +80,22 @@ inline bool relayed(ChildProcess& run, const std::string& line_start) {
     return true;
   }
   return run.waitForLine(line_start, 30s).has_value();
+}
+
+// Waits until every agent relayed a line of its workers (one starting with `prefix`), each
+// within 30 s; otherwise fails showing every agent's output, since the stuck agent is often not
+// the one waited on.
+inline void requireEveryAgentRelays(std::vector<std::unique_ptr<ChildProcess>>& agents,
+                                    const std::string& prefix = "[default") {
+  for (size_t i = 0; i < agents.size(); ++i) {
+    if (agents[i]->waitForLine(prefix, 30s).has_value()) continue;
+    std::string outputs;
+    for (size_t j = 0; j < agents.size(); ++j) {
+      outputs += "--- agent " + std::to_string(j) + " ---\n" + agents[j]->output() + "\n";
+    }
+    FAIL("agent " << i << " relayed no line starting with '" << prefix << "' within 30 s\n"
+                  << outputs);
+  }
 }
 
 // Pids of the live processes whose command line has an argument containing `token` (a test's

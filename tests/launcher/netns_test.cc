@@ -245,7 +245,7 @@ TEST_CASE("across hosts, elastic: a killed agent leaves the others to re-form an
                                          "sleep-forever"};
   std::vector<std::unique_ptr<ChildProcess>> agents;
   for (int i = 1; i <= 3; ++i) agents.push_back(hosts.elasticAgent(i, args));
-  for (auto& a : agents) REQUIRE(a->waitForLine("[default", 30s).has_value());
+  requireEveryAgentRelays(agents);
   CHECK_THAT(agents[0]->output(), Catch::Contains("this agent serves the job's store"));
   killAgentOf(*agents[2]);
   for (int i : {0, 1}) {
