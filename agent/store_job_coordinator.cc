@@ -1,6 +1,7 @@
 // The store-backed JobCoordinator (job_coordinator.h): a control thread runs the requests of
 // the loop one at a time with its own client; a watcher thread waits on the current attempt's
 // stop key, bumps this agent's heartbeat and, on the host, watches the others' heartbeats.
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <condition_variable>
@@ -390,10 +391,11 @@ class StoreCoordinator : public JobCoordinator {
 
   // `describe` (optional) says what the wait is for; it is logged every few seconds
   // (WaitNotice) with how long the wait has lasted and how long it may still last, and shown
-  // in /status.
+  // in /status. `on_slice` (optional) runs after every slice; it may throw, or return true to
+  // end the wait as if the keys had come.
   void waitKeys(TcpStoreClient& client, const std::vector<std::string>& keys,
                 std::chrono::milliseconds total, const std::string& what,
-                const std::function<void()>& on_slice = {},
+                const std::function<bool()>& on_slice = {},
                 const std::function<std::string()>& describe = {}) {
     const auto deadline = SteadyClock::now() + total;
     WaitAnnouncer announcer(*this, total < kNoDeadline ? deadline : SteadyClock::time_point::max());
@@ -413,7 +415,7 @@ class StoreCoordinator : public JobCoordinator {
         client.wait(keys, std::min({left, opts_.keep_alive_interval, kNoticeSlice}));
         return;
       } catch (const StoreTimeout&) {
-        if (on_slice) on_slice();
+        if (on_slice && on_slice()) return;
         if (describe) announcer.maybeAnnounce(describe);
       }
     }
@@ -512,21 +514,58 @@ class StoreCoordinator : public JobCoordinator {
     return m;
   }
 
+  // Elastic: the records written in round r's slots 1..joined, in slot order, one per agent.
+  // A slot can be empty (its joiner died, or its reply was lost and it joined again with a new
+  // slot) or hold a record already seen (that joiner's earlier slot): both are skipped.
+  struct SlotRecord {
+    int64_t index;
+    json record;
+  };
+  std::vector<SlotRecord> roundRecords(int r, int64_t joined) {
+    std::vector<std::string> present;
+    for (int64_t i = 1; i <= joined; ++i) {
+      const std::string key = roundKey(r, "agent/" + std::to_string(i));
+      if (control_client_->check({key})) present.push_back(key);
+    }
+    std::vector<SlotRecord> records;
+    if (present.empty()) return records;
+    auto values = control_client_->multiGet(present);
+    std::set<std::string> ids;
+    for (size_t i = 0; i < present.size(); ++i) {
+      json doc = json::parse(toString(values[i]), nullptr, false);
+      agentFromRecord(doc, present[i]);  // validates
+      if (!ids.insert(doc.value("id", "")).second) continue;
+      records.push_back({std::stoll(present[i].substr(present[i].rfind('/') + 1)), doc});
+    }
+    return records;
+  }
+
   // Elastic, host: closes round r once max_nodes joined, or last_call_timeout after min_nodes
   // did (the whole wait bounded by join_timeout), and publishes its members in rank order.
   // Returns the members document.
-  json closeRound(int r, int64_t my_index) {
+  json closeRound(int r) {
+    const auto joinedNow = [&] { return control_client_->add(roundKey(r, "joined"), 0); };
     try {
-      waitKeys(*control_client_, {roundKey(r, "agent/" + std::to_string(opts_.min_nodes))},
-               opts_.join_timeout, "rendezvous round " + std::to_string(r), {}, [&] {
-                 const int64_t joined = control_client_->add(roundKey(r, "joined"), 0);
-                 return "rendezvous round " + std::to_string(r) + ": waiting for " +
-                        std::to_string(opts_.min_nodes - joined) + " more node(s) (" +
-                        std::to_string(joined) + " of at least " + std::to_string(opts_.min_nodes) +
-                        " joined)";
-               });
+      // Usually the min_nodes-th slot's record says enough have joined. A slot left empty
+      // would hold that up for the whole join timeout, so every slice also counts the records
+      // (only once enough slots are taken: one check per slot).
+      waitKeys(
+          *control_client_, {roundKey(r, "agent/" + std::to_string(opts_.min_nodes))},
+          opts_.join_timeout, "rendezvous round " + std::to_string(r),
+          [&] {
+            const int64_t joined = joinedNow();
+            return joined >= opts_.min_nodes &&
+                   static_cast<int>(roundRecords(r, joined).size()) >= opts_.min_nodes;
+          },
+          [&] {
+            const int64_t joined = static_cast<int64_t>(roundRecords(r, joinedNow()).size());
+            return "rendezvous round " + std::to_string(r) + ": waiting for " +
+                   std::to_string(opts_.min_nodes - joined) + " more node(s) (" +
+                   std::to_string(joined) + " of at least " + std::to_string(opts_.min_nodes) +
+                   " joined)";
+          });
     } catch (const Abandoned& a) {
-      const int64_t joined = control_client_->add(roundKey(r, "joined"), 0);
+      const auto joined = roundRecords(r, joinedNow()).size();
       json members = {{"error", "rendezvous: only " + std::to_string(joined) + " of at least " +
                                     std::to_string(opts_.min_nodes) + " nodes joined within " +
                                     formatSeconds(opts_.join_timeout) +
@@ -543,24 +582,31 @@ class StoreCoordinator : public JobCoordinator {
     }
     // Later joiners see the next round; this one is closing.
     control_client_->set("cpprun/rdzv/round", std::to_string(r + 1));
-    const int64_t joined = control_client_->add(roundKey(r, "joined"), 0);
-    const int64_t take = std::min<int64_t>(joined, opts_.max_nodes);
-    std::vector<std::string> keys;
-    for (int64_t i = 1; i <= take; ++i) keys.push_back(roundKey(r, "agent/" + std::to_string(i)));
-    if (my_index > take) keys.back() = roundKey(r, "agent/" + std::to_string(my_index));
-    auto values = control_client_->multiGet(keys);
-    struct Candidate {
-      json record;
-      int64_t index;
-    };
-    std::vector<Candidate> candidates;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      json doc = json::parse(toString(values[i]), nullptr, false);
-      agentFromRecord(doc, keys[i]);  // validates
-      candidates.push_back({doc, std::stoll(keys[i].substr(keys[i].rfind('/') + 1))});
+    const int64_t joined = joinedNow();
+    {
+      // Slots taken a moment ago may not hold their record yet: give them one interval.
+      std::vector<std::string> slots;
+      for (int64_t i = 1; i <= joined; ++i) {
+        slots.push_back(roundKey(r, "agent/" + std::to_string(i)));
+      }
+      try {
+        control_client_->wait(slots, opts_.keep_alive_interval);
+      } catch (const StoreTimeout&) {
+      }
+    }
+    std::vector<SlotRecord> candidates = roundRecords(r, joined);
+    // The first max_nodes to join, and always this agent (it serves the store).
+    if (static_cast<int>(candidates.size()) > opts_.max_nodes) {
+      auto mine = std::find_if(candidates.begin(), candidates.end(), [&](const SlotRecord& c) {
+        return c.record.value("id", "") == opts_.self.id;
+      });
+      if (mine != candidates.end() && mine - candidates.begin() >= opts_.max_nodes) {
+        std::swap(*mine, candidates[static_cast<size_t>(opts_.max_nodes - 1)]);
+      }
+      candidates.resize(static_cast<size_t>(opts_.max_nodes));
     }
     // Stable order: the scheduler's rank, else the previous round's rank, else join order.
-    auto order_key = [](const Candidate& c) {
+    auto order_key = [](const SlotRecord& c) {
       const int sched = c.record.value("scheduler_rank", -1);
       const int previous = c.record.value("previous_rank", -1);
       return std::make_tuple(sched >= 0 ? sched : INT_MAX, previous >= 0 ? previous : INT_MAX,
@@ -568,15 +614,34 @@ class StoreCoordinator : public JobCoordinator {
     };
     std::stable_sort(
         candidates.begin(), candidates.end(),
-        [&](const Candidate& a, const Candidate& b) { return order_key(a) < order_key(b); });
+        [&](const SlotRecord& a, const SlotRecord& b) { return order_key(a) < order_key(b); });
     json members = {{"attempt", next_attempt_}, {"round", r}, {"members", json::array()}};
-    for (const Candidate& c : candidates) {
+    for (const SlotRecord& c : candidates) {
       json m = c.record;
       m["index"] = c.index;
       members["members"].push_back(m);
     }
     control_client_->set(roundKey(r, "members"), members.dump());
     return members;
+  }
+
+  // Elastic: takes a slot in round r and writes this agent's record there; returns the slot.
+  // A request that times out (a store host stopped or swapping for longer than the request
+  // timeout; the connection is then closed, its reply lost) is retried with a new slot until
+  // the join timeout: the old slot is left empty or holds a copy of this record, and the host
+  // skips both (roundRecords).
+  int64_t takeSlot(int r, const std::string& record) {
+    const auto deadline = SteadyClock::now() + opts_.join_timeout;
+    while (true) {
+      try {
+        const int64_t index = control_client_->add(roundKey(r, "joined"), 1);
+        control_client_->set(roundKey(r, "agent/" + std::to_string(index)), record);
+        return index;
+      } catch (const StoreTimeout& e) {
+        if (SteadyClock::now() >= deadline) throw;
+        CPPRUN_LOG(kWarn) << "rendezvous round " << r << ": " << e.what() << "; joining again";
+      }
+    }
   }
 
   // Elastic: joins rounds until this agent is a member of one; returns its membership and
@@ -589,9 +654,7 @@ class StoreCoordinator : public JobCoordinator {
     }
     while (true) {
       const int r = nextRound();
-      const int64_t index = control_client_->add(roundKey(r, "joined"), 1);
-      control_client_->set(roundKey(r, "agent/" + std::to_string(index)),
-                           selfRecord(previous_rank_).dump());
+      const int64_t index = takeSlot(r, selfRecord(previous_rank_).dump());
       control_client_->add(heartbeatKey(opts_.self.id), 1);
       rendezvousStarted(r);
       CPPRUN_LOG(kInfo) << "rendezvous round " << r << ": joined as number " << index
@@ -600,7 +663,7 @@ class StoreCoordinator : public JobCoordinator {
                         << ", last call " << formatSeconds(opts_.last_call_timeout) << ")";
       json members;
       if (opts_.is_host) {
-        members = closeRound(r, index);
+        members = closeRound(r);
       } else {
         waitKeys(*control_client_, {roundKey(r, "members")},
                  opts_.join_timeout + opts_.last_call_timeout,
@@ -680,7 +743,10 @@ class StoreCoordinator : public JobCoordinator {
           waitKeys(
               *control_client_, keys, opts_.join_timeout,
               "attempt " + std::to_string(attempt) + ": waiting for every node to be ready",
-              [&] { throwIfAgentLost(); },
+              [&] {
+                throwIfAgentLost();
+                return false;
+              },
               [&] {
                 return "attempt " + std::to_string(attempt) + ": " +
                        describeMissing(*control_client_, keys,

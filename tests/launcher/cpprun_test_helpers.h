@@ -91,6 +91,7 @@ inline void requireEveryAgentRelays(std::vector<std::unique_ptr<ChildProcess>>& 
     if (agents[i]->waitForLine(prefix, 30s).has_value()) continue;
     std::string outputs;
     for (size_t j = 0; j < agents.size(); ++j) {
+      agents[j]->readAvailable(100ms);
       outputs += "--- agent " + std::to_string(j) + " ---\n" + agents[j]->output() + "\n";
     }
     FAIL("agent " << i << " relayed no line starting with '" << prefix << "' within 30 s\n"

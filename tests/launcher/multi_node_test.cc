@@ -10,6 +10,7 @@
 #include <set>
 
 #include "agent/process_launcher.h"
+#include "rendezvous/tcp_store_client.h"
 #include "tests/launcher/cpprun_test_helpers.h"
 #include "tests/support/test_support.h"
 
@@ -496,6 +497,32 @@ TEST_CASE("elastic: nodes are ordered by the scheduler's rank, not by join order
   for (int r = 0; r < 3; ++r) {
     Json e = readJson(d + "/env-" + std::to_string(r) + ".json");
     CHECK(e["GROUP_RANK"] == e["OMPI_COMM_WORLD_RANK"]);
+  }
+}
+
+TEST_CASE("elastic: a joiner that took a slot and never wrote its record does not block the round",
+          "[integration][multinode][elastic]") {
+  const int port = freeTcpPort();
+  const std::vector<std::string> args = {"print", "up {rank}"};
+  std::vector<std::unique_ptr<ChildProcess>> agents;
+  agents.push_back(elasticAgent(port, "2:3", args));
+  // Once the first agent has joined round 0, a joiner takes slot 2 and dies before writing its
+  // record (or its reply was lost and it joined again): what a store host stopped at the wrong
+  // moment leaves. The round used to wait for slot 2 until the join timeout.
+  cpprun::rendezvous::TcpStoreClientOptions o;
+  o.host = "127.0.0.1";
+  o.port = static_cast<uint16_t>(port);
+  o.connect_timeout = 30s;
+  o.timeout = 30s;
+  cpprun::rendezvous::TcpStoreClient dead_joiner(o);
+  dead_joiner.wait({"cpprun/rdzv/round/0/agent/1"}, 30s);
+  REQUIRE(dead_joiner.add("cpprun/rdzv/round/0/joined", 1) == 2);
+  agents.push_back(elasticAgent(port, "2:3", args));
+  requireEveryAgentRelays(agents);
+  for (auto& a : agents) {
+    INFO(a->output());
+    CHECK(waitExit(*a) == 0);
+    CHECK_THAT(a->output(), Catch::Contains("rendezvous complete: 2 nodes"));
   }
 }
 

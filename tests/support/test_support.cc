@@ -243,6 +243,12 @@ std::optional<int> ChildProcess::wait(std::chrono::milliseconds timeout) {
   }
 }
 
+void ChildProcess::readAvailable(std::chrono::milliseconds quiet) {
+  const auto deadline = std::chrono::steady_clock::now() + 10 * quiet;  // a chatty child too
+  while (std::chrono::steady_clock::now() < deadline && readSome(quiet)) {
+  }
+}
+
 void ChildProcess::signal(int signo) {
   if (!status_ && pid_ > 0) ::kill(pid_, signo);
 }

@@ -77,6 +77,9 @@ class ChildProcess {
   // Waits for exit, reading the rest of the output. Returns the wait status, or nullopt if it
   // did not exit within the timeout.
   std::optional<int> wait(std::chrono::milliseconds timeout);
+  // Reads what the child has written, until nothing more arrives for `quiet` (or EOF; at most
+  // 10 x quiet): for showing a running child's output so far.
+  void readAvailable(std::chrono::milliseconds quiet);
   void signal(int signo);
   // Everything read from the child so far.
   const std::string& output() const { return output_; }
