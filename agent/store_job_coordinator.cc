@@ -1056,10 +1056,19 @@ class StoreCoordinator : public JobCoordinator {
             json stop = json::parse(toString(client->get(attemptKey(n, "stop"))), nullptr, false);
             handled_stop = n;
             const int by = stop.is_object() ? stop.value("by", kByNobody) : kByNobody;
+            const std::string cause = stop.is_object() ? stop.value("cause", "") : "";
             if (by != myRank() && by != kByNobody) {
               std::string reason = stop.is_object() ? stop.value("reason", "") : "";
               const int signal = stop.is_object() ? stop.value("signal", 0) : 0;
               post([this, n, reason, signal] { on_peer_stop_(n, reason, signal); });
+            } else if (by == myRank() && cause == "lost") {
+              // The host lost this agent's heartbeats (it was stopped, starved or cut off
+              // for a while) and went on without it: its workers must stop too, or they run
+              // on outside the job. It then reads the decision like everyone else (elastic:
+              // it joins the next round).
+              const std::string reason =
+                  "the store host declared this node lost (" + stop.value("reason", "") + ")";
+              post([this, n, reason] { on_peer_stop_(n, reason, 0); });
             }
           } catch (const StoreTimeout&) {
           }

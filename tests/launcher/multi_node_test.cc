@@ -526,6 +526,36 @@ TEST_CASE("elastic: a joiner that took a slot and never wrote its record does no
   }
 }
 
+TEST_CASE("elastic: a node declared lost while alive stops its workers and joins again",
+          "[integration][multinode][elastic]") {
+  TempDir dir;
+  const std::string d = dir.path();
+  const int port = freeTcpPort();
+  const std::vector<std::string> args = {"print", "ready {restart}", "wait-file", d + "/go", "60"};
+  std::vector<std::unique_ptr<ChildProcess>> agents;
+  for (int i = 0; i < 2; ++i) agents.push_back(elasticAgent(port, "1:2", args));
+  requireEveryAgentRelays(agents);
+  const size_t host = servesStore(*agents[0]) ? 0 : 1;
+  ChildProcess& other = *agents[1 - host];
+  // Stop the other agent for longer than the keep-alive bound (0.3 s x 3): the host declares
+  // it lost and goes on alone (MIN is 1). Its workers, left running, would be outside the job.
+  std::vector<pid_t> other_agent = cpprun::agent::childrenOf(other.pid());
+  REQUIRE(other_agent.size() == 1);
+  REQUIRE(::kill(other_agent[0], SIGSTOP) == 0);
+  std::this_thread::sleep_for(1500ms);  // the stimulus: how long the agent stays stopped
+  REQUIRE(::kill(other_agent[0], SIGCONT) == 0);
+  // Once awake it stops its workers and joins again: its workers start anew.
+  const bool started_again = other.waitForLine("[default", 30s).has_value();
+  std::ofstream(d + "/go").put('\n');
+  for (auto& a : agents) {
+    INFO(a->output());
+    CHECK(started_again);
+    CHECK(waitExit(*a) == 0);
+  }
+  CHECK_THAT(agents[host]->output(), Catch::Contains("stopped responding"));
+  CHECK_THAT(other.output(), Catch::Contains("the store host declared this node lost"));
+}
+
 TEST_CASE("elastic: with fewer than MIN nodes left the job fails naming the lost one",
           "[integration][multinode][elastic]") {
   const int port = freeTcpPort();
