@@ -178,6 +178,13 @@ struct Fixture {
     return done();
   }
   pid_t pidOf(size_t index) { return launcher.spawned.at(index).pid; }
+  // A supervisor of one node of several: it has asked `coordinator` to begin attempt 0.
+  void makeMultiNode(FakeCoordinator& coordinator) {
+    SupervisorOptions options;
+    options.coordinator = &coordinator;
+    make(options);
+    REQUIRE(runUntil([&] { return !coordinator.begun.empty(); }));
+  }
 };
 
 }  // namespace
@@ -433,10 +440,7 @@ TEST_CASE_METHOD(Fixture, "a worker that keeps reporting progress is never stall
 TEST_CASE_METHOD(Fixture, "a peer's stop that arrives before the attempt's start stops its workers",
                  "[unit]") {
   FakeCoordinator coordinator;
-  SupervisorOptions options;
-  options.coordinator = &coordinator;
-  make(options);
-  REQUIRE(runUntil([&] { return !coordinator.begun.empty(); }));
+  makeMultiNode(coordinator);
   REQUIRE(coordinator.begun == std::vector<int>{0});
   // The coordinator's watcher posts another node's stop of attempt 0 before its control thread
   // posts the start: the stop must not be lost, or these workers run on alone.
@@ -457,10 +461,7 @@ TEST_CASE_METHOD(Fixture, "a peer's stop that arrives before the attempt's start
 TEST_CASE_METHOD(Fixture, "a peer's stop of an earlier attempt does not stop the next one",
                  "[unit]") {
   FakeCoordinator coordinator;
-  SupervisorOptions options;
-  options.coordinator = &coordinator;
-  make(options);
-  REQUIRE(runUntil([&] { return !coordinator.begun.empty(); }));
+  makeMultiNode(coordinator);
   supervisor->onPeerStop(7, "an old attempt's stop", 0);
   AttemptStart started;
   started.attempt = 8;
