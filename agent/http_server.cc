@@ -289,33 +289,17 @@ Status HttpServer::Impl::listen() {
 }
 
 void HttpServer::Impl::startAccepting() {
-  if (stopped_) return;
-  auto self = shared_from_this();
-  acceptor_.async_accept([self](const boost::system::error_code& ec, tcp::socket socket) {
-    if (self->stopped_) return;
-    if (ec) {
-      if (ec == asio::error::operation_aborted) return;
-      // Typically EMFILE: out of descriptors. Retry shortly instead of spinning.
-      CPPRUN_LOG(kWarn) << "http: accept failed: " << ec.message() << "; retrying in 50 ms";
-      self->retry_timer_.expires_after(std::chrono::milliseconds(50));
-      self->retry_timer_.async_wait([self](const boost::system::error_code& tec) {
-        if (!tec) self->startAccepting();
-      });
-      return;
-    }
-    if (self->connections_.size() >= self->options_.max_connections) {
-      boost::system::error_code ignored;
-      CPPRUN_LOG(kWarn) << "http: refusing connection from "
-                        << rendezvous::describeEndpoint(socket.remote_endpoint(ignored)) << ": "
-                        << self->options_.max_connections << " connections already open";
-      socket.close(ignored);
-    } else {
-      auto connection = std::make_shared<HttpConnection>(self, std::move(socket));
-      self->connections_.insert(connection);
-      connection->start();
-    }
-    self->startAccepting();
-  });
+  auto hooks = std::make_shared<rendezvous::AcceptHooks>();
+  hooks->what = "http";
+  hooks->max_connections = options_.max_connections;
+  hooks->stopped = [this] { return stopped_; };
+  hooks->open_connections = [this] { return connections_.size(); };
+  hooks->accepted = [this](tcp::socket socket) {
+    auto connection = std::make_shared<HttpConnection>(shared_from_this(), std::move(socket));
+    connections_.insert(connection);
+    connection->start();
+  };
+  rendezvous::acceptConnections(shared_from_this(), acceptor_, retry_timer_, std::move(hooks));
 }
 
 void HttpServer::Impl::connectionFinished(const std::shared_ptr<HttpConnection>& connection) {

@@ -1,5 +1,9 @@
 #include "rendezvous/tcp_listen.h"
 
+#include <chrono>
+
+#include "common/logging.h"
+
 namespace cpprun::rendezvous {
 
 namespace asio = boost::asio;
@@ -50,6 +54,37 @@ Result<BoundAddress> listenTcp(tcp::acceptor& acceptor, const std::string& host,
   auto local = acceptor.local_endpoint(ec);
   if (ec) return unavailable("local address of " + where + ": " + ec.message());
   return BoundAddress{local.address().to_string(), local.port()};
+}
+
+void acceptConnections(std::shared_ptr<void> owner, tcp::acceptor& acceptor,
+                       asio::steady_timer& retry_timer, std::shared_ptr<const AcceptHooks> hooks) {
+  if (hooks->stopped()) return;
+  acceptor.async_accept([owner, &acceptor, &retry_timer, hooks](const boost::system::error_code& ec,
+                                                                tcp::socket socket) {
+    if (hooks->stopped()) return;
+    if (ec) {
+      if (ec == asio::error::operation_aborted) return;
+      CPPRUN_LOG(kWarn) << hooks->what << ": accept failed: " << ec.message()
+                        << "; retrying in 50 ms";
+      retry_timer.expires_after(std::chrono::milliseconds(50));
+      retry_timer.async_wait(
+          [owner, &acceptor, &retry_timer, hooks](const boost::system::error_code& tec) {
+            if (!tec) acceptConnections(owner, acceptor, retry_timer, hooks);
+          });
+      return;
+    }
+    if (hooks->open_connections() >= hooks->max_connections) {
+      boost::system::error_code ignored;
+      CPPRUN_LOG(kWarn) << hooks->what << ": refusing connection from "
+                        << describeEndpoint(socket.remote_endpoint(ignored)) << ": "
+                        << hooks->max_connections << " connections already open";
+      socket.close(ignored);
+      if (hooks->refused) hooks->refused();
+    } else {
+      hooks->accepted(std::move(socket));
+    }
+    acceptConnections(owner, acceptor, retry_timer, hooks);
+  });
 }
 
 }  // namespace cpprun::rendezvous

@@ -1,11 +1,15 @@
-// listenTcp: how every cpprun server (the store, the agent's HTTP endpoint) binds and listens,
-// so they agree on host names, IPv6, SO_REUSEADDR and what a port in use means.
+// listenTcp and acceptConnections: how every cpprun server (the store, the agent's HTTP
+// endpoint) binds, listens and accepts, so they agree on host names, IPv6, SO_REUSEADDR, what a
+// port in use means, running out of descriptors and their connection limit.
 //
 // For .cc files that already use Asio (it includes common/asio.h).
 // Thread safety: free functions; use the acceptor from its loop thread as usual.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "common/asio.h"
@@ -28,5 +32,24 @@ struct BoundAddress {
 // the store"), kUnavailable for anything else.
 Result<BoundAddress> listenTcp(boost::asio::ip::tcp::acceptor& acceptor, const std::string& host,
                                uint16_t port, const std::string& what);
+
+// What acceptConnections needs from its server. Every hook runs on the acceptor's loop thread.
+struct AcceptHooks {
+  std::string what;  // names the server in log lines: "store", "http"
+  size_t max_connections = 0;
+  std::function<bool()> stopped;                               // true: accept nothing more
+  std::function<size_t()> open_connections;                    // counted against max_connections
+  std::function<void(boost::asio::ip::tcp::socket)> accepted;  // one under the limit
+  std::function<void()> refused = {};  // optional: one over the limit, already closed
+};
+
+// Accepts on a listening `acceptor` until hooks->stopped(). A failed accept (typically EMFILE:
+// out of descriptors) is retried after 50 ms on `retry_timer` instead of spinning; a connection
+// over the limit is closed at once with a warning naming its peer. `owner`, the server that owns
+// the acceptor and the timer, is held by every pending handler, so they outlive them; to stop,
+// the server sets what stopped() reads and closes the acceptor and cancels the timer.
+void acceptConnections(std::shared_ptr<void> owner, boost::asio::ip::tcp::acceptor& acceptor,
+                       boost::asio::steady_timer& retry_timer,
+                       std::shared_ptr<const AcceptHooks> hooks);
 
 }  // namespace cpprun::rendezvous

@@ -213,36 +213,20 @@ Status TcpStoreServer::Impl::listen() {
 }
 
 void TcpStoreServer::Impl::startAccepting() {
-  if (stopped_) return;
-  auto self = shared_from_this();
-  acceptor_.async_accept([self](const boost::system::error_code& ec, tcp::socket socket) {
-    if (self->stopped_) return;
-    if (ec) {
-      if (ec == asio::error::operation_aborted) return;
-      // Typically EMFILE: out of descriptors. Retry shortly instead of spinning.
-      CPPRUN_LOG(kWarn) << "store accept failed: " << ec.message() << "; retrying in 50 ms";
-      self->retry_timer_.expires_after(std::chrono::milliseconds(50));
-      self->retry_timer_.async_wait([self](const boost::system::error_code& tec) {
-        if (!tec) self->startAccepting();
-      });
-      return;
-    }
-    if (self->connections_.size() >= self->options_.max_connections) {
-      ++self->stats_.connections_rejected;
-      boost::system::error_code ignored;
-      CPPRUN_LOG(kWarn) << "store: refusing connection from "
-                        << describeEndpoint(socket.remote_endpoint(ignored)) << ": "
-                        << self->options_.max_connections << " connections already open";
-      socket.close(ignored);
-    } else {
-      ++self->stats_.connections_accepted;
-      ClientId id = self->next_id_++;
-      auto conn = std::make_shared<Connection>(self, id, std::move(socket));
-      self->connections_.emplace(id, conn);
-      conn->start();
-    }
-    self->startAccepting();
-  });
+  auto hooks = std::make_shared<AcceptHooks>();
+  hooks->what = "store";
+  hooks->max_connections = options_.max_connections;
+  hooks->stopped = [this] { return stopped_; };
+  hooks->open_connections = [this] { return connections_.size(); };
+  hooks->accepted = [this](tcp::socket socket) {
+    ++stats_.connections_accepted;
+    ClientId id = next_id_++;
+    auto conn = std::make_shared<Connection>(shared_from_this(), id, std::move(socket));
+    connections_.emplace(id, conn);
+    conn->start();
+  };
+  hooks->refused = [this] { ++stats_.connections_rejected; };
+  acceptConnections(shared_from_this(), acceptor_, retry_timer_, std::move(hooks));
 }
 
 void TcpStoreServer::Impl::send(ClientId client, const uint8_t* data, size_t size) {
