@@ -19,12 +19,8 @@
 //   RESULT agent_rss_on <MiB> MiB peer=<off> ratio=<on/off>
 // Every wait is bounded: a job still running 30 s after it should have ended is killed (by
 // PID, its process group) and the benchmark exits 1.
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -42,6 +38,7 @@
 #include <vector>
 
 #include "agent/process_launcher.h"
+#include "tests/support/http_get.h"
 
 namespace {
 
@@ -88,26 +85,8 @@ std::optional<Sample> sampleProcess(pid_t pid) {
 
 // One GET /metrics, to load the endpoint as a Prometheus scrape would.
 bool scrape(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return false;
-  timeval tv{2, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bool ok = false;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-    const std::string req = "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-    if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
-      char buf[65536];
-      size_t total = 0;
-      for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) total += static_cast<size_t>(n);
-      ok = total > 0;
-    }
-  }
-  ::close(fd);
-  return ok;
+  const auto response = cpprun::testing::httpGetRaw(port, "/metrics", std::chrono::seconds(2));
+  return response && !response->empty();
 }
 
 // The port from the event log's metrics_listening line, once it is there.

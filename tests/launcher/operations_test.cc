@@ -5,7 +5,6 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -19,6 +18,7 @@
 #include <vector>
 
 #include "tests/launcher/cpprun_test_helpers.h"
+#include "tests/support/http_get.h"
 #include "tests/support/test_support.h"
 
 namespace {
@@ -56,39 +56,17 @@ struct HttpReply {
   std::string body;
 };
 
-// One GET with Connection: close; reads until the server closes (bounded by SO_RCVTIMEO).
+// One GET with Connection: close; status 0 when nothing listens.
 HttpReply httpGet(int port, const std::string& target) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  timeval tv{5, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   HttpReply reply;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return reply;  // status 0: nothing listens
-  }
-  const std::string request =
-      "GET " + target + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
-  REQUIRE(::send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
-          static_cast<ssize_t>(request.size()));
-  std::string raw;
-  char buf[65536];
-  for (;;) {
-    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) break;
-    raw.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  const size_t split = raw.find("\r\n\r\n");
+  const std::optional<std::string> raw = httpGetRaw(port, target, 5s);
+  if (!raw) return reply;
+  const size_t split = raw->find("\r\n\r\n");
   REQUIRE(split != std::string::npos);
-  reply.headers = raw.substr(0, split);
-  reply.body = raw.substr(split + 4);
-  REQUIRE(raw.rfind("HTTP/1.1 ", 0) == 0);
-  reply.status = std::stoi(raw.substr(9, 3));
+  reply.headers = raw->substr(0, split);
+  reply.body = raw->substr(split + 4);
+  REQUIRE(raw->rfind("HTTP/1.1 ", 0) == 0);
+  reply.status = std::stoi(raw->substr(9, 3));
   return reply;
 }
 
