@@ -517,15 +517,16 @@ class StoreCoordinator : public JobCoordinator {
   // Elastic: the records written in round r's slots 1..joined, in slot order, one per agent.
   // A slot can be empty (its joiner died, or its reply was lost and it joined again with a new
   // slot) or hold a record already seen (that joiner's earlier slot): both are skipped.
+  // `all_written`: the caller saw every slot written, so none needs checking.
   struct SlotRecord {
     int64_t index;
     json record;
   };
-  std::vector<SlotRecord> roundRecords(int r, int64_t joined) {
+  std::vector<SlotRecord> roundRecords(int r, int64_t joined, bool all_written = false) {
     std::vector<std::string> present;
     for (int64_t i = 1; i <= joined; ++i) {
       const std::string key = roundKey(r, "agent/" + std::to_string(i));
-      if (control_client_->check({key})) present.push_back(key);
+      if (all_written || control_client_->check({key})) present.push_back(key);
     }
     std::vector<SlotRecord> records;
     if (present.empty()) return records;
@@ -583,8 +584,10 @@ class StoreCoordinator : public JobCoordinator {
     // Later joiners see the next round; this one is closing.
     control_client_->set("cpprun/rdzv/round", std::to_string(r + 1));
     const int64_t joined = joinedNow();
+    // Slots taken a moment ago may not hold their record yet: give them one interval. Usually
+    // all are written, and then no slot needs a check of its own.
+    bool all_written = true;
     {
-      // Slots taken a moment ago may not hold their record yet: give them one interval.
       std::vector<std::string> slots;
       for (int64_t i = 1; i <= joined; ++i) {
         slots.push_back(roundKey(r, "agent/" + std::to_string(i)));
@@ -592,9 +595,10 @@ class StoreCoordinator : public JobCoordinator {
       try {
         control_client_->wait(slots, opts_.keep_alive_interval);
       } catch (const StoreTimeout&) {
+        all_written = false;
       }
     }
-    std::vector<SlotRecord> candidates = roundRecords(r, joined);
+    std::vector<SlotRecord> candidates = roundRecords(r, joined, all_written);
     // The first max_nodes to join, and always this agent (it serves the store).
     if (static_cast<int>(candidates.size()) > opts_.max_nodes) {
       auto mine = std::find_if(candidates.begin(), candidates.end(), [&](const SlotRecord& c) {
