@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Installs every build, test and benchmark dependency of cpprun from Debian 12's own packages.
-# Idempotent and non-interactive: packages already present are left alone, and apt is not
-# consulted at all when nothing is missing. Nothing is downloaded from anywhere but Debian.
+# Installs every build, test and benchmark dependency of cpprun: Debian 12's own packages, and
+# the tests' PyTorch 2.x peer from PyPI into a virtual environment outside the clone,
+# ${CPPRUN_TORCH2_VENV:-/opt/cpprun/torch2}, at the version packaging/torch2-requirements.txt pins
+# (so every clone and CI on one machine share it; the download happens once per machine).
+# Idempotent and non-interactive: packages already present are left alone, apt is not consulted
+# when nothing is missing, and pip is not run when the venv already holds the pinned torch.
 #
 # Usage (as root, or with sudo available):  packaging/setup.sh [--build-only]
 #   --build-only: what building and running cpprun needs, not the tests' peers (PyTorch, Slurm,
@@ -38,6 +41,8 @@ packages=(
   help2man dpkg-dev environment-modules
   # --stall-timeout's native stacks (gdb in batch mode); its tests need it
   gdb
+  # the torch 2.x venv (below) is made with Debian's python3
+  python3-venv
 )
 
 if [ "$build_only" = 1 ]; then packages=("${build_packages[@]}"); fi
@@ -49,15 +54,34 @@ for p in "${packages[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "setup: all ${#packages[@]} packages present"
-  exit 0
-fi
-
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-echo "setup: installing ${missing[*]}"
-$sudo apt-get -o DPkg::Lock::Timeout=600 update -q
-$sudo apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends "${missing[@]}"
-echo "setup: done"
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#packages[@]} Debian packages present"
+else
+  export DEBIAN_FRONTEND=noninteractive
+  echo "setup: installing ${missing[*]}"
+  $sudo apt-get -o DPkg::Lock::Timeout=600 update -q
+  $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends "${missing[@]}"
+  echo "setup: Debian packages done"
+fi
+
+if [ "$build_only" = 1 ]; then exit 0; fi
+
+# PyTorch 2.x from PyPI (Debian ships only 1.13). The venv uses Debian's python3 (3.11).
+requirements="$(cd "$(dirname "$0")" && pwd)/torch2-requirements.txt"
+venv="${CPPRUN_TORCH2_VENV:-/opt/cpprun/torch2}"
+pinned=$(sed -n 's/^torch==//p' "$requirements")
+installed=$("$venv/bin/python" -c \
+  'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true)
+if [ "$installed" = "$pinned" ]; then
+  echo "setup: torch $pinned present in $venv"
+  exit 0
+fi
+echo "setup: installing torch $pinned from PyPI into $venv (once per machine, ~5.4 GiB)"
+started=$(date +%s)
+$sudo mkdir -p "$(dirname "$venv")"
+$sudo /usr/bin/python3 -m venv "$venv"
+$sudo "$venv/bin/pip" install --quiet --disable-pip-version-check --no-input -r "$requirements"
+echo "setup: torch $pinned installed in $(( $(date +%s) - started )) s, $(du -sh "$venv" | cut -f1)"
