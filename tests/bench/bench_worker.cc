@@ -1,7 +1,11 @@
-// cpprun_bench_worker: the worker launch_bench starts under cpprun and under torch's elastic
-// launcher. It reads the torchrun environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
-// TORCHELASTIC_RESTART_COUNT) and talks to the launcher's store with TcpStoreClient in the legacy
-// dialect (the one torch 1.13's TCPStore speaks; our server speaks both).
+// cpprun_bench_worker: the worker launch_bench starts under cpprun, under torch 1.13's elastic
+// launcher and under torch 2.x's torchrun. It reads the torchrun environment (RANK, WORLD_SIZE,
+// MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT) and talks to the launcher's store with
+// TcpStoreClient in the dialect named by its optional third argument: "legacy" (the default; the
+// one torch 1.13's TCPStore speaks) or "v2" (torch >= 2.2, which torchrun 2.x's libuv store
+// requires). Our server speaks both.
+//
+//   cpprun_bench_worker MODE DIR [legacy|v2]
 //
 //   cpprun_bench_worker started DIR  write the start time to DIR/start.<rank>, exit 0 (the
 //                                    trivial worker of rendezvous_bench)
@@ -108,11 +112,14 @@ int envInt(const char* name) {
   return std::atoi(v);
 }
 
+// The dialect of every store connection (third argument; legacy unless "v2").
+cpprun::rendezvous::wire::Dialect g_dialect = cpprun::rendezvous::wire::Dialect::kLegacy;
+
 TcpStoreClientOptions storeOptions() {
   TcpStoreClientOptions o;
   o.host = envOr("MASTER_ADDR", "127.0.0.1");
   o.port = static_cast<uint16_t>(envInt("MASTER_PORT"));
-  o.dialect = cpprun::rendezvous::wire::Dialect::kLegacy;
+  o.dialect = g_dialect;
   o.connect_timeout = 30s;
   o.timeout = 60s;
   return o;
@@ -191,9 +198,19 @@ int run(const std::string& mode, const std::string& dir, int64_t start_ns) {
 
 int main(int argc, char** argv) {
   const int64_t start_ns = monotonicNs();
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: cpprun_bench_worker started|launch|hold|fail DIR\n");
+  if (argc != 3 && argc != 4) {
+    std::fprintf(stderr, "usage: cpprun_bench_worker started|launch|hold|fail DIR [legacy|v2]\n");
     return 2;
+  }
+  if (argc == 4) {
+    const std::string dialect = argv[3];
+    if (dialect == "v2") {
+      g_dialect = cpprun::rendezvous::wire::Dialect::kV2;
+    } else if (dialect != "legacy") {
+      std::fprintf(stderr, "cpprun_bench_worker: unknown dialect '%s' (legacy or v2)\n",
+                   dialect.c_str());
+      return 2;
+    }
   }
   try {
     return run(argv[1], argv[2], start_ns);

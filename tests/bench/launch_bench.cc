@@ -1,15 +1,25 @@
-// launch_bench: the cpprun launcher against torch 1.13's elastic launcher, same workers, same run.
+// launch_bench: the cpprun launcher against torch 2.x's torchrun and torch 1.13's elastic
+// launcher, same workers, same run.
 //
 //   launch_bench [--runs N] [--nproc 1,2,4,8] [--figures launch,failure,memory] [--timeout S]
-//                [--torch-monitor-intervals 5,0.1]
+//                [--peers torchrun2,torch113] [--torch-monitor-intervals 5,0.1]
 //
-// The peer is torch.distributed.launcher.api.elastic_launch called as torchrun calls it
-// (tests/bench/torch_elastic_launch.py under /usr/bin/python3: static rendezvous, agent-hosted
-// store at 127.0.0.1:<free port>, start_method spawn), once with torchrun's monitor_interval
-// (5 s) and once with 0.1 s. cpprun runs `cpprun --no-python --nproc-per-node=N
-// --master-addr=127.0.0.1 --master-port=<free port> WORKER ...`. The worker is
-// cpprun_bench_worker (tests/bench/bench_worker.cc). Launchers alternate: every repetition
-// rotates the order of the variants.
+// Peers:
+//   torchrun2  the real `torchrun` CLI of the pinned torch 2.x (CPPRUN_TORCH2_PYTHON's venv),
+//              with its default settings (monitor interval 0.1 s, static rendezvous, start
+//              method spawn): `torchrun --no-python --nproc-per-node=N --max-restarts=K
+//              --master-addr=127.0.0.1 --master-port=<free port> WORKER ... v2`. Its agent hosts
+//              a libuv TCPStore, so the worker and this benchmark talk to it in the 2.2+ dialect.
+//              This is the anchor: the unsuffixed RESULT lines compare with it.
+//   torch113   torch.distributed.launcher.api.elastic_launch of Debian's torch 1.13 called as
+//              its torchrun calls it (tests/bench/torch_elastic_launch.py under /usr/bin/python3:
+//              static rendezvous, agent-hosted store at 127.0.0.1:<free port>, start_method
+//              spawn), once per --torch-monitor-intervals (default 5 s, 1.13 torchrun's default,
+//              and 0.1 s). Legacy dialect.
+// cpprun runs `cpprun --no-python --nproc-per-node=N --master-addr=127.0.0.1
+// --master-port=<free port> WORKER ...`. The worker is cpprun_bench_worker
+// (tests/bench/bench_worker.cc). Launchers alternate: every repetition rotates the order of the
+// variants.
 //
 // Figures:
 //   launch    wall time from fork() of the launcher until it has exited (pidfd readable), with
@@ -23,13 +33,14 @@
 //             of every process in the launcher's tree that is not a worker (workers: /proc/<pid>/
 //             exe is the bench worker) is summed; then the key is set and the launcher must exit.
 //             cpprun: guardian + agent (both also shown); torch: the python process running
-//             elastic_launch plus any helper process.
+//             torchrun / elastic_launch plus any helper process (the whole tree minus workers).
 //
-// Prints a table (median (min) per variant and the number of good runs) and one line per figure:
-//   RESULT <name> <cpprun median> <unit> peer=<torch median> ratio=<torch/cpprun>
-// (times and memory: ratio > 1 means cpprun is better). `peer` is torch with torchrun's
-// monitor_interval; the `_mi0.1` lines compare with monitor_interval 0.1 s. Targets are printed
-// as information; the exit status is 1 when a run failed (bad exit status, timeout, missing
+// Prints a table (median (min) per variant and the number of good runs) and one line per figure
+// and peer:
+//   RESULT <name>[_t113_mi<S>] <cpprun median> <unit> peer=<peer median> ratio=<peer/cpprun>
+// (times and memory: ratio > 1 means cpprun is better). Unsuffixed lines: peer = torchrun 2.x;
+// `_t113_mi5`, `_t113_mi0.1`: torch 1.13 with that monitor_interval. Targets are printed as
+// information; the exit status is 1 when a run failed (bad exit status, timeout, missing
 // timestamps, processes left behind), 2 on a bad flag.
 //
 // Every wait is bounded: a launcher still running after --timeout is stopped (SIGTERM, 5 s, then
@@ -88,6 +99,12 @@
 #ifndef LAUNCH_BENCH_WORKER
 #error "LAUNCH_BENCH_WORKER must name the cpprun_bench_worker binary"
 #endif
+#ifndef CPPRUN_TORCH2_PYTHON
+#error "CPPRUN_TORCH2_PYTHON must name the torch 2.x venv's python"
+#endif
+#ifndef CPPRUN_TORCH2_VERSION
+#error "CPPRUN_TORCH2_VERSION must name the pinned torch 2.x version"
+#endif
 
 extern char** environ;
 
@@ -99,9 +116,16 @@ using cpprun::rendezvous::toBytes;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-constexpr const char* kPython = "/usr/bin/python3";
+constexpr const char* kPython = "/usr/bin/python3";  // Debian's torch 1.13
 constexpr const char* kHost = "127.0.0.1";
 constexpr double kTorchrunMonitorInterval = 5.0;  // torch/distributed/run.py, 1.13
+
+// torchrun next to the torch 2.x venv's python.
+std::string defaultTorchrun() {
+  std::string python = CPPRUN_TORCH2_PYTHON;
+  auto slash = python.rfind('/');
+  return (slash == std::string::npos ? std::string() : python.substr(0, slash + 1)) + "torchrun";
+}
 
 std::string fmt(double v, int decimals);
 
@@ -115,6 +139,9 @@ struct Options {
   std::set<std::string> figures{"launch", "failure", "memory"};
   double timeout_s = 120;
   std::vector<double> monitor_intervals{kTorchrunMonitorInterval, 0.1};
+  bool torchrun2 = true;  // --peers
+  bool torch113 = true;
+  std::string torchrun = defaultTorchrun();
   std::string cpprun = LAUNCH_BENCH_CPPRUN;
   std::string worker = LAUNCH_BENCH_WORKER;
   std::string shim = std::string(LAUNCH_BENCH_SOURCE_DIR) + "/tests/bench/torch_elastic_launch.py";
@@ -123,9 +150,10 @@ struct Options {
 
 constexpr const char* kUsage = R"(Usage: launch_bench [options]
 
-Benchmarks the cpprun launcher against torch 1.13's elastic launcher (elastic_launch, called as
-torchrun calls it, by tests/bench/torch_elastic_launch.py under /usr/bin/python3), with the same
-worker (cpprun_bench_worker), alternating, in the same run.
+Benchmarks the cpprun launcher against torch 2.x's real torchrun CLI (default settings; the
+anchor) and torch 1.13's elastic launcher (elastic_launch, called as torchrun calls it, by
+tests/bench/torch_elastic_launch.py under /usr/bin/python3), with the same worker
+(cpprun_bench_worker), alternating, in the same run.
 
 Figures:
   launch    wall time from starting the launcher to its exit; the worker connects to the store
@@ -133,24 +161,28 @@ Figures:
   failure   nproc 2, max restarts 1: rank 1 SIGKILLs itself; time until rank 0's SIGTERM
             handler runs ("detect") and until the first worker of attempt 1 starts ("restart")
   memory    peak RSS (VmHWM) of the launcher's own processes (not the workers) while
-            --memory-nproc workers are alive; cpprun: guardian + agent; torch: its python process
+            --memory-nproc workers are alive; cpprun: guardian + agent; torch: its python
+            process and any helper process (the launcher's tree minus the workers)
 
 Options:
   --runs N                       repetitions of every figure (default 5); medians reported
   --nproc LIST                   worker counts of the launch figure (default 1,2,4,8)
   --memory-nproc N               worker count of the memory figure (default 8)
   --figures LIST                 any of launch,failure,memory (default: all three)
-  --torch-monitor-intervals LIST torch variants by monitor_interval in seconds (default 5,0.1;
-                                 5 is torchrun's default; the first one is the RESULT peer)
+  --peers LIST                   any of torchrun2,torch113 (default: both)
+  --torch-monitor-intervals LIST torch 1.13 variants by monitor_interval in seconds (default
+                                 5,0.1; 5 is 1.13 torchrun's default)
+  --torchrun PATH                torch 2.x's torchrun (default: next to CPPRUN_TORCH2_PYTHON)
   --timeout S                    bound of one launcher run, seconds (default 120); a launcher
                                  still running then is killed and the run counts as failed
   --cpprun PATH                  the cpprun binary (default: the one built with this benchmark)
   --worker PATH                  the bench worker (default: the one built with this benchmark)
   --help                         show this help and exit
 
-Output: a table, then one line per figure:
-  RESULT <name> <cpprun value> <unit> peer=<torch value> ratio=<torch/cpprun>
-(ratio > 1: cpprun is faster / smaller). Exit status 1 when any run failed, 2 on a bad flag.
+Output: a table, then one line per figure and peer:
+  RESULT <name>[_t113_mi<S>] <cpprun value> <unit> peer=<torch value> ratio=<torch/cpprun>
+(ratio > 1: cpprun is faster / smaller; unsuffixed: torchrun 2.x). Exit status 1 when any run
+failed, 2 on a bad flag.
 )";
 
 [[noreturn]] void usageError(const std::string& message) {
@@ -228,6 +260,19 @@ Options parseFlags(int argc, char** argv) {
         }
         o.figures.insert(item);
       }
+    } else if (name == "--peers") {
+      o.torchrun2 = o.torch113 = false;
+      for (const auto& item : splitList(name, take())) {
+        if (item == "torchrun2") {
+          o.torchrun2 = true;
+        } else if (item == "torch113") {
+          o.torch113 = true;
+        } else {
+          usageError("unknown peer '" + item + "' in --peers (torchrun2, torch113)");
+        }
+      }
+    } else if (name == "--torchrun") {
+      o.torchrun = take();
     } else if (name == "--torch-monitor-intervals") {
       o.monitor_intervals.clear();
       for (const auto& item : splitList(name, take())) {
@@ -413,10 +458,15 @@ uint16_t pickFreePort() {
 // ------------------------------------------------------------------------------------------
 // Launchers
 
+enum class Kind { kCpprun, kTorchrun2, kTorch113 };
+
 struct Variant {
-  std::string label;  // "cpprun", "torch(mi=5)"
-  bool torch = false;
-  double monitor_interval = 0;
+  std::string label;  // "cpprun", "torchrun-2.15.0", "t1.13(mi=5)"
+  Kind kind = Kind::kCpprun;
+  double monitor_interval = 0;  // kTorch113 only
+  std::string result_suffix;    // appended to RESULT names ("" for the anchor)
+  // The store dialect of the launcher's store (worker and benchmark clients).
+  cpprun::rendezvous::wire::Dialect dialect = cpprun::rendezvous::wire::Dialect::kLegacy;
 };
 
 // The environment of a launcher: ours without anything that would change what it does.
@@ -586,7 +636,16 @@ struct Bench {
 std::vector<std::string> launcherArgv(const Bench& b, const Variant& v, int nproc, int max_restarts,
                                       uint16_t port, const std::vector<std::string>& worker_args) {
   std::vector<std::string> argv;
-  if (v.torch) {
+  if (v.kind == Kind::kTorchrun2) {
+    // The real CLI, default settings; only what it takes to run the same worker on one node.
+    argv = {b.opt.torchrun,
+            "--no-python",
+            "--nproc-per-node=" + std::to_string(nproc),
+            "--max-restarts=" + std::to_string(max_restarts),
+            "--master-addr=" + std::string(kHost),
+            "--master-port=" + std::to_string(port),
+            b.opt.worker};
+  } else if (v.kind == Kind::kTorch113) {
     std::ostringstream mi;
     mi << v.monitor_interval;
     argv = {kPython,
@@ -608,6 +667,7 @@ std::vector<std::string> launcherArgv(const Bench& b, const Variant& v, int npro
             b.opt.worker};
   }
   for (const auto& a : worker_args) argv.push_back(a);
+  if (v.dialect == cpprun::rendezvous::wire::Dialect::kV2) argv.push_back("v2");
   return argv;
 }
 
@@ -725,7 +785,7 @@ std::optional<MemorySample> runMemory(Bench* b, const Variant& v, int nproc) {
       TcpStoreClientOptions o;
       o.host = kHost;
       o.port = port;
-      o.dialect = cpprun::rendezvous::wire::Dialect::kLegacy;
+      o.dialect = v.dialect;
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       o.connect_timeout = std::min<std::chrono::milliseconds>(left, 60s);
       o.timeout = o.connect_timeout;
@@ -811,14 +871,14 @@ void printTable(const Bench& b, const std::string& title, const std::vector<Figu
   std::printf("%-28s", "figure");
   for (const auto& v : b.variants) std::printf(" %22s", v.label.c_str());
   for (size_t i = 1; i < b.variants.size(); ++i) {
-    std::printf(" %14s", ("ratio " + b.variants[i].label.substr(5)).c_str());
+    std::printf(" %22s", ("ratio " + b.variants[i].label).c_str());
   }
   std::printf(" %6s\n", "runs");
   for (const auto& f : figs) {
     std::printf("%-28s", (f.label + " " + f.unit).c_str());
     for (const auto& s : f.samples) std::printf(" %22s", cell(s, f.decimals).c_str());
     for (size_t i = 1; i < f.samples.size(); ++i) {
-      std::printf(" %14s", fmt(median(f.samples[i]) / median(f.samples[0]), 1).c_str());
+      std::printf(" %22s", fmt(median(f.samples[i]) / median(f.samples[0]), 1).c_str());
     }
     std::string runs;
     for (const auto& s : f.samples) runs += (runs.empty() ? "" : "/") + std::to_string(s.size());
@@ -831,12 +891,7 @@ void printResults(const Bench& b, const std::vector<Figure>& figs) {
     double ours = median(f.samples[0]);
     for (size_t i = 1; i < f.samples.size(); ++i) {
       double peer = median(f.samples[i]);
-      std::string name = f.name;
-      if (i > 1) {
-        std::ostringstream mi;
-        mi << b.variants[i].monitor_interval;
-        name += "_mi" + mi.str();
-      }
+      std::string name = f.name + b.variants[i].result_suffix;
       std::printf("RESULT %s %s %s peer=%s ratio=%s\n", name.c_str(), fmt(ours, f.decimals).c_str(),
                   f.unit.c_str(), fmt(peer, f.decimals).c_str(), fmt(peer / ours, 2).c_str());
     }
@@ -855,14 +910,29 @@ int benchMain(Bench* b) {
   if (::access(opt.cpprun.c_str(), X_OK) != 0) {
     throw std::runtime_error("cpprun binary " + opt.cpprun + ": " + std::strerror(errno));
   }
-  if (::access(kPython, X_OK) != 0 || ::access(opt.shim.c_str(), R_OK) != 0) {
-    throw std::runtime_error(std::string("the peer needs ") + kPython + " and " + opt.shim);
+  if (opt.torchrun2 && ::access(opt.torchrun.c_str(), X_OK) != 0) {
+    throw std::runtime_error("the torch 2.x peer needs torchrun at " + opt.torchrun + " (" +
+                             std::strerror(errno) +
+                             "); install it with packaging/setup.sh or pass --torchrun");
   }
-  b->variants.push_back({"cpprun", false, 0});
-  for (double mi : opt.monitor_intervals) {
-    std::ostringstream label;
-    label << "torch(mi=" << mi << ")";
-    b->variants.push_back({label.str(), true, mi});
+  if (opt.torch113 && (::access(kPython, X_OK) != 0 || ::access(opt.shim.c_str(), R_OK) != 0)) {
+    throw std::runtime_error(std::string("the torch 1.13 peer needs ") + kPython + " and " +
+                             opt.shim);
+  }
+  b->variants.push_back(
+      {"cpprun", Kind::kCpprun, 0, "", cpprun::rendezvous::wire::Dialect::kLegacy});
+  if (opt.torchrun2) {
+    b->variants.push_back({std::string("torchrun-") + CPPRUN_TORCH2_VERSION, Kind::kTorchrun2, 0,
+                           "", cpprun::rendezvous::wire::Dialect::kV2});
+  }
+  if (opt.torch113) {
+    for (double mi : opt.monitor_intervals) {
+      std::ostringstream mis;
+      mis << mi;
+      std::string suffix = "_t113_mi" + mis.str();
+      b->variants.push_back({"t1.13(mi=" + mis.str() + ")", Kind::kTorch113, mi, suffix,
+                             cpprun::rendezvous::wire::Dialect::kLegacy});
+    }
   }
   const size_t nv = b->variants.size();
   // Rotates the order of the variants by the repetition index.
@@ -873,10 +943,17 @@ int benchMain(Bench* b) {
   };
   auto t_start = Clock::now();
 
-  std::printf(
-      "launch_bench: cpprun %s vs torch 1.13 elastic_launch (%s %s; static rendezvous,\n"
-      "agent-hosted store, start_method spawn), worker %s\n",
-      opt.cpprun.c_str(), kPython, opt.shim.c_str(), opt.worker.c_str());
+  std::printf("launch_bench: cpprun %s, worker %s\n", opt.cpprun.c_str(), opt.worker.c_str());
+  if (opt.torchrun2) {
+    std::printf("  peer torchrun-%s: %s, default settings (the anchor of the RESULT lines)\n",
+                CPPRUN_TORCH2_VERSION, opt.torchrun.c_str());
+  }
+  if (opt.torch113) {
+    std::printf(
+        "  peer t1.13: torch 1.13 elastic_launch (%s %s; static rendezvous, agent-hosted store,\n"
+        "  start_method spawn)\n",
+        kPython, opt.shim.c_str());
+  }
   std::printf(
       "runs per figure: %d, variants alternating; table cells: median (min); "
       "ratio = torch/cpprun (> 1: cpprun better)\n",
@@ -917,7 +994,7 @@ int benchMain(Bench* b) {
     }
   }
   std::vector<double> guardian_mib, agent_mib;
-  std::vector<int> torch_helpers;
+  std::vector<std::vector<int>> torch_helpers(nv);  // per variant
   if (opt.figures.count("memory")) {
     std::string np = std::to_string(opt.memory_nproc);
     memory_figs.push_back({"agent_peak_rss_np" + np + "_mib", "launcher VmHWM, nproc " + np, "MiB",
@@ -932,7 +1009,7 @@ int benchMain(Bench* b) {
           guardian_mib.push_back(s->first_mib);
           agent_mib.push_back(s->rest_mib);
         } else {
-          torch_helpers.push_back(s->helpers);
+          torch_helpers[vi].push_back(s->helpers);
         }
       }
     }
@@ -949,14 +1026,19 @@ int benchMain(Bench* b) {
   if (!memory_figs.empty()) {
     printTable(*b, "Agent memory: VmHWM summed over the launcher's non-worker processes",
                memory_figs);
-    std::printf(
-        "  cpprun: guardian %s MiB + agent %s MiB (medians); torch: non-worker processes "
-        "besides python: max %d\n",
-        fmt(median(guardian_mib), 2).c_str(), fmt(median(agent_mib), 2).c_str(),
-        torch_helpers.empty() ? 0 : *std::max_element(torch_helpers.begin(), torch_helpers.end()));
+    std::printf("  cpprun: guardian %s MiB + agent %s MiB (medians)\n",
+                fmt(median(guardian_mib), 2).c_str(), fmt(median(agent_mib), 2).c_str());
+    for (size_t vi = 1; vi < nv; ++vi) {
+      const auto& h = torch_helpers[vi];
+      std::printf("  %s: non-worker processes besides the launched python: max %d\n",
+                  b->variants[vi].label.c_str(),
+                  h.empty() ? 0 : *std::max_element(h.begin(), h.end()));
+    }
   }
 
-  std::printf("\n== Targets (information, not enforced; torch = the first torch variant)\n");
+  std::printf("\n== Targets (information, not enforced; against %s, last column: %s)\n",
+              nv > 1 ? b->variants[1].label.c_str() : "-",
+              nv > 1 ? b->variants[nv - 1].label.c_str() : "-");
   auto target = [](const std::string& what, bool measured, bool pass, const std::string& detail) {
     std::printf("   %-50s %s  %s\n", what.c_str(),
                 !measured ? "NOT MEASURED"
