@@ -671,6 +671,13 @@ Result<CliResult> parseCommandLine(const std::vector<std::string>& args, const E
   return result;
 }
 
+void applyOneNodeRunId(LaunchConfig& config, bool run_id_discovered) {
+  if (config.max_nodes == 1 && config.rdzv_backend == "static" && config.rdzv_endpoint.empty() &&
+      !config.master_port_given && config.given.count("--rdzv-id") == 0 && !run_id_discovered) {
+    config.rdzv_id = internal::randomUuid4();
+  }
+}
+
 const char* usageText() {
   return R"(usage: cpprun [options] ENTRYPOINT [ARGS...]
 
@@ -712,8 +719,9 @@ Rendezvous
                               lost or joins. Default static. [env]
   --rdzv-endpoint HOST[:PORT] Where the store is (IPv6 as [ADDR]:PORT; port default 29400 for
                               c10d, else --master-port). Default none. [env]
-  --rdzv-id ID                Job id shared by every node (TORCHELASTIC_RUN_ID). Default none.
-                              [env]
+  --rdzv-id ID                Job id shared by every node (TORCHELASTIC_RUN_ID). Default none;
+                              one node, static, no --master-port: a random UUID4, as
+                              torchrun 2.15 does. [env]
   --rdzv-conf K=V,K=V         Rendezvous settings, seconds: join_timeout (600),
                               last_call_timeout (30), keep_alive_interval (5),
                               keep_alive_max_attempt (3), close_timeout (10); is_host=BOOL.

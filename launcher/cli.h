@@ -37,6 +37,13 @@ struct CliResult {
 Result<CliResult> parseCommandLine(const std::vector<std::string>& args,
                                    const std::map<std::string, std::string>& env);
 
+// torchrun 2.15's one-node default: a job of one node on the static backend with no
+// --rdzv-endpoint and no --master-port runs as --standalone does, under a random UUID4 run id.
+// cpprun keeps its static store (a free port) and takes only the run id, and only when nothing
+// gave one (--rdzv-id, PET_RDZV_ID, the scheduler's job id). Call after scheduler discovery,
+// which can change the node count, the port and the run id.
+void applyOneNodeRunId(LaunchConfig& config, bool run_id_discovered);
+
 // The --help text (ends with a newline).
 const char* usageText();
 

@@ -321,6 +321,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cpprun: error: %s\n", discovered.message().c_str());
     return kExitUsage;
   }
+  applyOneNodeRunId(config, provenance.count("--rdzv-id") != 0);
   auto rdzv_settings = resolveRendezvous(config);
   if (!rdzv_settings.isOk()) {
     std::fprintf(stderr, "cpprun: error: %s\n", rdzv_settings.status().message().c_str());

@@ -1,5 +1,7 @@
 #include "launcher/launch_plan.h"
 
+#include <string.h>  // sigabbrev_np
+
 #include <sstream>
 
 namespace cpprun::launcher {
@@ -23,6 +25,16 @@ std::string envOr(const std::map<std::string, std::string>& env, const std::stri
                   const std::string& fallback) {
   auto it = env.find(name);
   return it == env.end() ? fallback : it->second;
+}
+
+// torchrun's spelling of a signal list ("SIGTERM,SIGINT,SIGHUP,SIGQUIT").
+std::string signalListText(const std::vector<int>& signals) {
+  std::string out;
+  for (int signo : signals) {
+    const char* abbrev = ::sigabbrev_np(signo);
+    out += (out.empty() ? "SIG" : ",SIG") + std::string(abbrev ? abbrev : std::to_string(signo));
+  }
+  return out;
 }
 
 std::string joinList(const std::vector<std::string>& items) {
@@ -158,6 +170,11 @@ Result<LaunchPlan> makeLaunchPlan(const LaunchConfig& config, const NodeResource
     e["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = envOr(agent_env, "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
     e["NCCL_ASYNC_ERROR_HANDLING"] = envOr(agent_env, "NCCL_ASYNC_ERROR_HANDLING", "1");
     if (!omp_threads.empty()) e["OMP_NUM_THREADS"] = omp_threads;
+    // torchrun exports it in its own environment (for torch's signal handlers), so its workers
+    // inherit it.
+    if (!config.signals_to_handle.empty()) {
+      e["TORCHELASTIC_SIGNALS_TO_HANDLE"] = signalListText(config.signals_to_handle);
+    }
     if (!node.gpus.empty()) {
       // Default: every worker sees the node's list in order, so LOCAL_RANK indexes its GPU and
       // NCCL keeps peer-to-peer between them. Virtual: only its own GPU.

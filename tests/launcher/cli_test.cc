@@ -548,3 +548,31 @@ TEST_CASE("cli operations options: --stall-timeout, --metrics-port, --event-log"
   // cpprun's own options have no PET_ fallback.
   CHECK(parseOk({"t.py"}, {{"PET_STALL_TIMEOUT", "3"}}).stall_timeout == 0);
 }
+
+TEST_CASE("one node without a run id or port gets a random run id, as under torchrun 2.15",
+          "[unit]") {
+  using cpprun::launcher::applyOneNodeRunId;
+  const std::regex uuid4("[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}");
+  LaunchConfig one = parseOk({"t.py"});
+  applyOneNodeRunId(one, false);
+  CHECK(std::regex_match(one.rdzv_id, uuid4));
+  LaunchConfig other = parseOk({"t.py"});
+  applyOneNodeRunId(other, false);
+  CHECK(other.rdzv_id != one.rdzv_id);
+  // Anything that names the job, the port or more nodes keeps torchrun's "none" (or the id).
+  for (const Args& args : {Args{"--rdzv-id=job", "t.py"}, Args{"--master-port=29501", "t.py"},
+                           Args{"--nnodes=2", "t.py"}, Args{"--rdzv-endpoint=h:1", "t.py"}}) {
+    INFO(args[0]);
+    LaunchConfig c = parseOk(args);
+    const std::string before = c.rdzv_id;
+    applyOneNodeRunId(c, false);
+    CHECK(c.rdzv_id == before);
+  }
+  LaunchConfig pet = parseOk({"t.py"}, {{"PET_RDZV_ID", "petjob"}});
+  applyOneNodeRunId(pet, false);
+  CHECK(pet.rdzv_id == "petjob");
+  LaunchConfig slurm = parseOk({"t.py"});
+  slurm.rdzv_id = "12345";  // the scheduler's job id
+  applyOneNodeRunId(slurm, true);
+  CHECK(slurm.rdzv_id == "12345");
+}

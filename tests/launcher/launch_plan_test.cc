@@ -2,6 +2,7 @@
 #include "launcher/launch_plan.h"
 
 #include <catch2/catch.hpp>
+#include <csignal>
 
 namespace {
 
@@ -213,4 +214,18 @@ TEST_CASE("outside a scheduler no scheduler variable is invented", "[unit]") {
     CHECK(kv.first.rfind("SLURM_", 0) != 0);
     CHECK(kv.first.rfind("OMPI_", 0) != 0);
   }
+}
+
+TEST_CASE("workers get the signals the agent handles, spelled as torchrun 2.x exports them",
+          "[unit]") {
+  LaunchConfig c = script(1);
+  c.signals_to_handle = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};  // the CLI's default
+  auto plan = makeLaunchPlan(c, node({}), singleNode(1), {}, "/tmp/run");
+  REQUIRE(plan.isOk());
+  CHECK(plan.value().workers[0].env.at("TORCHELASTIC_SIGNALS_TO_HANDLE") ==
+        "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
+  c.signals_to_handle = {SIGUSR1, SIGTERM};
+  plan = makeLaunchPlan(c, node({}), singleNode(1), {}, "/tmp/run");
+  REQUIRE(plan.isOk());
+  CHECK(plan.value().workers[0].env.at("TORCHELASTIC_SIGNALS_TO_HANDLE") == "SIGUSR1,SIGTERM");
 }
