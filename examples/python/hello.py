@@ -1,6 +1,7 @@
 """The "hello world" of cluster DDP guides, run under cpprun (or torchrun) before a real job:
 one line per rank with the host, the ranks, the device the rank would train on and every NCCL_*
-variable it sees, after an all_reduce proves that the group formed.
+and TORCH_NCCL_* variable it sees (torch 2.x reads TORCH_NCCL_ASYNC_ERROR_HANDLING, 1.x
+NCCL_ASYNC_ERROR_HANDLING), after an all_reduce proves that the group formed.
 
     PYTHON_EXEC=/usr/bin/python3 cpprun --nproc-per-node=2 examples/python/hello.py
 
@@ -31,7 +32,8 @@ def main():
 
     ones = torch.ones(1, device=device)
     dist.all_reduce(ones)
-    nccl = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("NCCL_"))
+    nccl = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items())
+                    if k.startswith(("NCCL_", "TORCH_NCCL_")))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"hello from rank {rank}/{world} local_rank {local_rank}/"
           f"{os.environ.get('LOCAL_WORLD_SIZE', '?')} node {os.environ.get('GROUP_RANK', '?')} "

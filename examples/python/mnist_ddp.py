@@ -7,7 +7,9 @@ or by torch's own launcher:
 - rank 0 prepares (loads and normalises) the data first, then a barrier, then the others;
 - DistributedSampler shards the training set, set_epoch() reshuffles every epoch;
 - the learning rate is scaled by the world size (--scale-lr, as the guides do for SGD);
-- rank 0 saves the checkpoint; every rank calls destroy_process_group at the end.
+- rank 0 saves the checkpoint; every rank calls destroy_process_group at the end;
+- --resume: every rank loads the checkpoint when there is one and goes on after its epoch, so a
+  job that cpprun (or torchrun) restarts with --max-restarts picks up where it was.
 
 The model and optimiser are pytorch/examples' MNIST ones (the same as the bundled C++ trainer,
 cpprun-mnist). Data: MNIST-format IDX files (.gz or raw) from --data, by default the digits
@@ -15,6 +17,9 @@ shipped in examples/mnist/data. The batches are taken from tensors held in memor
 DataLoader over a TensorDataset yields, without its per-sample collation cost), so that the
 benchmark compares compute with compute. --metrics FILE: rank 0 appends JSON lines in
 cpprun-mnist's format.
+
+--fail-once RANK:EPOCH injects a fault, for restart tests: in the job's first attempt
+(TORCHELASTIC_RESTART_COUNT 0) rank RANK raises an error halfway through epoch EPOCH.
 """
 import argparse
 import gzip
@@ -85,6 +90,10 @@ def main():
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--log-interval", type=int, default=10)
     parser.add_argument("--checkpoint-dir")
+    parser.add_argument("--resume", action="store_true",
+                        help="go on from --checkpoint-dir's checkpoint when there is one")
+    parser.add_argument("--fail-once", metavar="RANK:EPOCH",
+                        help="first attempt only: RANK fails halfway through EPOCH")
     parser.add_argument("--metrics")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args()
@@ -112,13 +121,32 @@ def main():
                                  seed=args.seed)
     metrics = open(args.metrics, "a") if args.metrics and rank == 0 else None
 
-    for epoch in range(1, args.epochs + 1):
+    first_epoch = 1
+    checkpoint = os.path.join(args.checkpoint_dir, "mnist_ddp.pt") if args.checkpoint_dir else None
+    if args.resume and checkpoint and os.path.exists(checkpoint):
+        # Every rank loads the same file (rank 0 wrote it before the attempt ended).
+        state = torch.load(checkpoint, map_location="cpu")
+        model.module.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        first_epoch = state["epoch"] + 1
+        if rank == 0:
+            print(f"Resuming from {checkpoint}: epoch {state['epoch']} done, continuing at epoch "
+                  f"{first_epoch}", flush=True)
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))  # the launcher's attempt
+    fail_rank, fail_epoch = map(int, args.fail_once.split(":")) if args.fail_once else (-1, -1)
+    if restart != 0:
+        fail_rank = -1
+
+    for epoch in range(first_epoch, args.epochs + 1):
         sampler.set_epoch(epoch)
         indices = torch.tensor(list(iter(sampler)))
         batches = (len(indices) + args.batch_size - 1) // args.batch_size
         model.train()
         start = time.perf_counter()
         for b in range(batches):
+            if rank == fail_rank and epoch == fail_epoch and b == batches // 2:
+                raise RuntimeError(f"--fail-once: rank {rank} fails at epoch {epoch} batch {b}")
             idx = indices[b * args.batch_size:(b + 1) * args.batch_size]
             optimizer.zero_grad()
             loss = F.nll_loss(model(train_x[idx]), train_y[idx])
@@ -151,13 +179,14 @@ def main():
                                           "accuracy": accuracy, "images_per_s": images_per_s,
                                           "train_seconds": train_seconds, "world_size": world,
                                           "elapsed_s": time.perf_counter() - run_start,
-                                          "threads": threads}) + "\n")
+                                          "threads": threads, "restart": restart}) + "\n")
                 metrics.flush()
-            if args.checkpoint_dir:
-                tmp = os.path.join(args.checkpoint_dir, "mnist_ddp.pt.tmp")
+            if checkpoint:
+                tmp = checkpoint + ".tmp"
                 torch.save({"epoch": epoch, "model": model.module.state_dict(),
-                            "optimizer": optimizer.state_dict()}, tmp)
-                os.replace(tmp, os.path.join(args.checkpoint_dir, "mnist_ddp.pt"))
+                            "optimizer": optimizer.state_dict(),
+                            "scheduler": scheduler.state_dict()}, tmp)
+                os.replace(tmp, checkpoint)
 
     dist.destroy_process_group()
 
