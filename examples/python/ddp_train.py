@@ -5,10 +5,15 @@
 env:// init (MASTER_ADDR/MASTER_PORT: the agent's store), DistributedSampler-style sharding,
 DDP on gloo (CPU), an all_reduce check, destroy_process_group. With --out DIR each rank writes
 result-<rank>.json (cpprun's integration test reads them). The bundled MNIST trainer comes
-with a later stage; this is the smallest real DDP job."""
+with a later stage; this is the smallest real DDP job.
+
+--hold-first-attempt, for elastic tests: in the job's first attempt (TORCHELASTIC_RESTART_COUNT
+0) every rank prints "rank R of W: holding" once the group formed and then waits to be stopped,
+so that a test can take a node away mid-job; later attempts train as usual."""
 import argparse
 import json
 import os
+import signal
 
 import torch
 import torch.distributed as dist
@@ -20,6 +25,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", help="directory for result-<rank>.json")
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--hold-first-attempt", action="store_true")
     args = parser.parse_args()
 
     dist.init_process_group(backend="gloo", init_method="env://")
@@ -30,6 +36,9 @@ def main():
 
     t = torch.tensor([float(rank + 1)])
     dist.all_reduce(t)
+    if args.hold_first_attempt and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+        print(f"rank {rank} of {world}: holding", flush=True)
+        signal.pause()  # until the launcher stops this attempt
 
     model = DDP(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)

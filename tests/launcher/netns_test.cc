@@ -13,6 +13,7 @@
 #include "agent/process_launcher.h"
 #include "tests/launcher/cpprun_test_helpers.h"
 #include "tests/support/test_support.h"
+#include "tests/support/torch_peers.h"
 
 namespace {
 
@@ -72,7 +73,8 @@ class ThreeHosts {
 
   // An elastic cpprun (2 to 3 nodes) on host i; the endpoint is on host 1, whose agent serves
   // the store (the others find the address is not theirs).
-  std::unique_ptr<ChildProcess> elasticAgent(int i, const std::vector<std::string>& args) {
+  std::unique_ptr<ChildProcess> elasticAgent(int i, const std::vector<std::string>& args,
+                                             const std::map<std::string, std::string>& env = {}) {
     std::vector<std::string> argv = {
         "/usr/sbin/ip",
         "netns",
@@ -84,7 +86,7 @@ class ThreeHosts {
         "--rdzv-endpoint=" + address(1) + ":29400",
         "--rdzv-conf=keep_alive_interval=0.5,last_call_timeout=1,join_timeout=60"};
     argv.insert(argv.end(), args.begin(), args.end());
-    return std::make_unique<ChildProcess>(argv);
+    return std::make_unique<ChildProcess>(argv, env);
   }
 
   // cpprun as node `node_rank` on host node_rank + 1, store on host 1.
@@ -133,9 +135,10 @@ std::vector<std::unique_ptr<ChildProcess>> startAgents(ThreeHosts& hosts,
   return agents;
 }
 
-}  // namespace
-
-TEST_CASE("three hosts: a PyTorch gloo DDP script spans them unchanged", "[integration][netns]") {
+// ddp_train.py on one worker per host with `peer`'s interpreter: one group of three, identical
+// replicas.
+void ddpSpansThreeHosts(const TorchPeer& peer) {
+  requireTorchPeer(peer);
   ThreeHosts hosts;
   TempDir dir;
   std::vector<std::unique_ptr<ChildProcess>> agents(3);
@@ -144,7 +147,7 @@ TEST_CASE("three hosts: a PyTorch gloo DDP script spans them unchanged", "[integ
         hosts.agent(r,
                     {"--nproc-per-node=1", sourcePath("examples/python/ddp_train.py"), "--out",
                      dir.path(), "--steps", "10"},
-                    {{"PYTHON_EXEC", CPPRUN_PYTHON}, {"GLOO_SOCKET_IFNAME", "eth0"}});
+                    {{"PYTHON_EXEC", peer.python}, {"GLOO_SOCKET_IFNAME", "eth0"}});
   }
   for (auto& a : agents) {
     INFO(a->output());
@@ -158,6 +161,39 @@ TEST_CASE("three hosts: a PyTorch gloo DDP script spans them unchanged", "[integ
     checksums.insert(result["param_checksum"].get<double>());
   }
   CHECK(checksums.size() == 1);  // DDP kept every replica identical
+}
+
+// Waits (60 s: three imports of torch on a shared machine, then the group forms) until `agent`
+// relays its worker's "rank R of W: holding" (ddp_train.py --hold-first-attempt); otherwise fails
+// showing every agent's output.
+void requireHolding(ChildProcess& agent, std::vector<std::unique_ptr<ChildProcess>>& agents) {
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left <= 0ms) break;
+    auto line = agent.waitForLine("[default", left);
+    if (!line) break;
+    if (line->find(": holding") != std::string::npos) return;
+  }
+  std::string outputs;
+  for (size_t j = 0; j < agents.size(); ++j) {
+    agents[j]->readAvailable(100ms);
+    outputs += "--- agent " + std::to_string(j) + " ---\n" + agents[j]->output() + "\n";
+  }
+  FAIL("an agent relayed no 'holding' line of its worker within 60 s\n" << outputs);
+}
+
+}  // namespace
+
+TEST_CASE("three hosts: a PyTorch gloo DDP script spans them unchanged",
+          "[integration][netns][torch]") {
+  ddpSpansThreeHosts(torch113());
+}
+
+TEST_CASE("three hosts, torch 2.x: a PyTorch gloo DDP script spans them unchanged",
+          "[integration][netns][torch][torch2]") {
+  ddpSpansThreeHosts(torch2());
 }
 
 TEST_CASE("a cut link is detected within the heartbeat bound and no host hangs",
@@ -284,5 +320,43 @@ TEST_CASE("across hosts: a worker crash on one host restarts every host from one
     CHECK(e["TORCHELASTIC_RESTART_COUNT"] == "1");
     CHECK(e["WORLD_SIZE"] == "3");
   }
+  CHECK(allGone(processesMentioning(d)));
+}
+
+TEST_CASE("across hosts, elastic, torch 2.x: DDP re-forms on the two hosts left and trains",
+          "[integration][netns][elastic][torch][torch2]") {
+  requireTorchPeer(torch2());
+  ThreeHosts hosts;
+  TempDir dir;
+  const std::string d = dir.path();
+  // Attempt 0: the three ranks form one gloo group and hold. The agent of host 3 is killed; the
+  // two others re-form (attempt 1, 2 nodes) and ddp_train.py trains on them.
+  std::vector<std::unique_ptr<ChildProcess>> agents;
+  for (int i = 1; i <= 3; ++i) {
+    agents.push_back(
+        hosts.elasticAgent(i,
+                           {"--nproc-per-node=1", sourcePath("examples/python/ddp_train.py"),
+                            "--out", d, "--steps", "10", "--hold-first-attempt"},
+                           {{"PYTHON_EXEC", torch2().python}, {"GLOO_SOCKET_IFNAME", "eth0"}}));
+  }
+  for (auto& a : agents) requireHolding(*a, agents);
+  killAgentOf(*agents[2]);
+  for (int i : {0, 1}) {
+    ChildProcess& a = *agents[static_cast<size_t>(i)];
+    INFO(a.output());
+    CHECK(waitExit(a) == 0);
+    CHECK_THAT(a.output(), Catch::Contains("re-forming the group") &&
+                               Catch::Contains("all 2 workers of 2 nodes succeeded"));
+  }
+  waitExit(*agents[2]);
+  std::set<double> checksums;
+  for (int r = 0; r < 2; ++r) {
+    Json result = readJson(d + "/result-" + std::to_string(r) + ".json");
+    CHECK(result["world_size"] == 2);
+    CHECK(result["all_reduce"] == 3.0);  // 1 + 2: the group of the two hosts left
+    checksums.insert(result["param_checksum"].get<double>());
+  }
+  CHECK(checksums.size() == 1);
+  CHECK_FALSE(std::ifstream(d + "/result-2.json").good());
   CHECK(allGone(processesMentioning(d)));
 }

@@ -10,6 +10,7 @@
 
 #include "tests/launcher/cpprun_test_helpers.h"
 #include "tests/support/test_support.h"
+#include "tests/support/torch_peers.h"
 
 using namespace cpprun::testing;
 
@@ -69,18 +70,19 @@ TEST_CASE("sbatch of the example script: one agent per node, ranks and GPUs from
   }
 }
 
-TEST_CASE("a Slurm-native DDP script runs unchanged as cpprun's workers under sbatch",
-          "[integration][slurm][torch]") {
-  // Rank from SLURM_PROCID, world from SLURM_NTASKS, local rank computed, MASTER_ADDR from the
-  // node list: right only because cpprun rewrites each worker's Slurm task variables.
-  REQUIRE(::access("/usr/bin/python3", X_OK) == 0);
+namespace {
+
+// Rank from SLURM_PROCID, world from SLURM_NTASKS, local rank computed, MASTER_ADDR from the
+// node list: right only because cpprun rewrites each worker's Slurm task variables.
+void slurmNativeScriptRuns(const TorchPeer& peer) {
+  requireTorchPeer(peer);
   TempDir dir;
   const std::string d = dir.path();
   ChildProcess run = inSlurmCluster(
       d,
       {"sbatch", "--wait", "-o", d + "/slurm-%j.out", sourcePath("examples/slurm/cpprun.sbatch"),
        sourcePath("examples/python/slurm_native.py"), "--out", d + "/rank-{rank}.json"},
-      {{"PYTHON_EXEC", "/usr/bin/python3"}});
+      {{"PYTHON_EXEC", peer.python}});
   auto status = run.wait(180s);
   REQUIRE(status.has_value());
   INFO(run.output());
@@ -95,6 +97,18 @@ TEST_CASE("a Slurm-native DDP script runs unchanged as cpprun's workers under sb
     CHECK(seen["master_addr"] == "n1");
     CHECK(seen["rank_sum"] == 0 + 1 + 2 + 3);  // the four ranks formed one group
   }
+}
+
+}  // namespace
+
+TEST_CASE("a Slurm-native DDP script runs unchanged as cpprun's workers under sbatch",
+          "[integration][slurm][torch]") {
+  slurmNativeScriptRuns(torch113());
+}
+
+TEST_CASE("torch 2.x: a Slurm-native DDP script runs unchanged as cpprun's workers under sbatch",
+          "[integration][slurm][torch][torch2]") {
+  slurmNativeScriptRuns(torch2());
 }
 
 TEST_CASE("the pre-emption recipe: SIGUSR1 checkpoints, the job requeues and resumes to the end",
