@@ -96,6 +96,11 @@ WorkerOutputPlan planWorkerOutput(const OutputOptions& options, int local_rank, 
   prefix = substitute(prefix, "${role_name}", options.role_name);
   prefix = substitute(prefix, "${local_rank}", std::to_string(local_rank));
   prefix = substitute(prefix, "${rank}", std::to_string(rank));
+  if (prefix.find("${hostname}") != std::string::npos) {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    prefix = substitute(prefix, "${hostname}", host);
+  }
 
   auto route = [&](int bit, int console_fd, const char* file_name) {
     StreamRoute r;

@@ -45,8 +45,9 @@ class LineSplitter {
 
 // The console/file policy, as the command line gave it.
 struct OutputOptions {
-  // ${role_name}, ${rank} and ${local_rank} are substituted. TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE
-  // overrides it (the launcher reads the variable).
+  // ${role_name}, ${rank}, ${local_rank} and ${hostname} (this node's short host name, as
+  // torchrun 2.15) are substituted. --log-line-prefix-template or
+  // TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE overrides it (the launcher reads them).
   std::string prefix_template = "[${role_name}${rank}]:";
   std::string role_name = "default";
   // Per local rank: 0 none, 1 stdout, 2 stderr, 3 both. `*_default` covers unlisted ranks.

@@ -261,6 +261,11 @@ Status applyTee(LaunchConfig& c, const std::string& v, const std::string& source
   return parseStd(v, source, c.tee_default, c.tee_by_rank);
 }
 
+Status applyLogLinePrefixTemplate(LaunchConfig& c, const std::string& v, const std::string&) {
+  c.log_line_prefix_template = v;
+  return Status::ok();
+}
+
 Status applyLocalRanksFilter(LaunchConfig& c, const std::string& v, const std::string& source) {
   std::set<int> ranks;
   if (!v.empty()) {
@@ -427,6 +432,7 @@ const OptionSpec kOptions[] = {
     {"--log-dir", 0, Arity::kValue, true, applyLogDir},
     {"--redirects", 'r', Arity::kValue, true, applyRedirects},
     {"--tee", 't', Arity::kValue, true, applyTee},
+    {"--log-line-prefix-template", 0, Arity::kValue, true, applyLogLinePrefixTemplate},
     {"--local-ranks-filter", 0, Arity::kValue, true, applyLocalRanksFilter},
     {"--duplicate-stdout-filters", 0, Arity::kValue, false, applyDuplicateFilters},
     {"--duplicate-stderr-filters", 0, Arity::kValue, false, applyDuplicateFilters},
@@ -747,15 +753,18 @@ Restarts and signals
   --shutdown-timeout SECONDS  Grace between SIGTERM to the workers and SIGKILL, >= 0. Default
                               $TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30. [env]
 
-Output (every worker line reaches the console whole, prefixed "[<role><rank>]:"; the
-TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE variable sets another, with ${role_name}, ${rank} and
-${local_rank})
+Output (every worker line reaches the console whole, prefixed "[<role><rank>]:")
   --log-dir DIR               Write <DIR>/<run id>/attempt_<n>/<local rank>/{stdout,stderr}.log.
                               Default none (console only). [env]
   -r, --redirects MODE        Send worker output to the log files instead of the console: 0
                               none, 1 stdout, 2 stderr, 3 both, or per local rank 0:1,1:2.
                               Default 0. [env]
   -t, --tee MODE              Like -r, but to the log files and the console. Default 0. [env]
+  --log-line-prefix-template TEMPLATE
+                              The console line prefix, with ${role_name}, ${rank},
+                              ${local_rank} and ${hostname} substituted. Default
+                              $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else
+                              "[${role_name}${rank}]:". [env]
   --local-ranks-filter LIST   Only these local ranks (e.g. 0,1) reach the console; log files
                               keep everything. Default all. [env]
 

@@ -68,7 +68,9 @@ Result<int> pickFreePort(const std::string& host) {
 agent::OutputOptions outputOptions(const LaunchConfig& config,
                                    const std::map<std::string, std::string>& env) {
   agent::OutputOptions o;
-  o.prefix_template = envOr(env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", o.prefix_template);
+  o.prefix_template = !config.log_line_prefix_template.empty()
+                          ? config.log_line_prefix_template
+                          : envOr(env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", o.prefix_template);
   o.role_name = config.role;
   o.redirects_default = config.redirects_default;
   o.redirects_by_rank = config.redirects_by_rank;

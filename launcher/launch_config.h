@@ -45,6 +45,9 @@ struct LaunchConfig {
   int tee_default = 0;
   std::map<int, int> tee_by_rank;
   std::vector<int> local_ranks_filter;  // --local-ranks-filter; empty = all
+  // --log-line-prefix-template (torchrun 2.15); empty: TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE,
+  // else cpprun's default prefix.
+  std::string log_line_prefix_template;
 
   int node_rank = 0;                      // --node-rank (static backend)
   std::string master_addr = "127.0.0.1";  // --master-addr

@@ -118,7 +118,8 @@ TEST_CASE("cli rejects an ambiguous prefix listing the candidates", "[unit]") {
   CHECK(parseError({"--master=1", "t.py"}) ==
         "ambiguous option '--master' could match --master-addr, --master-port");
   CHECK(parseError({"--log", "d", "t.py"}) ==
-        "ambiguous option '--log' could match --log-dir, --logs-specs");
+        "ambiguous option '--log' could match --log-dir, --log-line-prefix-template, "
+        "--logs-specs");
 }
 
 TEST_CASE("cli an exact option name wins over a longer one it prefixes", "[unit]") {
@@ -575,4 +576,14 @@ TEST_CASE("one node without a run id or port gets a random run id, as under torc
   slurm.rdzv_id = "12345";  // the scheduler's job id
   applyOneNodeRunId(slurm, true);
   CHECK(slurm.rdzv_id == "12345");
+}
+
+TEST_CASE("--log-line-prefix-template, torchrun 2.15's flag, with its PET_ fallback", "[unit]") {
+  CHECK(parseOk({"t.py"}).log_line_prefix_template.empty());
+  CHECK(parseOk({"--log-line-prefix-template=${hostname}:${rank}: ", "t.py"})
+            .log_line_prefix_template == "${hostname}:${rank}: ");
+  CHECK(parseOk({"--log_line_prefix_template", "[${rank}]", "t.py"}).log_line_prefix_template ==
+        "[${rank}]");
+  CHECK(parseOk({"t.py"}, {{"PET_LOG_LINE_PREFIX_TEMPLATE", "<${local_rank}>"}})
+            .log_line_prefix_template == "<${local_rank}>");
 }

@@ -390,3 +390,25 @@ TEST_CASE(
     CHECK(allGone(processesMentioning(box.dir.path())));
   }
 }
+
+TEST_CASE(
+    "torchrun 2.x vs cpprun: --log-line-prefix-template with ${hostname} prefixes a tee'd line "
+    "alike",
+    "[integration][torch][torch2]") {
+  requireTorchPeer(torch2());
+  Sandbox box;
+  char host[256] = {};
+  REQUIRE(::gethostname(host, sizeof(host) - 1) == 0);
+  for (Launcher l : {Launcher::kTorchrun, Launcher::kCpprun}) {
+    // torchrun prefixes only tee'd streams; cpprun every console line.
+    ChildProcess run(
+        launcherCommand(l, {"--nproc-per-node=1", "--tee=3",
+                            "--log-line-prefix-template=${hostname}:${rank}:${role_name}: ",
+                            "--no-python", kWorker, "print", "hello"}),
+        box.env());
+    CHECK(exitCode(run, l) == 0);
+    INFO(nameOf(l) << " output:\n" << run.output());
+    CHECK_THAT(run.output(), Catch::Contains("\n" + std::string(host) + ":0:default: hello\n") ||
+                                 Catch::StartsWith(std::string(host) + ":0:default: hello\n"));
+  }
+}
