@@ -161,6 +161,7 @@ void TcpStoreClient::handshake(Clock::time_point deadline) {
   out_.clear();
   wire::encodeRequest(Dialect::kV2, validate, &out_);
   wire::encodeRequest(Dialect::kV2, ping, &out_);
+  last_request_ = "the VALIDATE + PING handshake";
   sendAll(out_.data(), out_.size(), deadline);
   uint32_t echo = readU32(deadline);
   if (echo != ping.u32) {
@@ -185,7 +186,7 @@ void TcpStoreClient::sendAll(const uint8_t* data, size_t size, Clock::time_point
       continue;
     }
     if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
-    fail("send: " + errnoText(errno));
+    fail(std::string("sending ") + last_request_ + ": " + errnoText(errno));
   }
 }
 
@@ -216,9 +217,12 @@ bool TcpStoreClient::fill(size_t need, Clock::time_point deadline, bool allow_ti
       in_end_ += static_cast<size_t>(n);
       continue;
     }
-    if (n == 0) fail("connection closed by the server");
-    if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
-      fail("recv: " + errnoText(errno));
+    if (n == 0 || (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)) {
+      // A server closes the connection on a request it rejects or does not have (torch's
+      // legacy server on QUEUE_*, any server on ADD to a non-numeric value).
+      fail(std::string(n == 0 ? "connection closed by the server" : "recv: " + errnoText(errno)) +
+           " while awaiting the reply to " + last_request_ +
+           " (a server closes the connection on a request it rejects or does not support)");
     }
   }
   return true;
@@ -269,6 +273,7 @@ Bytes TcpStoreClient::readBytes(Clock::time_point deadline) {
 void TcpStoreClient::sendRequest(const Request& r, Clock::time_point deadline) {
   ensureConnected();
   out_.clear();
+  last_request_ = wire::queryTypeName(r.type);
   if (!wire::encodeRequest(options_.dialect, r, &out_)) {
     throw StoreError(std::string(wire::queryTypeName(r.type)) + " is not available with a " +
                      wire::dialectName(options_.dialect) + " server");

@@ -106,6 +106,9 @@ class TcpStoreClient : public Store {
   Bytes in_ = Bytes(64 * 1024);  // received bytes: [in_pos_, in_end_) are unread
   size_t in_pos_ = 0;
   size_t in_end_ = 0;
+  // The request whose bytes were sent last (named in errors: a server that rejects or lacks a
+  // request closes the connection, and that is all the client sees).
+  const char* last_request_ = "handshake";
   int recv_timeout_ms_ = 0;  // what SO_RCVTIMEO is set to (0: not set)
   int send_timeout_ms_ = 0;
 };

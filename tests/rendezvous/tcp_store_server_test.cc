@@ -197,6 +197,20 @@ TEST_CASE("torch 2.2+ extras - ping queues list keys barrier", "[integration]") 
   CHECK_THROWS_AS(old.ping(1), StoreError);
 }
 
+TEST_CASE("a request the server answers by closing the connection is named in the error",
+          "[integration]") {
+  // All a client sees of a rejected or unknown request is the server closing the connection
+  // (torch's legacy server on QUEUE_*, any server on ADD to a non-numeric value); the error
+  // must say which request that was, and the next call reconnects.
+  auto server = BackgroundTcpStoreServer::start({});
+  REQUIRE(server.isOk());
+  TcpStoreClient c(clientOptions(server.value()->port()));
+  c.set("/text", std::string("not a number"));
+  CHECK_THROWS_WITH(c.add("/text", 1), Catch::Contains("while awaiting the reply to ADD") &&
+                                           Catch::Contains("rejects or does not support"));
+  CHECK(toString(c.get("/text")) == "not a number");
+}
+
 TEST_CASE("a blocking queue pop waits for a push", "[integration]") {
   auto server = BackgroundTcpStoreServer::start({});
   REQUIRE(server.isOk());

@@ -553,12 +553,23 @@ TEST_CASE("our client drives torch 2.x's legacy TCPStore server (use_libuv=False
   driveTorchServerCommonOps(client, options);
 
   // The legacy server has no queues: it drops the connection on QUEUE_*. Our client reports a
-  // StoreError (no hang) and reconnects for the next call.
+  // StoreError naming the request (no hang) and reconnects for the next call. A QUEUE_PUSH has
+  // no reply, so it is lost without an error; the call after it fails instead.
   {
     auto started = Clock::now();
-    CHECK_THROWS_AS(client.queueLength("/jobs"), StoreError);
+    CHECK_THROWS_WITH(client.queueLength("/jobs"),
+                      Catch::Contains("while awaiting the reply to QUEUE_LEN"));
     CHECK(Clock::now() - started < 10s);
   }
+  CHECK(toString(client.get("/a")) == "2");
+  // queuePop is WAIT + QUEUE_POP: the legacy server serves the WAIT, never sees the queue, and
+  // the pop times out after the store timeout (the cancelled wait leaves the stream in sync).
+  client.setTimeout(300ms);
+  CHECK_THROWS_AS(client.queuePop("/jobs"), StoreTimeout);
+  client.setTimeout(30s);
+  CHECK(toString(client.get("/a")) == "2");
+  client.queuePush("/jobs", toBytes("lost"));
+  CHECK_THROWS_AS(client.numKeys(), StoreError);
   CHECK(toString(client.get("/a")) == "2");
   CHECK(client.numKeys() == 14);
 
