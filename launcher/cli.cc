@@ -319,6 +319,13 @@ Status applyLogsSpecs(LaunchConfig&, const std::string& v, const std::string& so
                       "layout; cpprun has one built-in layout (--log-dir, -r, -t)");
 }
 
+Status applyPrintCompletion(LaunchConfig&, const std::string& v, const std::string& source) {
+  return notSupported(v, source,
+                      "cpprun's bash completion is installed with it "
+                      "(share/bash-completion/completions/cpprun) and reads the options from "
+                      "cpprun --help");
+}
+
 Status applyNumaBinding(LaunchConfig&, const std::string& v, const std::string& source) {
   return notSupported(v, source,
                       "NUMA binding is not implemented; bind workers with numactl in the entry "
@@ -441,6 +448,7 @@ const OptionSpec kOptions[] = {
     {"--master-port", 0, Arity::kValue, true, applyMasterPort},
     {"--local-addr", 0, Arity::kValue, true, applyLocalAddr},
     {"--logs-specs", 0, Arity::kValue, false, applyLogsSpecs},
+    {"--print-completion", 0, Arity::kValue, false, applyPrintCompletion},
     {"--numa-binding", 0, Arity::kValue, false, applyNumaBinding},
     {"--signals-to-handle", 0, Arity::kValue, true, applySignals},
     {"--shutdown-timeout", 0, Arity::kValue, true, applyShutdownTimeout},
@@ -795,9 +803,9 @@ Operations (docs/operations.md)
   -h, --help                  Show this text and exit.
   --version                   Show the version and exit.
 
-Not supported (rejected with a message): --logs-specs, --numa-binding, --event-log-handler
-other than null, --duplicate-stdout-filters and --duplicate-stderr-filters other than empty,
-and the etcd rendezvous backends.
+Not supported (rejected with a message): --logs-specs, --numa-binding, --print-completion,
+--event-log-handler other than null, --duplicate-stdout-filters and --duplicate-stderr-filters
+other than empty, and the etcd rendezvous backends.
 
 Exit codes: 0 every worker succeeded; 1 a worker failed and no restart was left (the report
 names the root cause); 2 usage error; 3 the job could not start (a port in use, a program that

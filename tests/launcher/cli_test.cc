@@ -587,3 +587,9 @@ TEST_CASE("--log-line-prefix-template, torchrun 2.15's flag, with its PET_ fallb
   CHECK(parseOk({"t.py"}, {{"PET_LOG_LINE_PREFIX_TEMPLATE", "<${local_rank}>"}})
             .log_line_prefix_template == "<${local_rank}>");
 }
+
+TEST_CASE("--print-completion, torchrun 2.15's flag, is refused with the reason", "[unit]") {
+  CHECK_THAT(parseError({"--print-completion", "bash", "t.py"}),
+             Catch::StartsWith("--print-completion (value 'bash') is not supported by cpprun: ") &&
+                 Catch::Contains("share/bash-completion/completions/cpprun"));
+}
