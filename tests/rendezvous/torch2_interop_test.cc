@@ -314,44 +314,55 @@ TEST_CASE(
     "against our server, then all_reduce",
     "[integration][torch][torch2]") {
   requireTorchPeer(torch2());
-  auto server = startOurServer();
-  const std::string port = std::to_string(server->port());
   constexpr int kWorld = 2;
+  // Without and with the store-based barrier after init (2.x runs it only when asked).
+  for (const bool init_barrier : {false, true}) {
+    INFO("TORCH_DIST_INIT_BARRIER=" << init_barrier);
+    auto server = startOurServer();
+    const std::string port = std::to_string(server->port());
+    std::vector<std::unique_ptr<ChildProcess>> workers;
+    for (int rank = 0; rank < kWorld; ++rank) {
+      auto env = glooWorkerEnv(port, rank, kWorld);
+      env["TORCH_DIST_INIT_BARRIER"] = init_barrier ? "1" : "0";
+      workers.push_back(std::make_unique<ChildProcess>(
+          std::vector<std::string>{kTorch2, sourcePath("tests/torch/gloo_worker.py")}, env));
+    }
+    auto deadline = Clock::now() + 120s;
+    auto left = [&] {
+      return std::max(Millis(1), std::chrono::duration_cast<Millis>(deadline - Clock::now()));
+    };
+    for (int rank = 0; rank < kWorld; ++rank) {
+      const std::string name = "gloo_worker.py rank " + std::to_string(rank);
+      const std::string expected = "rank " + std::to_string(rank) + " world 2 all_reduce 3.0";
+      CHECK(requireLine(*workers[static_cast<size_t>(rank)], name, "rank ", left()) == expected);
+    }
+    for (int rank = 0; rank < kWorld; ++rank) {
+      const std::string name = "gloo_worker.py rank " + std::to_string(rank);
+      requireCleanExit(*workers[static_cast<size_t>(rank)], name, left());
+    }
 
-  std::vector<std::unique_ptr<ChildProcess>> workers;
-  for (int rank = 0; rank < kWorld; ++rank) {
-    workers.push_back(std::make_unique<ChildProcess>(
-        std::vector<std::string>{kTorch2, sourcePath("tests/torch/gloo_worker.py")},
-        glooWorkerEnv(port, rank, kWorld)));
+    TcpStoreClient ours(clientOptions(server->port()));
+    auto expected_keys = torch2AgentStoreKeys();
+    if (init_barrier) {
+      // The barrier counts arrivals under one key; the last arrival SETs ":last_worker".
+      expected_keys.push_back("/default_pg/store_based_barrier_key:0");
+      expected_keys.push_back("/default_pg/store_based_barrier_key:0:last_worker");
+    }
+    const auto keys = sorted(ours.listKeys());
+    CHECK(keys == sorted(expected_keys));
+    for (const auto& key : keys) CHECK(key.find("/worker/attempt_") == std::string::npos);
+    CHECK(toString(ours.get("init/")) == "2");                 // each rank's store added 1
+    CHECK_FALSE(ours.get("/default_pg/0//cpu//0/0").empty());  // gloo's address of rank 0
+    CHECK_FALSE(ours.get("/default_pg/0//cpu//0/1").empty());
+    if (init_barrier) CHECK(toString(ours.get("/default_pg/store_based_barrier_key:0")) == "2");
+    CHECK(server->stats().connections_dropped == 0);
+    CHECK(eventually(
+        [&] {
+          auto stats = server->stats();
+          return stats.connections_open == 1 && stats.pending_waits == 0;
+        },
+        10s));
   }
-  auto deadline = Clock::now() + 120s;
-  auto left = [&] {
-    return std::max(Millis(1), std::chrono::duration_cast<Millis>(deadline - Clock::now()));
-  };
-  for (int rank = 0; rank < kWorld; ++rank) {
-    const std::string name = "gloo_worker.py rank " + std::to_string(rank);
-    const std::string expected = "rank " + std::to_string(rank) + " world 2 all_reduce 3.0";
-    CHECK(requireLine(*workers[static_cast<size_t>(rank)], name, "rank ", left()) == expected);
-  }
-  for (int rank = 0; rank < kWorld; ++rank) {
-    const std::string name = "gloo_worker.py rank " + std::to_string(rank);
-    requireCleanExit(*workers[static_cast<size_t>(rank)], name, left());
-  }
-
-  TcpStoreClient ours(clientOptions(server->port()));
-  const auto keys = sorted(ours.listKeys());
-  CHECK(keys == sorted(torch2AgentStoreKeys()));
-  for (const auto& key : keys) CHECK(key.find("/worker/attempt_") == std::string::npos);
-  CHECK(toString(ours.get("init/")) == "2");                 // each rank's store added 1
-  CHECK_FALSE(ours.get("/default_pg/0//cpu//0/0").empty());  // gloo's address of rank 0
-  CHECK_FALSE(ours.get("/default_pg/0//cpu//0/1").empty());
-  CHECK(server->stats().connections_dropped == 0);
-  CHECK(eventually(
-      [&] {
-        auto stats = server->stats();
-        return stats.connections_open == 1 && stats.pending_waits == 0;
-      },
-      10s));
 }
 
 TEST_CASE(
