@@ -300,6 +300,27 @@ TEST_CASE("torchrun 2.x vs cpprun: --nnodes=2 on loopback (c10d), same environme
       box, {"rank0_attempt0", "rank1_attempt0", "rank2_attempt0", "rank3_attempt0"}, {2, box.tmp});
 }
 
+TEST_CASE(
+    "torchrun 2.x vs cpprun: --nnodes=2 on loopback (static: --node-rank and --master-port) "
+    "same environment per rank",
+    "[integration][torch][torch2]") {
+  requireTorchPeer(torch2());
+  Sandbox box;
+  for (Launcher l : {Launcher::kTorchrun, Launcher::kCpprun}) {
+    const std::string port = "--master-port=" + std::to_string(freeTcpPort());
+    std::vector<std::unique_ptr<ChildProcess>> nodes;
+    for (const char* node_rank : {"--node-rank=1", "--node-rank=0"}) {
+      nodes.push_back(std::make_unique<ChildProcess>(
+          launcherCommand(l, {"--nnodes=2", node_rank, "--nproc-per-node=2",
+                              "--master-addr=127.0.0.1", port, kDumpEnv, box.out(l)}),
+          box.env()));
+    }
+    for (auto& node : nodes) REQUIRE(exitCode(*node, l) == 0);
+  }
+  requireSameEnvironments(
+      box, {"rank0_attempt0", "rank1_attempt0", "rank2_attempt0", "rank3_attempt0"}, {2, box.tmp});
+}
+
 TEST_CASE("torchrun 2.x vs cpprun: --max-restarts=1 with one failure, same attempt-1 environment",
           "[integration][torch][torch2]") {
   requireTorchPeer(torch2());
