@@ -40,6 +40,9 @@ Options:
   --max-key-bytes N        longest key accepted (default 8192)
   --max-value-bytes N      largest value accepted (default 8388608)
   --max-keys-per-request N most keys in one CHECK/WAIT/MULTI_* request (default 131072)
+  --legacy-numbering V     how clients without the torch >= 2.2 handshake are read: 1.13
+                           (default; a connection switches to 2.1 on requests only torch 2.1
+                           sends) or 2.1 (every such client is torch 2.1)
   --log-level LEVEL        debug, info, warn or error (default info; env CPPRUN_LOG_LEVEL)
   --help                   show this help and exit
   --version                print the version and exit
@@ -99,6 +102,15 @@ int main(int argc, char** argv) {
       options.limits.max_value_bytes = number(name, args.value(), 1ull << 32);
     } else if (name == "--max-keys-per-request") {
       options.limits.max_keys_per_request = number(name, args.value(), 1u << 30);
+    } else if (name == "--legacy-numbering") {
+      std::string v = text(args.value());
+      if (v == "1.13") {
+        options.no_handshake_dialect = cpprun::rendezvous::wire::Dialect::kLegacy;
+      } else if (v == "2.1") {
+        options.no_handshake_dialect = cpprun::rendezvous::wire::Dialect::kV21;
+      } else {
+        usageError("invalid value '" + v + "' for --legacy-numbering: expected 1.13 or 2.1");
+      }
     } else if (name == "--log-level") {
       std::string level = text(args.value());
       if (level == "debug") {

@@ -226,7 +226,7 @@ bool StoreEngine::handle(ClientId client, Dialect dialect, const Request& r, std
     case QueryType::GET: {
       auto it = data_.find(r.keys[0]);
       if (it == data_.end()) {
-        if (dialect == Dialect::kLegacy) {
+        if (dialect != Dialect::kV2) {  // torch 1.13 and 2.1 servers throw: map::at
           *error = "GET of missing key";
           return false;
         }

@@ -58,7 +58,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       : server_(std::move(server)),
         id_(id),
         socket_(std::move(socket)),
-        decoder_(server_->options_.limits) {
+        decoder_(server_->options_.limits, server_->options_.no_handshake_dialect) {
     boost::system::error_code ec;
     peer_ = describeEndpoint(socket_.remote_endpoint(ec));
     if (ec) peer_ = "unknown peer";

@@ -1,5 +1,5 @@
-// TcpStoreServer: serves the store over TCP in PyTorch's TCPStore wire protocol, both dialects
-// (torch <= 2.0 and torch >= 2.2), chosen per connection from its first bytes.
+// TcpStoreServer: serves the store over TCP in PyTorch's TCPStore wire protocol, every dialect
+// (torch <= 2.0, 2.1 and >= 2.2), chosen per connection from its bytes (wire::RequestDecoder).
 //
 // Runs on one Asio event loop thread (the agent's, or its own via BackgroundTcpStoreServer).
 // Every connection is read asynchronously and parsed incrementally, so a client that sends
@@ -35,6 +35,10 @@ struct TcpStoreServerOptions {
   size_t max_connections = 65536;
   // A client that does not read its replies is dropped once this much output is queued for it.
   size_t max_pending_output_bytes = 64 * 1024 * 1024;
+  // How a connection without the torch >= 2.2 handshake is read: kLegacy (torch 1.13 numbering,
+  // switching to 2.1 on requests only torch 2.1 sends) or kV21 (torch 2.1 from the first byte,
+  // for jobs whose clients are all torch 2.1). See wire::RequestDecoder.
+  wire::Dialect no_handshake_dialect = wire::Dialect::kLegacy;
 };
 
 struct TcpStoreServerStats {

@@ -12,6 +12,9 @@ constexpr int kNone = -1;
 #define Q(x) static_cast<int>(QueryType::x)
 constexpr int kLegacyTable[] = {Q(SET),  Q(COMPARE_SET), Q(GET),       Q(ADD),       Q(CHECK),
                                 Q(WAIT), Q(GETNUMKEYS),  Q(WATCH_KEY), Q(DELETE_KEY)};
+constexpr int kV21Table[] = {Q(SET),    Q(COMPARE_SET), Q(GET),        Q(ADD),
+                             Q(CHECK),  Q(WAIT),        Q(GETNUMKEYS), Q(DELETE_KEY),
+                             Q(APPEND), Q(MULTI_GET),   Q(MULTI_SET),  Q(CANCEL_WAIT)};
 constexpr int kV2Table[] = {Q(VALIDATE),    Q(SET),       Q(COMPARE_SET), Q(GET),
                             Q(ADD),         Q(CHECK),     Q(WAIT),        Q(GETNUMKEYS),
                             Q(DELETE_KEY),  Q(APPEND),    Q(MULTI_GET),   Q(MULTI_SET),
@@ -86,7 +89,17 @@ class Cursor {
 
 }  // namespace
 
-const char* dialectName(Dialect d) { return d == Dialect::kLegacy ? "torch<=2.0" : "torch>=2.2"; }
+const char* dialectName(Dialect d) {
+  switch (d) {
+    case Dialect::kLegacy:
+      return "torch<=2.0";
+    case Dialect::kV21:
+      return "torch 2.1";
+    case Dialect::kV2:
+      return "torch>=2.2";
+  }
+  return "?";
+}
 
 const char* queryTypeName(QueryType t) {
   switch (t) {
@@ -135,11 +148,27 @@ const char* queryTypeName(QueryType t) {
 }
 
 std::optional<QueryType> queryTypeFromWire(Dialect d, uint8_t byte) {
-  return d == Dialect::kLegacy ? lookup(kLegacyTable, byte) : lookup(kV2Table, byte);
+  switch (d) {
+    case Dialect::kLegacy:
+      return lookup(kLegacyTable, byte);
+    case Dialect::kV21:
+      return lookup(kV21Table, byte);
+    case Dialect::kV2:
+      return lookup(kV2Table, byte);
+  }
+  return std::nullopt;
 }
 
 std::optional<uint8_t> queryTypeToWire(Dialect d, QueryType t) {
-  return d == Dialect::kLegacy ? reverseLookup(kLegacyTable, t) : reverseLookup(kV2Table, t);
+  switch (d) {
+    case Dialect::kLegacy:
+      return reverseLookup(kLegacyTable, t);
+    case Dialect::kV21:
+      return reverseLookup(kV21Table, t);
+    case Dialect::kV2:
+      return reverseLookup(kV2Table, t);
+  }
+  return std::nullopt;
 }
 
 uint64_t loadU64(const uint8_t* p) {
@@ -499,12 +528,23 @@ ParseStatus RequestDecoder::next(Request* out, std::string* error) {
   if (!dialect_) {
     if (size == 0) return ParseStatus::kNeedMore;
     if (data[0] != 0) {
-      dialect_ = Dialect::kLegacy;
+      dialect_ = no_handshake_;
     } else {
       // A legacy SET is 17+ bytes and its key length could only equal the magic with a ~1 GB
       // key, so waiting for five bytes is safe for both kinds of client.
       if (size < 5) return ParseStatus::kNeedMore;
-      dialect_ = loadU32(data + 1) == kValidationMagic ? Dialect::kV2 : Dialect::kLegacy;
+      dialect_ = loadU32(data + 1) == kValidationMagic ? Dialect::kV2 : no_handshake_;
+    }
+  }
+  // At the start of a request (partial_ with nothing scanned: only an empty buffer was seen).
+  const bool at_request_start = !partial_ || scan_.pos == 0;
+  if (*dialect_ == Dialect::kLegacy && at_request_start && size > 0) {
+    // A request only a torch 2.1 client sends: this connection speaks 2.1 from here on.
+    const uint8_t type = data[0];
+    if (type == 9 || type == 10 || type == 11 || (type == 7 && sent_other_than_type7_)) {
+      dialect_ = Dialect::kV21;
+    } else if (type != 7) {
+      sent_other_than_type7_ = true;
     }
   }
   size_t consumed = 0;

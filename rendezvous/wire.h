@@ -24,6 +24,7 @@ using Bytes = std::vector<uint8_t>;
 enum class Dialect : uint8_t {
   kLegacy,  // torch <= 2.0 (1.13 included): no handshake, WATCH_KEY = 7, DELETE_KEY = 8
   kV2,      // torch >= 2.2: VALIDATE first, then SET = 1 ... BARRIER = 18
+  kV21,     // torch 2.1: no handshake, WATCH_KEY gone: DELETE_KEY = 7 ... CANCEL_WAIT = 11
 };
 const char* dialectName(Dialect d);
 
@@ -129,11 +130,25 @@ bool encodeRequest(Dialect d, const Request& r, Bytes* out);
 
 // Incremental decoder for one connection: feed() what arrives, then call next() until it says
 // kNeedMore (wait for more bytes) or kError (close). Detects the dialect from the first bytes:
-// `00 ce f7 85 3c` (VALIDATE) means a torch >= 2.2 client, anything else a legacy client. The
-// VALIDATE request itself is returned like any other so the server can count it.
+// `00 ce f7 85 3c` (VALIDATE) means a torch >= 2.2 client, anything else a client without a
+// handshake, read in `no_handshake` numbering. The VALIDATE request itself is returned like any
+// other so the server can count it.
+//
+// torch 1.13 and 2.1 clients cannot be told apart by their first bytes (neither has a
+// handshake; both number SET ... GETNUMKEYS 0 ... 6). With `no_handshake` = kLegacy a
+// connection is read in 1.13 numbering until it sends what only a 2.1 client sends, and in 2.1
+// numbering from that request on (see docs/protocol.md, "torch 2.1 clients"):
+//   - a request of type 9, 10 or 11 (2.1 MULTI_GET, MULTI_SET, CANCEL_WAIT; 1.13 has no such
+//     types and its server closed the connection on them), or
+//   - a request of type 7 after a request that was not type 7 (1.13 sends 7 = WATCH_KEY only
+//     on its callback connection, which carries nothing else; 2.1 sends 7 = DELETE_KEY).
+// Still read as 1.13: a 2.1 delete_key that is its connection's first request (WATCH_KEY) and
+// a 2.1 append before any of the above (DELETE_KEY). `no_handshake` = kV21 reads every such
+// connection as 2.1 from its first byte.
 class RequestDecoder {
  public:
-  explicit RequestDecoder(Limits limits) : limits_(limits) {}
+  explicit RequestDecoder(Limits limits, Dialect no_handshake = Dialect::kLegacy)
+      : limits_(limits), no_handshake_(no_handshake) {}
 
   void feed(const uint8_t* data, size_t size);
   ParseStatus next(Request* out, std::string* error);
@@ -145,7 +160,9 @@ class RequestDecoder {
 
  private:
   Limits limits_;
+  Dialect no_handshake_;
   std::optional<Dialect> dialect_;
+  bool sent_other_than_type7_ = false;  // legacy connections: for the 2.1 switch
   Bytes buffer_;
   size_t read_pos_ = 0;
   bool partial_ = false;  // the request at read_pos_ was found incomplete

@@ -37,6 +37,7 @@ void checkRoundTrip(Dialect d, const Request& r, const Limits& limits) {
 
 struct Decoded {
   std::vector<Request> requests;
+  std::vector<Dialect> dialects;  // each request's (a legacy connection may switch to 2.1)
   std::optional<Dialect> dialect;
   bool failed = false;  // stopped at a malformed request
 };
@@ -58,6 +59,7 @@ Decoded decodeInChunks(const uint8_t* data, size_t size, size_t chunk, const Lim
         break;
       }
       out.requests.push_back(r);
+      out.dialects.push_back(*decoder.dialect());
     }
   }
   out.dialect = decoder.dialect();
@@ -80,17 +82,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // However the bytes are cut, the decoder sees the same requests and the same error.
   Decoded split = decodeInChunks(data, size, chunk, limits);
   Decoded whole = decodeInChunks(data, size, size + 1, limits);
-  if (!(split.requests == whole.requests) || split.failed != whole.failed) std::abort();
+  if (!(split.requests == whole.requests) || split.dialects != whole.dialects ||
+      split.failed != whole.failed) {
+    std::abort();
+  }
 
   static DiscardingOutbox outbox;
   StoreEngine engine(&outbox);
   ClientId client = 1;
-  for (const Request& r : split.requests) {
-    checkRoundTrip(*split.dialect, r, limits);
+  for (size_t i = 0; i < split.requests.size(); ++i) {
+    const Request& r = split.requests[i];
+    checkRoundTrip(split.dialects[i], r, limits);
     // Alternate between two clients so wakes and watches cross connections.
     client = client == 1 ? 2 : 1;
     std::string error;
-    if (!engine.handle(client, *split.dialect, r, &error)) engine.disconnect(client);
+    if (!engine.handle(client, split.dialects[i], r, &error)) engine.disconnect(client);
   }
   engine.disconnect(1);
   engine.disconnect(2);

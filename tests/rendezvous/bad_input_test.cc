@@ -63,7 +63,8 @@ TEST_CASE("unknown query types and oversized or malformed frames are dropped", "
   REQUIRE(server.isOk());
   uint16_t port = server.value()->port();
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"unknown legacy type 9", "0901000000000000006b"},
+      {"unknown legacy type 12 (none in torch 1.13 or 2.1)", "0c01000000000000006b"},
+      {"too many keys in a torch 2.1 MULTI_GET (type 9)", "090b00000000000000"},
       {"unknown V2 type 19", "00cef7853c13"},
       {"V2 VALIDATE with a wrong magic later", "00cef7853c0012345678"},
       {"key over the limit", "024100000000000000"},

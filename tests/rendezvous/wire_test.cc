@@ -216,8 +216,12 @@ TEST_CASE("the decoder handles byte-by-byte and random splits and pipelined inpu
   for (Dialect d : {Dialect::kLegacy, Dialect::kV2}) {
     auto requests = samplesFor(d);
     if (d == Dialect::kLegacy) {
-      // A legacy stream cannot begin with 00 + the magic; make it start with ADD as torch does.
-      std::rotate(requests.begin(), requests.begin() + 4, requests.end());
+      // A legacy stream cannot begin with 00 + the magic, and a type 7 after other requests
+      // is torch 2.1's DELETE_KEY (1.13 sends WATCH_KEY only on its callback connection): start
+      // with WATCH_KEY.
+      auto watch = std::find_if(requests.begin(), requests.end(),
+                                [](const Request& r) { return r.type == QueryType::WATCH_KEY; });
+      std::rotate(requests.begin(), watch, requests.end());
     }
     Bytes stream;
     for (const auto& r : requests) {
@@ -339,4 +343,130 @@ TEST_CASE("counters are decimal text parsed as std::stoll does", "[unit]") {
   CHECK_FALSE(parseCounter(b(""), &v));
   CHECK_FALSE(parseCounter(b("99999999999999999999"), &v));
   CHECK(formatCounter(-42) == b("-42"));
+}
+
+namespace {
+
+// Decodes every request in `hex` with one decoder, fed all at once or one byte at a time (as a
+// server sees requests that arrive in separate reads); the types in order, and the final
+// dialect. Both ways must agree.
+std::vector<QueryType> decodeTypes(const std::string& hex, Dialect no_handshake,
+                                   std::optional<Dialect>* dialect) {
+  std::vector<QueryType> result[2];
+  std::optional<Dialect> final_dialect[2];
+  for (int bytewise = 0; bytewise < 2; ++bytewise) {
+    RequestDecoder decoder{Limits{}, no_handshake};
+    Bytes bytes = fromHex(hex);
+    Request r;
+    std::string error;
+    ParseStatus s = ParseStatus::kNeedMore;
+    auto drain = [&] {
+      while ((s = decoder.next(&r, &error)) == ParseStatus::kRequest) {
+        result[bytewise].push_back(r.type);
+      }
+    };
+    if (bytewise) {
+      drain();  // an empty buffer first, as a server's first read may be
+      for (uint8_t byte : bytes) {
+        decoder.feed(&byte, 1);
+        drain();
+      }
+    } else {
+      decoder.feed(bytes.data(), bytes.size());
+      drain();
+    }
+    INFO(error);
+    CHECK(s == ParseStatus::kNeedMore);
+    CHECK(decoder.bufferedBytes() == 0);
+    final_dialect[bytewise] = decoder.dialect();
+  }
+  CHECK(result[0] == result[1]);
+  CHECK(final_dialect[0] == final_dialect[1]);
+  *dialect = final_dialect[1];
+  return result[1];
+}
+
+// Wire forms used below (torch 2.1 bytes from tests/rendezvous/data/torch-2.1.json).
+const std::string kAddInit = "030500000000000000696e69742f0100000000000000";  // ADD init/ 1
+const std::string kType7Key1 = "0705000000000000002f6b657931";  // 2.1 DELETE_KEY /key1
+const std::string kType8Log = "0804000000000000002f6c6f67";     // 1.13 DELETE_KEY /log
+const std::string kAppendValue = "02000000000000006162";        // ... 2.1 APPEND's value "ab"
+const std::string kCancelWait21 = "0b";
+
+}  // namespace
+
+TEST_CASE("torch 2.1 numbering is the captured one", "[unit]") {
+  CHECK(queryTypeFromWire(Dialect::kV21, 0) == QueryType::SET);
+  CHECK(queryTypeFromWire(Dialect::kV21, 6) == QueryType::GETNUMKEYS);
+  CHECK(queryTypeFromWire(Dialect::kV21, 7) == QueryType::DELETE_KEY);
+  CHECK(queryTypeFromWire(Dialect::kV21, 8) == QueryType::APPEND);
+  CHECK(queryTypeFromWire(Dialect::kV21, 9) == QueryType::MULTI_GET);
+  CHECK(queryTypeFromWire(Dialect::kV21, 10) == QueryType::MULTI_SET);
+  CHECK(queryTypeFromWire(Dialect::kV21, 11) == QueryType::CANCEL_WAIT);
+  CHECK_FALSE(queryTypeFromWire(Dialect::kV21, 12));
+  CHECK_FALSE(queryTypeToWire(Dialect::kV21, QueryType::VALIDATE));
+  CHECK_FALSE(queryTypeToWire(Dialect::kV21, QueryType::WATCH_KEY));
+  CHECK_FALSE(queryTypeToWire(Dialect::kV21, QueryType::PING));
+  // Every 2.1 request survives a round trip through a decoder told to expect 2.1.
+  std::vector<Request> samples = samplesFor(Dialect::kV21);
+  CHECK(samples.size() == 14);  // the 12 types, SET and WAIT twice
+  Bytes all;
+  for (const auto& r : samples) {
+    Bytes one = encode(Dialect::kV21, r);
+    all.insert(all.end(), one.begin(), one.end());
+  }
+  std::optional<Dialect> dialect;
+  auto types = decodeTypes(toHex(all), Dialect::kV21, &dialect);
+  REQUIRE(types.size() == samples.size());
+  for (size_t i = 0; i < types.size(); ++i) CHECK(types[i] == samples[i].type);
+  CHECK(dialect == Dialect::kV21);
+}
+
+TEST_CASE("a connection without handshake switches to torch 2.1 on what only 2.1 sends", "[unit]") {
+  std::optional<Dialect> d;
+  SECTION("type 7 after another request is 2.1's DELETE_KEY, and 8 is then APPEND") {
+    auto types =
+        decodeTypes(kAddInit + kType7Key1 + kType8Log + kAppendValue, Dialect::kLegacy, &d);
+    CHECK(types ==
+          std::vector<QueryType>{QueryType::ADD, QueryType::DELETE_KEY, QueryType::APPEND});
+    CHECK(d == Dialect::kV21);
+  }
+  SECTION("CANCEL_WAIT (11), MULTI_SET (10), MULTI_GET (9) switch at once") {
+    CHECK(decodeTypes(kCancelWait21, Dialect::kLegacy, &d) ==
+          std::vector<QueryType>{QueryType::CANCEL_WAIT});
+    CHECK(d == Dialect::kV21);
+    CHECK(decodeTypes("0a0000000000000000", Dialect::kLegacy, &d) ==
+          std::vector<QueryType>{QueryType::MULTI_SET});
+    CHECK(d == Dialect::kV21);
+    CHECK(decodeTypes("090100000000000000010000000000000061", Dialect::kLegacy, &d) ==
+          std::vector<QueryType>{QueryType::MULTI_GET});
+    CHECK(d == Dialect::kV21);
+  }
+  SECTION("a 1.13 callback connection's WATCH_KEYs stay WATCH_KEY") {
+    CHECK(decodeTypes(kType7Key1 + kType7Key1, Dialect::kLegacy, &d) ==
+          std::vector<QueryType>{QueryType::WATCH_KEY, QueryType::WATCH_KEY});
+    CHECK(d == Dialect::kLegacy);
+  }
+  SECTION("a 1.13 main connection's DELETE_KEY (8) stays DELETE_KEY") {
+    CHECK(decodeTypes(kAddInit + kType8Log + "06", Dialect::kLegacy, &d) ==
+          std::vector<QueryType>{QueryType::ADD, QueryType::DELETE_KEY, QueryType::GETNUMKEYS});
+    CHECK(d == Dialect::kLegacy);
+  }
+  SECTION("the limit of the rule: a 2.1 delete_key as the first request reads as WATCH_KEY") {
+    CHECK(decodeTypes(kType7Key1, Dialect::kLegacy, &d) ==
+          std::vector<QueryType>{QueryType::WATCH_KEY});
+    CHECK(d == Dialect::kLegacy);
+  }
+  SECTION("told that clients are 2.1, 7 and 8 are 2.1's from the first byte") {
+    CHECK(decodeTypes(kType7Key1 + kType8Log + kAppendValue, Dialect::kV21, &d) ==
+          std::vector<QueryType>{QueryType::DELETE_KEY, QueryType::APPEND});
+    CHECK(d == Dialect::kV21);
+  }
+  SECTION("a torch >= 2.2 handshake still wins") {
+    CHECK(decodeTypes("00cef7853c"
+                      "0d2d090100",
+                      Dialect::kV21,
+                      &d) == std::vector<QueryType>{QueryType::VALIDATE, QueryType::PING});
+    CHECK(d == Dialect::kV2);
+  }
 }
