@@ -26,7 +26,8 @@ if [ "${CI:-}" = "true" ]; then
   cmake --build --preset fuzz
   corpus=$(mktemp -d)
   trap 'rm -rf "$corpus"' EXIT
-  /usr/bin/python3 tests/fuzz/make_seed_corpus.py tests/rendezvous/data/torch-1.13.json "$corpus"
+  /usr/bin/python3 tests/fuzz/make_seed_corpus.py tests/rendezvous/data/torch-1.13.json \
+    tests/rendezvous/data/torch-2.1.json tests/rendezvous/data/torch-2.15.json "$corpus"
   build-fuzz/tests/fuzz/wire_fuzz -max_total_time="${CPPRUN_FUZZ_SECONDS:-60}" \
     -print_final_stats=1 "$corpus" 2>&1 | tail -n 12
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Writes a libFuzzer seed corpus for wire_fuzz: every client->server message and every whole
-client stream of the torch 1.13 capture, plus a torch >= 2.2 handshake.
+client stream of the given torch captures (tests/rendezvous/data/torch-*.json: 1.13, 2.1 and
+2.15 numbering), plus a torch >= 2.2 handshake.
 
-Usage: make_seed_corpus.py VECTORS_JSON OUT_DIR
+Usage: make_seed_corpus.py VECTORS_JSON [VECTORS_JSON ...] OUT_DIR
 Each file starts with one chunk-size byte (wire_fuzz's first input byte), then the bytes.
 """
 import json
@@ -11,12 +12,16 @@ import sys
 
 
 def main() -> None:
-    vectors, out = sys.argv[1], sys.argv[2]
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    files, out = sys.argv[1:-1], sys.argv[-1]
     os.makedirs(out, exist_ok=True)
-    with open(vectors) as f:
-        data = json.load(f)
+    scenarios = []
+    for vectors in files:
+        with open(vectors) as f:
+            scenarios.extend(json.load(f)["scenarios"])
     seeds = []
-    for scenario in data["scenarios"]:
+    for scenario in scenarios:
         streams = {}
         for e in scenario["exchanges"]:
             if e["direction"] == "client->server":
