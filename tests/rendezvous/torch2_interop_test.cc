@@ -381,6 +381,33 @@ TEST_CASE(
   CHECK_THAT(run.output(), !Catch::Contains("FAIL"));
 }
 
+size_t occurrences(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST_CASE(
+    "torch 2.x gloo workers under cpprun --max-restarts=1 bootstrap again from the agent's store "
+    "after a worker failed",
+    "[integration][torch][torch2]") {
+  // torch 2.x puts no /worker/attempt_<n> prefix on agent-store keys: the second attempt must
+  // not read the first attempt's gloo addresses (the agent clears the store between attempts).
+  requireTorchPeer(torch2());
+  const std::string name = "cpprun --max-restarts=1 gloo_worker.py --fail-first-attempt";
+  ChildProcess run({CPPRUN_BINARY, "--nproc-per-node=2", "--max-restarts=1",
+                    sourcePath("tests/torch/gloo_worker.py"), "--fail-first-attempt"},
+                   pythonEnv({{"PYTHON_EXEC", kTorch2}, {"GLOO_SOCKET_IFNAME", "lo"}}));
+  requireCleanExit(run, name, 150s);
+  CHECK_THAT(run.output(), Catch::Contains("[default1]:rank 1 fails attempt 0"));
+  CHECK_THAT(run.output(), Catch::Contains("restart 1 of 1"));
+  for (const std::string rank : {"0", "1"}) {
+    CHECK(occurrences(run.output(),
+                      "[default" + rank + "]:rank " + rank + " world 2 all_reduce 3.0") == 2);
+  }
+  CHECK_THAT(run.output(), !Catch::Contains("FAIL"));
+}
+
 // Starts torch 2.x's own TCPStore server (tests/torch/torch_store_server.py) with `backend`.
 std::unique_ptr<ChildProcess> startTorchServer(const std::string& backend, uint16_t* port) {
   auto server = std::make_unique<ChildProcess>(

@@ -7,7 +7,9 @@ MASTER_ADDR:MASTER_PORT (the agent's: cpprun's server in the test).
 
 Does init_process_group("gloo", init_method="env://"), an all_reduce of [rank + 1.0] (3.0 for
 two ranks), a barrier and destroy_process_group. Prints "rank R world W all_reduce X" and
-exits 0, or prints "FAIL <why>" and exits 1.
+exits 0, or prints "FAIL <why>" and exits 1. With --fail-first-attempt, rank 1 exits 3 after
+its all_reduce while TORCHELASTIC_RESTART_COUNT is 0 (for a launcher's restart), printing
+"rank 1 fails attempt 0".
 """
 
 import os
@@ -19,6 +21,7 @@ import torch.distributed as dist
 
 
 def main():
+    fail_first_attempt = "--fail-first-attempt" in sys.argv[1:]
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=60))
@@ -36,6 +39,9 @@ def main():
         print(f"FAIL all_reduce gave {total}, expected {expected}", flush=True)
         sys.exit(1)
 
+    if fail_first_attempt and rank == 1 and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
+        print("rank 1 fails attempt 0", flush=True)
+        os._exit(3)  # at once: no barrier, no teardown, as a crashed worker would
     dist.barrier()
     dist.destroy_process_group()
 
