@@ -123,11 +123,13 @@ std::string normalise(const std::string& key, const std::string& value, const Js
   }
   if (key == "TORCHELASTIC_ERROR_FILE") {
     // <TMPDIR>/<the launcher's run directory>/attempt_<restart count>/<local rank>/error.json
-    const std::string tail = "/attempt_" + env.value("TORCHELASTIC_RESTART_COUNT", "?") + "/" +
-                             env.value("LOCAL_RANK", "?") + "/error.json";
-    if (value.rfind(tmp + "/", 0) == 0 && value.size() > tmp.size() + tail.size() &&
-        value.compare(value.size() - tail.size(), tail.size(), tail) == 0) {
-      return "$TMPDIR/<run dir>" + tail;
+    // (the real local rank, also where --virtual-local-rank makes LOCAL_RANK 0).
+    const std::regex tail("/attempt_" + env.value("TORCHELASTIC_RESTART_COUNT", "?") +
+                          "/[0-9]+/error\\.json$");
+    std::smatch m;
+    if (value.rfind(tmp + "/", 0) == 0 && std::regex_search(value, m, tail) &&
+        static_cast<size_t>(m.position(0)) > tmp.size()) {
+      return "$TMPDIR/<run dir>" + m.str(0);
     }
   }
   return value;
@@ -192,8 +194,10 @@ std::set<std::string> requiredDifferences(const Facts& f) {
 // A value for the difference table: quoted, long ones cut short.
 std::string show(const Value& v) {
   if (!v) return "(unset)";
-  if (v->size() > 60)
-    return "'" + v->substr(0, 40) + "...' (" + std::to_string(v->size()) + " chars)";
+  if (v->size() > 70) {
+    return "'" + v->substr(0, 30) + "..." + v->substr(v->size() - 30) + "' (" +
+           std::to_string(v->size()) + " chars)";
+  }
   return "'" + *v + "'";
 }
 
@@ -319,6 +323,27 @@ TEST_CASE(
   }
   requireSameEnvironments(
       box, {"rank0_attempt0", "rank1_attempt0", "rank2_attempt0", "rank3_attempt0"}, {2, box.tmp});
+}
+
+TEST_CASE(
+    "torchrun 2.x vs cpprun: --virtual-local-rank with inherited CUDA_VISIBLE_DEVICES gives each "
+    "worker LOCAL_RANK 0 and its own device alike",
+    "[integration][torch][torch2]") {
+  requireTorchPeer(torch2());
+  Sandbox box;
+  // No GPU is touched: the workers only read the variables.
+  auto env = box.env();
+  env["CUDA_VISIBLE_DEVICES"] = "3,5";
+  for (Launcher l : {Launcher::kTorchrun, Launcher::kCpprun}) {
+    ChildProcess run(
+        launcherCommand(l, {"--virtual-local-rank", "--nproc-per-node=2", kDumpEnv, box.out(l)}),
+        env);
+    REQUIRE(exitCode(run, l) == 0);
+    const Json rank1 = readJson(box.out(l) + "/rank1_attempt0.json");
+    CHECK(rank1.at("LOCAL_RANK") == "0");
+    CHECK(rank1.at("CUDA_VISIBLE_DEVICES") == "5");
+  }
+  requireSameEnvironments(box, {"rank0_attempt0", "rank1_attempt0"}, {2, box.tmp});
 }
 
 TEST_CASE("torchrun 2.x vs cpprun: --max-restarts=1 with one failure, same attempt-1 environment",
