@@ -1,10 +1,16 @@
 // store_bench: our TCP store server against PyTorch's, same client, same work, same run.
 //
 //   store_bench [--seconds S] [--runs N] [--clients 1,16,64,256] [--storm 1024,4096] [--quick]
+//               [--peers torch2,torch113]
 //
-// Starts two servers as child processes on 127.0.0.1: the cpprun-store daemon (--port 0) and
-// torch 1.13's TCPStore server (tests/bench/torch_store_server.py under /usr/bin/python3).
-// Both are driven by our TcpStoreClient in the legacy dialect, the only one torch 1.13 speaks.
+// Starts three servers as child processes on 127.0.0.1: the cpprun-store daemon (--port 0),
+// torch 2.x's libuv TCPStore server (tests/bench/torch_store_server.py --backend libuv under
+// CPPRUN_TORCH2_PYTHON) and torch 1.13's TCPStore server (the same script under
+// /usr/bin/python3; the legacy server, the only one 1.13 has). Every server is driven by our
+// TcpStoreClient in the dialect of its peer comparison: libuv and ours as "ours-v2" in the 2.2+
+// dialect (VALIDATE handshake; torch 2.x's numbering), torch 1.13 and ours as "ours" in the
+// legacy dialect. The comparison with torch 2.x is the anchor (unsuffixed RESULT names); the one
+// with torch 1.13 carries "_t113".
 //
 // Mixed workload: C threads, one TcpStoreClient each; per iteration: set own key, get it (the
 // client does WAIT + GET, as torch's does), add to a shared counter, wait on an existing key,
@@ -12,8 +18,8 @@
 // is repeated --runs times, alternating which server goes first; medians are reported.
 //
 // Connect storm: N clients, all driven by one thread with non-blocking sockets and epoll,
-// connect, handshake (none in the legacy dialect; VALIDATE + PING for our server in the V2
-// dialect, an extra line) and ADD "init/" 1, keeping their connections open. Timed from the
+// connect, handshake (none in the legacy dialect; VALIDATE + PING in the V2 dialect, against
+// ours and libuv) and ADD "init/" 1, keeping their connections open. Timed from the
 // first connect() until the last reply; refused or reset connections are retried and counted;
 // the final init/ count is checked through one more client. Each storm is run twice over:
 // "warm" against the long-running servers, and "cold" against a freshly started server (what
@@ -93,7 +99,14 @@ namespace wire = cpprun::rendezvous::wire;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-constexpr const char* kPython = "/usr/bin/python3";
+#ifndef CPPRUN_TORCH2_PYTHON
+#error "CPPRUN_TORCH2_PYTHON must name the torch 2.x venv's python"
+#endif
+#ifndef CPPRUN_TORCH2_VERSION
+#error "CPPRUN_TORCH2_VERSION must name the pinned torch 2.x version"
+#endif
+
+constexpr const char* kPython = "/usr/bin/python3";  // Debian's torch 1.13
 constexpr const char* kHost = "127.0.0.1";
 
 double secondsSince(Clock::time_point t0, Clock::time_point t1) {
@@ -110,6 +123,10 @@ struct Options {
   std::vector<int> clients{1, 16, 64, 256};
   std::vector<int> storm{1024, 4096};
   bool quick = false;
+  bool torch2 = true;  // --peers
+  bool torch113 = true;
+  std::string torch2_python = CPPRUN_TORCH2_PYTHON;
+  std::string torch2_listen = "ipv4";  // --torch2-listen
   std::string daemon = STORE_BENCH_DAEMON;
   std::string torch_script =
       std::string(STORE_BENCH_SOURCE_DIR) + "/tests/bench/torch_store_server.py";
@@ -117,8 +134,9 @@ struct Options {
 
 constexpr const char* kUsage = R"(Usage: store_bench [options]
 
-Benchmarks our TCP store server (the cpprun-store daemon) against torch 1.13's TCPStore server
-with the same client (TcpStoreClient, legacy dialect) on 127.0.0.1, in the same run.
+Benchmarks our TCP store server (the cpprun-store daemon) against torch 2.x's libuv TCPStore
+server (the anchor; client in the 2.2+ dialect) and torch 1.13's TCPStore server (client in the
+legacy dialect), with the same client (TcpStoreClient) on 127.0.0.1, in the same run.
 
 Options:
   --seconds S        measured duration of each mixed-workload run (default 2; --quick 0.25)
@@ -131,11 +149,19 @@ Options:
   --storm LIST       connect-storm sizes, comma separated (default 1024,4096; --quick 1024);
                      an empty list skips the storm
   --quick            short smoke-test run (the defaults above); other flags still override
+  --peers LIST       any of torch2,torch113 (default: both)
+  --torch2-python P  torch 2.x's python (default: CPPRUN_TORCH2_PYTHON of the build)
+  --torch2-listen L  ipv4 (default): the libuv server gets an IPv4 socket on 127.0.0.1, so it
+                     names each client from /etc/hosts; default: TCPStore's own dual-stack
+                     bind, where it asks DNS for every client's name (::ffff:127.0.0.1) on its
+                     loop thread -- a storm then measures the resolver
   --daemon PATH      the cpprun-store binary (default: the one built with this benchmark)
   --help             show this help and exit
 
-Output: a table, then one line per figure:
-  RESULT <name> <value> <unit> peer=<torch value> ratio=<ours/torch>
+Output: a table, then one line per figure and peer:
+  RESULT <name>[_t113] <value> <unit> peer=<torch value> ratio=<ours/torch>
+(unsuffixed: ours in the 2.2+ dialect against torch 2.x's libuv server; _t113: ours in the
+legacy dialect against torch 1.13's server)
 )";
 
 [[noreturn]] void usageError(const std::string& message) {
@@ -228,6 +254,31 @@ Options parseFlags(int argc, char** argv) {
       o.clients = parseList(name, take(), 1, 4096, true);
     } else if (name == "--storm") {
       o.storm = parseList(name, take(), 1, 60000, true);
+    } else if (name == "--peers") {
+      o.torch2 = o.torch113 = false;
+      std::string v = take();
+      size_t pos = 0;
+      while (true) {
+        size_t comma = v.find(',', pos);
+        std::string item = v.substr(pos, comma == std::string::npos ? comma : comma - pos);
+        if (item == "torch2") {
+          o.torch2 = true;
+        } else if (item == "torch113") {
+          o.torch113 = true;
+        } else {
+          usageError("unknown peer '" + item + "' in --peers (torch2, torch113)");
+        }
+        if (comma == std::string::npos) break;
+        pos = comma + 1;
+      }
+    } else if (name == "--torch2-python") {
+      o.torch2_python = take();
+      if (o.torch2_python.empty()) usageError("--torch2-python must not be empty");
+    } else if (name == "--torch2-listen") {
+      o.torch2_listen = take();
+      if (o.torch2_listen != "ipv4" && o.torch2_listen != "default") {
+        usageError("--torch2-listen takes ipv4 or default, not '" + o.torch2_listen + "'");
+      }
     } else if (name == "--daemon") {
       o.daemon = take();
       if (o.daemon.empty()) usageError("--daemon must not be empty");
@@ -484,11 +535,19 @@ class Child {
   std::string stdout_buf_;
 };
 
+enum class ServerKind { kOurs, kTorch2, kTorch113 };
+
 struct Server {
-  std::string name;  // "ours" or "torch"
+  std::string name;  // "ours", "libuv" (torch 2.x) or "t1.13"
+  ServerKind kind = ServerKind::kOurs;
   std::unique_ptr<Child> child;
   uint16_t port = 0;
-  std::unique_ptr<TcpStoreClient> control;  // legacy-dialect client for checks
+  std::unique_ptr<TcpStoreClient> control;  // client for checks, in the server's dialect
+
+  // The dialect of the control connection: ours speaks both, libuv needs the 2.2+ one.
+  wire::Dialect controlDialect() const {
+    return kind == ServerKind::kTorch2 ? wire::Dialect::kV2 : wire::Dialect::kLegacy;
+  }
 
   void checkAlive() {
     std::string how = child->exitedHow();
@@ -511,13 +570,20 @@ uint16_t parsePort(const std::string& text, const std::string& what) {
   return static_cast<uint16_t>(p);
 }
 
-std::unique_ptr<TcpStoreClient> makeClient(uint16_t port);
+std::unique_ptr<TcpStoreClient> makeClient(uint16_t port, wire::Dialect dialect);
 
 // Starts the server's process; ready() then waits for its port line and connects `control`.
 void launch(Server* s, const Options& opt) {
-  if (s->name == "torch") {
-    s->child = std::make_unique<Child>("torch_store_server.py",
-                                       std::vector<std::string>{kPython, opt.torch_script}, true);
+  if (s->kind == ServerKind::kTorch2) {
+    s->child = std::make_unique<Child>(
+        "torch_store_server.py (torch " CPPRUN_TORCH2_VERSION ", libuv)",
+        std::vector<std::string>{opt.torch2_python, opt.torch_script, "--backend", "libuv",
+                                 "--listen", opt.torch2_listen},
+        true);
+  } else if (s->kind == ServerKind::kTorch113) {
+    s->child = std::make_unique<Child>("torch_store_server.py (torch 1.13)",
+                                       std::vector<std::string>{kPython, opt.torch_script},
+                                       true);  // legacy: 1.13's only one
   } else {
     s->child = std::make_unique<Child>(
         "cpprun-store", std::vector<std::string>{opt.daemon, "--host", kHost, "--port", "0"},
@@ -526,12 +592,18 @@ void launch(Server* s, const Options& opt) {
 }
 
 void ready(Server* s) {
-  if (s->name == "torch") {
-    s->port = parsePort(s->child->waitForLine("PORT ", 120s), "torch_store_server.py");
-  } else {
+  if (s->kind == ServerKind::kOurs) {
     s->port = parsePort(s->child->waitForLine("cpprun-store listening on ", 20s), "cpprun-store");
+  } else {
+    s->port = parsePort(s->child->waitForLine("PORT ", 120s), s->child->name());
+    std::string backend = s->child->waitForLine("BACKEND ", 10s);
+    const char* want = s->kind == ServerKind::kTorch2 ? "libuv" : "legacy";
+    if (backend != want) {
+      throw std::runtime_error(s->child->name() + " runs the '" + backend + "' server, not " +
+                               want);
+    }
   }
-  s->control = makeClient(s->port);
+  s->control = makeClient(s->port, s->controlDialect());
 }
 
 // Ends the server (control connection first); returns how its process ended.
@@ -540,11 +612,11 @@ std::string shutdown(Server* s) {
   return s->child ? s->child->stop() : "not started";
 }
 
-std::unique_ptr<TcpStoreClient> makeClient(uint16_t port) {
+std::unique_ptr<TcpStoreClient> makeClient(uint16_t port, wire::Dialect dialect) {
   TcpStoreClientOptions o;
   o.host = kHost;
   o.port = port;
-  o.dialect = wire::Dialect::kLegacy;
+  o.dialect = dialect;
   o.connect_timeout = 20s;
   o.timeout = 30s;
   return std::make_unique<TcpStoreClient>(o);
@@ -620,7 +692,8 @@ struct ThreadResult {
   std::string error;
 };
 
-MixedRun runMixed(Server& server, int nclients, const Options& opt, int run_id) {
+MixedRun runMixed(Server& server, wire::Dialect dialect, int nclients, const Options& opt,
+                  int run_id) {
   server.checkAlive();
   const std::string prefix = "bench/m" + std::to_string(run_id) + "/";
   const std::string counter = prefix + "counter";
@@ -629,7 +702,7 @@ MixedRun runMixed(Server& server, int nclients, const Options& opt, int run_id) 
 
   std::vector<std::unique_ptr<TcpStoreClient>> clients;
   clients.reserve(static_cast<size_t>(nclients));
-  for (int i = 0; i < nclients; ++i) clients.push_back(makeClient(server.port));
+  for (int i = 0; i < nclients; ++i) clients.push_back(makeClient(server.port, dialect));
 
   std::atomic<int> phase{kWarmup};
   std::atomic<int> started{0};
@@ -1108,36 +1181,96 @@ int benchMain(const Options& opt) {
                  static_cast<unsigned long long>(need));
     return 2;
   }
+  if (opt.torch2 && ::access(opt.torch2_python.c_str(), X_OK) != 0) {
+    std::fprintf(stderr,
+                 "store_bench: the torch %s peer needs %s (%s); install it with "
+                 "packaging/setup.sh, pass --torch2-python, or leave it out with --peers\n",
+                 CPPRUN_TORCH2_VERSION, opt.torch2_python.c_str(), std::strerror(errno));
+    return 1;
+  }
+  if (opt.torch113 && ::access(kPython, X_OK) != 0) {
+    std::fprintf(stderr, "store_bench: the torch 1.13 peer needs %s (%s)\n", kPython,
+                 std::strerror(errno));
+    return 1;
+  }
 
   utsname uts{};
   ::uname(&uts);
-  std::printf("store_bench: ours = %s, peer = torch 1.13 TCPStore (%s %s)\n", opt.daemon.c_str(),
-              kPython, opt.torch_script.c_str());
+  const unsigned cpus = std::thread::hardware_concurrency();
+  std::printf("store_bench: ours = %s\n", opt.daemon.c_str());
+  if (opt.torch2) {
+    std::printf(
+        "  peer libuv = torch %s TCPStore, libuv server (%s %s --backend libuv --listen %s)\n",
+        CPPRUN_TORCH2_VERSION, opt.torch2_python.c_str(), opt.torch_script.c_str(),
+        opt.torch2_listen.c_str());
+  }
+  if (opt.torch113) {
+    std::printf("  peer t1.13 = torch 1.13 TCPStore, legacy server (%s %s)\n", kPython,
+                opt.torch_script.c_str());
+  }
   std::printf("host: %s %s, %u CPUs online, load average %s, RLIMIT_NOFILE %llu\n", uts.sysname,
-              uts.release, std::thread::hardware_concurrency(), loadAverage().c_str(),
+              uts.release, cpus, loadAverage().c_str(),
               static_cast<unsigned long long>(lim.rlim_cur));
   std::printf(
-      "client: TcpStoreClient, legacy dialect, %s; %d run(s) per configuration, "
-      "servers alternating%s\n\n",
+      "client: TcpStoreClient on %s: 2.2+ dialect against ours (ours-v2) and libuv, legacy "
+      "dialect against ours and t1.13;\n%d run(s) per configuration, variants alternating%s\n\n",
       kHost, opt.runs, opt.quick ? " (--quick)" : "");
   std::fflush(stdout);
 
+  // The long-running servers (never moved: variants point at them).
   Server ours;
   ours.name = "ours";
-  Server torch;
-  torch.name = "torch";
+  ours.kind = ServerKind::kOurs;
+  Server torch2;
+  torch2.name = "libuv";
+  torch2.kind = ServerKind::kTorch2;
+  Server torch113;
+  torch113.name = "t1.13";
+  torch113.kind = ServerKind::kTorch113;
+  std::vector<Server*> servers{&ours};
+  if (opt.torch2) servers.push_back(&torch2);
+  if (opt.torch113) servers.push_back(&torch113);
+
+  // What is measured: a server driven in a dialect. Comparisons pair two of them.
+  struct Variant {
+    std::string label;
+    Server* server;
+    wire::Dialect dialect;
+  };
+  struct Comparison {
+    std::string ours;    // variant label
+    std::string peer;    // variant label
+    std::string suffix;  // of the RESULT names
+  };
+  std::vector<Variant> variants;
+  std::vector<Comparison> comparisons;
+  if (opt.torch2) {
+    variants.push_back({"ours-v2", &ours, wire::Dialect::kV2});
+    variants.push_back({"libuv", &torch2, wire::Dialect::kV2});
+    comparisons.push_back({"ours-v2", "libuv", ""});
+  }
+  if (opt.torch113) {
+    variants.push_back({"ours", &ours, wire::Dialect::kLegacy});
+    variants.push_back({"t1.13", &torch113, wire::Dialect::kLegacy});
+    comparisons.push_back({"ours", "t1.13", "_t113"});
+  }
+  if (comparisons.empty()) {
+    std::fprintf(stderr, "store_bench: --peers selected no peer\n");
+    return 2;
+  }
+
   auto t_start = Clock::now();
-  launch(&ours, opt);
-  launch(&torch, opt);
-  ready(&ours);
-  ready(&torch);
-  std::printf("servers: ours pid %d port %u, torch pid %d port %u (up in %.1f s)\n\n",
-              static_cast<int>(ours.child->pid()), ours.port, static_cast<int>(torch.child->pid()),
-              torch.port, secondsSince(t_start, Clock::now()));
+  for (Server* s : servers) launch(s, opt);
+  for (Server* s : servers) ready(s);
+  std::printf("servers:");
+  for (Server* s : servers) {
+    std::printf(" %s pid %d port %u;", s->name.c_str(), static_cast<int>(s->child->pid()), s->port);
+  }
+  std::printf(" up in %.1f s\n\n", secondsSince(t_start, Clock::now()));
   std::fflush(stdout);
 
   // ---- Mixed workload
-  std::map<int, std::vector<MixedRun>> mixed_ours, mixed_torch;
+  std::map<std::string, std::map<int, std::vector<MixedRun>>> mixed;  // label -> clients -> runs
   if (!opt.clients.empty()) {
     std::printf(
         "== Mixed workload: per iteration set own key, get it (WAIT+GET), add shared "
@@ -1147,15 +1280,14 @@ int benchMain(const Options& opt) {
   int run_id = 0;
   for (int c : opt.clients) {
     for (int r = 0; r < opt.runs; ++r) {
-      Server* order[2] = {&ours, &torch};
-      if (r % 2 == 1) std::swap(order[0], order[1]);
-      for (Server* s : order) {
-        MixedRun m = runMixed(*s, c, opt, run_id++);
-        (s == &ours ? mixed_ours : mixed_torch)[c].push_back(m);
+      for (size_t k = 0; k < variants.size(); ++k) {
+        const Variant& v = variants[(k + static_cast<size_t>(r)) % variants.size()];
+        MixedRun m = runMixed(*v.server, v.dialect, c, opt, run_id++);
+        mixed[v.label][c].push_back(m);
         std::printf(
-            "   run %d/%d  %-5s  %4d clients  %10.0f ops/s  p50 %8.1f us  p99 %9.1f us  "
+            "   run %d/%d  %-7s  %4d clients  %10.0f ops/s  p50 %8.1f us  p99 %9.1f us  "
             "cpu/op: server %.1f us, client %.1f us\n",
-            r + 1, opt.runs, s->name.c_str(), c, m.ops_per_s, m.p50_us[kAll], m.p99_us[kAll],
+            r + 1, opt.runs, v.label.c_str(), c, m.ops_per_s, m.p50_us[kAll], m.p99_us[kAll],
             m.server_cpu_us_per_op, m.client_cpu_us_per_op);
         std::fflush(stdout);
       }
@@ -1165,14 +1297,6 @@ int benchMain(const Options& opt) {
   // ---- Connect storm
   // Warm: against the servers of the mixed workload (which have served storms before);
   // cold: against a freshly started server each time, as a store sees at job start.
-  struct StormKey {
-    std::string label;
-    Server* server;
-    wire::Dialect dialect;
-  };
-  std::vector<StormKey> variants = {{"ours", &ours, wire::Dialect::kLegacy},
-                                    {"torch", &torch, wire::Dialect::kLegacy},
-                                    {"ours-v2", &ours, wire::Dialect::kV2}};
   using StormMap = std::map<std::pair<int, std::string>, std::vector<StormRun>>;
   StormMap storms;       // warm
   StormMap cold_storms;  // fresh server per storm
@@ -1197,7 +1321,7 @@ int benchMain(const Options& opt) {
   for (int n : opt.storm) {
     for (int r = 0; r < opt.runs; ++r) {
       for (size_t k = 0; k < variants.size(); ++k) {
-        const StormKey& v = variants[(k + static_cast<size_t>(r)) % variants.size()];
+        const Variant& v = variants[(k + static_cast<size_t>(r)) % variants.size()];
         StormRun st = runStorm(*v.server, n, v.dialect);
         storms[{n, v.label}].push_back(st);
         printStorm(r, v.label, n, st, "");
@@ -1210,9 +1334,10 @@ int benchMain(const Options& opt) {
   for (int n : opt.storm) {
     for (int r = 0; r < opt.runs; ++r) {
       for (size_t k = 0; k < variants.size(); ++k) {
-        const StormKey& v = variants[(k + static_cast<size_t>(r)) % variants.size()];
+        const Variant& v = variants[(k + static_cast<size_t>(r)) % variants.size()];
         Server fresh;
         fresh.name = v.server->name;
+        fresh.kind = v.server->kind;
         launch(&fresh, opt);
         ready(&fresh);
         StormRun st = runStorm(fresh, n, v.dialect);
@@ -1227,7 +1352,7 @@ int benchMain(const Options& opt) {
   std::printf("\n== Summary (medians of %d run(s); latency in microseconds; get = WAIT+GET)\n",
               opt.runs);
   if (!opt.clients.empty()) {
-    std::printf("%-8s %-6s %12s %9s %9s %11s %11s", "clients", "server", "ops/s", "p50", "p99",
+    std::printf("%-8s %-8s %12s %9s %9s %11s %11s", "clients", "server", "ops/s", "p50", "p99",
                 "srv-cpu/op", "cli-cpu/op");
     for (int op = 0; op < kNumOps; ++op) {
       std::printf("  %4s p50/p99   ", kOpNames[op]);
@@ -1251,40 +1376,48 @@ int benchMain(const Options& opt) {
     return median(x);
   };
   for (int c : opt.clients) {
-    for (int which = 0; which < 2; ++which) {
-      const auto& v = which == 0 ? mixed_ours[c] : mixed_torch[c];
-      std::printf("%-8d %-6s %12.0f %9.1f %9.1f %11.1f %11.1f", c, which == 0 ? "ours" : "torch",
-                  medOps(v), medLat(v, kAll, false), medLat(v, kAll, true), medCpu(v, true),
-                  medCpu(v, false));
+    for (const Variant& var : variants) {
+      const auto& v = mixed[var.label][c];
+      std::printf("%-8d %-8s %12.0f %9.1f %9.1f %11.1f %11.1f", c, var.label.c_str(), medOps(v),
+                  medLat(v, kAll, false), medLat(v, kAll, true), medCpu(v, true), medCpu(v, false));
       for (int op = 0; op < kNumOps; ++op) {
         std::printf("  %7s/%-8s", fmt(medLat(v, op, false)).c_str(),
                     fmt(medLat(v, op, true)).c_str());
       }
       std::printf("\n");
     }
-    double ro = medOps(mixed_ours[c]) / medOps(mixed_torch[c]);
-    double rl = medLat(mixed_ours[c], kAll, true) / medLat(mixed_torch[c], kAll, true);
-    std::printf("%-8d ratio  %11.2fx %8.2fx %8.2fx %10.2fx   (ours/torch)\n", c, ro,
-                medLat(mixed_ours[c], kAll, false) / medLat(mixed_torch[c], kAll, false), rl,
-                medCpu(mixed_ours[c], true) / medCpu(mixed_torch[c], true));
-    std::string base = "mixed_c" + std::to_string(c) + "_";
-    addResult(base + "ops_per_s", medOps(mixed_ours[c]), "ops/s", medOps(mixed_torch[c]), 0);
-    addResult(base + "p50_us", medLat(mixed_ours[c], kAll, false), "us",
-              medLat(mixed_torch[c], kAll, false), 1);
-    addResult(base + "p99_us", medLat(mixed_ours[c], kAll, true), "us",
-              medLat(mixed_torch[c], kAll, true), 1);
-    addResult(base + "server_cpu_us_per_op", medCpu(mixed_ours[c], true), "us",
-              medCpu(mixed_torch[c], true), 2);
-    for (int op = 0; op < kNumOps; ++op) {
-      for (bool p99 : {false, true}) {
-        addResult(base + kOpNames[op] + (p99 ? "_p99_us" : "_p50_us"),
-                  medLat(mixed_ours[c], op, p99), "us", medLat(mixed_torch[c], op, p99), 1);
+    for (const Comparison& cmp : comparisons) {
+      const auto& o = mixed[cmp.ours][c];
+      const auto& p = mixed[cmp.peer][c];
+      std::printf(
+          "%-8d ratio %-8s %6.2fx %8.2fx %8.2fx %10.2fx   (ops/s, p50, p99, srv-cpu/op: %s/%s)\n",
+          c, cmp.peer.c_str(), medOps(o) / medOps(p),
+          medLat(o, kAll, false) / medLat(p, kAll, false),
+          medLat(o, kAll, true) / medLat(p, kAll, true), medCpu(o, true) / medCpu(p, true),
+          cmp.ours.c_str(), cmp.peer.c_str());
+    }
+  }
+  for (const Comparison& cmp : comparisons) {
+    for (int c : opt.clients) {
+      const auto& o = mixed[cmp.ours][c];
+      const auto& p = mixed[cmp.peer][c];
+      std::string base = "mixed_c" + std::to_string(c) + "_";
+      const std::string& sfx = cmp.suffix;
+      addResult(base + "ops_per_s" + sfx, medOps(o), "ops/s", medOps(p), 0);
+      addResult(base + "p50_us" + sfx, medLat(o, kAll, false), "us", medLat(p, kAll, false), 1);
+      addResult(base + "p99_us" + sfx, medLat(o, kAll, true), "us", medLat(p, kAll, true), 1);
+      addResult(base + "server_cpu_us_per_op" + sfx, medCpu(o, true), "us", medCpu(p, true), 2);
+      for (int op = 0; op < kNumOps; ++op) {
+        for (bool p99 : {false, true}) {
+          addResult(base + kOpNames[op] + (p99 ? "_p99_us" : "_p50_us") + sfx, medLat(o, op, p99),
+                    "us", medLat(p, op, p99), 1);
+        }
       }
     }
   }
-  auto medStorm = [](StormMap& m, int n, const std::string& label) {
+  auto medStorm = [](StormMap& m, int n, const std::string& label, bool cpu) {
     std::vector<double> x;
-    for (auto& st : m[{n, label}]) x.push_back(st.ms);
+    for (auto& st : m[{n, label}]) x.push_back(cpu ? st.server_cpu_ms : st.ms);
     return median(x);
   };
   for (int pass = 0; pass < 2 && !opt.storm.empty(); ++pass) {
@@ -1295,36 +1428,46 @@ int benchMain(const Options& opt) {
     for (int n : opt.storm) {
       for (const auto& v : variants) {
         const auto& runs = m[{n, v.label}];
-        std::vector<double> p99, cpu;
+        std::vector<double> p99;
         uint64_t refused = 0, reset = 0, slow = 0, overflow = 0;
         for (auto& st : runs) {
           p99.push_back(st.connect_p99_ms);
-          cpu.push_back(st.server_cpu_ms);
           refused += st.refused;
           reset += st.reset;
           slow += st.slow_connects;
           overflow += st.net.listen_overflows;
         }
         std::printf("%-8d %-8s %10.1f %14.0f %14.2f %8llu %8llu %14llu %16llu\n", n,
-                    v.label.c_str(), medStorm(m, n, v.label), median(cpu), median(p99),
-                    static_cast<unsigned long long>(refused),
+                    v.label.c_str(), medStorm(m, n, v.label, false), medStorm(m, n, v.label, true),
+                    median(p99), static_cast<unsigned long long>(refused),
                     static_cast<unsigned long long>(reset), static_cast<unsigned long long>(slow),
                     static_cast<unsigned long long>(overflow));
       }
-      std::string base = "storm_" + std::to_string(n) + (pass == 0 ? "" : "_cold");
-      addResult(base + "_ms", medStorm(m, n, "ours"), "ms", medStorm(m, n, "torch"), 1);
-      addResult(base + "_v2_ms", medStorm(m, n, "ours-v2"), "ms", medStorm(m, n, "torch"), 1);
+    }
+  }
+  for (const Comparison& cmp : comparisons) {
+    for (int pass = 0; pass < 2; ++pass) {
+      StormMap& m = pass == 0 ? storms : cold_storms;
+      for (int n : opt.storm) {
+        std::string base = "storm_" + std::to_string(n) + (pass == 0 ? "" : "_cold");
+        addResult(base + cmp.suffix + "_ms", medStorm(m, n, cmp.ours, false), "ms",
+                  medStorm(m, n, cmp.peer, false), 1);
+        addResult(base + cmp.suffix + "_server_cpu_ms", medStorm(m, n, cmp.ours, true), "ms",
+                  medStorm(m, n, cmp.peer, true), 0);
+      }
     }
   }
   if (!opt.storm.empty()) {
     std::printf(
         "(storm = warm servers, cold = a fresh server per storm; refused/resets/slow-connects/"
-        "listen-overflows: totals over all runs;\n ours-v2 = VALIDATE+PING handshake, compared "
-        "with torch's legacy storm; slow-connects = connects over 900 ms, i.e. a dropped SYN)\n");
+        "listen-overflows: totals over all runs;\n ours-v2 and libuv: VALIDATE+PING handshake "
+        "first; ours and t1.13: none; slow-connects = connects over 900 ms, i.e. a dropped SYN)\n");
   }
 
-  // ---- Targets (information only)
-  std::printf("\n== Targets (information, not enforced)\n");
+  // ---- Targets (information only), against the first comparison (torch 2.x when present)
+  const Comparison& anchor = comparisons.front();
+  std::printf("\n== Targets (information, not enforced; %s against %s)\n", anchor.ours.c_str(),
+              anchor.peer.c_str());
   auto target = [](const std::string& what, bool measured, bool pass, const std::string& detail) {
     std::printf("   %-52s %s  %s\n", what.c_str(),
                 !measured ? "NOT MEASURED"
@@ -1332,19 +1475,33 @@ int benchMain(const Options& opt) {
                           : "FAIL",
                 detail.c_str());
   };
-  bool have64 = mixed_ours.count(64) > 0 && !mixed_ours[64].empty();
-  double r64 = have64 ? medOps(mixed_ours[64]) / medOps(mixed_torch[64]) : 0;
-  double l64 =
-      have64 ? medLat(mixed_ours[64], kAll, true) / medLat(mixed_torch[64], kAll, true) : 0;
-  target("64 clients: ops/s >= 2x torch", have64, r64 >= 2.0, "ratio " + fmt(r64, 2));
-  target("64 clients: p99 <= 0.5x torch", have64, l64 <= 0.5, "ratio " + fmt(l64, 2));
-  bool have4096 = storms.count({4096, "ours"}) > 0;
-  double s4096 = have4096 ? medStorm(storms, 4096, "ours") : 0;
-  double c4096 = have4096 ? medStorm(cold_storms, 4096, "ours") : 0;
-  target("4096-client storm (ours, legacy, warm) < 1000 ms", have4096, s4096 < 1000.0,
-         fmt(s4096) + " ms");
-  target("4096-client storm (ours, legacy, cold) < 1000 ms", have4096, c4096 < 1000.0,
-         fmt(c4096) + " ms");
+  const auto& o64 = mixed[anchor.ours][64];
+  const auto& p64 = mixed[anchor.peer][64];
+  bool have64 = !o64.empty() && !p64.empty();
+  double r64 = have64 ? medOps(o64) / medOps(p64) : 0;
+  double l64 = have64 ? medLat(o64, kAll, true) / medLat(p64, kAll, true) : 0;
+  double cpu64 = have64 ? medCpu(o64, true) / medCpu(p64, true) : 0;
+  target("64 clients: ops/s >= 2x " + anchor.peer, have64, r64 >= 2.0, "ratio " + fmt(r64, 2));
+  target("64 clients: p99 <= 0.5x " + anchor.peer, have64, l64 <= 0.5, "ratio " + fmt(l64, 2));
+  std::printf("   %-52s %s\n", ("64 clients: server CPU per op vs " + anchor.peer).c_str(),
+              have64 ? ("ratio " + fmt(cpu64, 2)).c_str() : "NOT MEASURED");
+  bool have4096 = !storms[{4096, anchor.ours}].empty() && !storms[{4096, anchor.peer}].empty();
+  for (int pass = 0; pass < 2; ++pass) {
+    StormMap& m = pass == 0 ? storms : cold_storms;
+    const char* which = pass == 0 ? "warm" : "cold";
+    double so = have4096 ? medStorm(m, 4096, anchor.ours, false) : 0;
+    double sp = have4096 ? medStorm(m, 4096, anchor.peer, false) : 0;
+    target(std::string("4096-client storm (") + which + ") <= 0.5x " + anchor.peer, have4096,
+           so <= 0.5 * sp, fmt(so) + " ms vs " + fmt(sp) + " ms, ratio " + fmt(so / sp, 2));
+    target(std::string("4096-client storm (") + which + ", " + anchor.ours + ") < 1000 ms",
+           have4096, so < 1000.0, fmt(so) + " ms");
+  }
+  if (cpus <= 4) {
+    std::printf(
+        "   note: %u CPUs shared by the client threads and the server: ops/s and p99 ratios are\n"
+        "   bounded by the client's own CPU cost; the server CPU per op ratio is the server's.\n",
+        cpus);
+  }
 
   std::printf("\n");
   for (const auto& r : g_results) {
@@ -1354,10 +1511,9 @@ int benchMain(const Options& opt) {
   }
   std::fflush(stdout);
 
-  std::string how_ours = shutdown(&ours);
-  std::string how_torch = shutdown(&torch);
-  std::printf("\nservers stopped: ours %s, torch %s; total %.1f s\n", how_ours.c_str(),
-              how_torch.c_str(), secondsSince(t_start, Clock::now()));
+  std::printf("\nservers stopped:");
+  for (Server* s : servers) std::printf(" %s %s;", s->name.c_str(), shutdown(s).c_str());
+  std::printf(" total %.1f s\n", secondsSince(t_start, Clock::now()));
   return 0;
 }
 
