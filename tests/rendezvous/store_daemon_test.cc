@@ -46,6 +46,7 @@ TEST_CASE("cpprun-store rejects bad flags with exit 2 naming the flag", "[integr
       {{"--port", "abc"}, "invalid value 'abc' for --port"},
       {{"--port"}, "--port needs a value"},
       {{"--log-level=loud"}, "--log-level"},
+      {{"--legacy-numbering", "2.0"}, "invalid value '2.0' for --legacy-numbering"},
       {{"stray"}, "unexpected argument 'stray'"},
   };
   for (const auto& [args, message] : cases) {
@@ -56,6 +57,39 @@ TEST_CASE("cpprun-store rejects bad flags with exit 2 naming the flag", "[integr
     REQUIRE(status.has_value());
     CHECK(exitCodeOf(*status) == 2);
     CHECK_THAT(p.output(), Catch::Contains(message));
+  }
+}
+
+TEST_CASE("cpprun-store --legacy-numbering=2.1 reads a client without handshake as torch 2.1",
+          "[integration]") {
+  for (std::string numbering : {"1.13", "2.1"}) {
+    INFO(numbering);
+    ChildProcess daemon({CPPRUN_STORE_BINARY, "--port", "0", "--legacy-numbering", numbering});
+    auto line = daemon.waitForLine("cpprun-store listening on ", 10s);
+    REQUIRE(line.has_value());
+    RawConnection c("127.0.0.1", portFromLine(*line));
+    // Type 7 as a connection's first request: torch 2.1's DELETE_KEY (an i64 reply, 0 erased),
+    // or, read as 1.13, WATCH_KEY (one byte, 03 KEY_CALLBACK_REGISTERED).
+    c.sendHex("0705000000000000002f6b657931");
+    if (numbering == "2.1") {
+      auto reply = c.read(8, 5s);
+      REQUIRE(reply.has_value());
+      CHECK(toHex(*reply) == "0000000000000000");
+    } else {
+      auto reply = c.read(1, 5s);
+      REQUIRE(reply.has_value());
+      CHECK(toHex(*reply) == "03");
+    }
+    // A torch >= 2.2 client is served either way.
+    RawConnection v2("127.0.0.1", portFromLine(*line));
+    v2.sendHex("00cef7853c0d92100000");
+    auto echo = v2.read(4, 5s);
+    REQUIRE(echo.has_value());
+    CHECK(toHex(*echo) == "92100000");
+    daemon.signal(SIGTERM);
+    auto status = daemon.wait(10s);
+    REQUIRE(status.has_value());
+    CHECK(exitCodeOf(*status) == 0);
   }
 }
 
