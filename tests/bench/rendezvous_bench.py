@@ -1,26 +1,34 @@
 """rendezvous_bench: how long N agents take to meet and start their workers, cpprun against torch
-1.13's elastic launcher with its c10d rendezvous, side by side in one run.
+2.x's torchrun and torch 1.13's elastic launcher, both with the c10d rendezvous, side by side in
+one run.
 
     /usr/bin/python3 tests/bench/rendezvous_bench.py --cpprun build/cpprun \\
         --worker build/tests/bench/cpprun_bench_worker [--agents 1,2,4,...,256] \\
-        [--torch-agents 1,2,4,8,16] [--runs 3] [--timeout 180]
+        [--torch2-agents 1,2,4,8,16] [--torch-agents 1,2,4,8,16] [--runs 3] [--timeout 180] \\
+        [--torchrun /opt/cpprun/torch2/bin/torchrun]
 
 Every agent is a separate process on this machine, as on N nodes, with one trivial worker
 (cpprun_bench_worker started DIR: it writes its CLOCK_MONOTONIC start time and exits).
 cpprun: `cpprun --nnodes N --node-rank R --nproc-per-node 1 --master-addr 127.0.0.1
 --master-port P --no-python WORKER started DIR` (static rendezvous: node 0 serves the store).
-torch: tests/bench/torch_elastic_launch.py --nnodes N --rdzv-backend c10d (what torchrun
---nnodes N --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:P calls: the first agent to bind the
-endpoint hosts the store) with monitor_interval 0.1 s (newer torchrun's default; favours torch).
+torchrun2: the real torchrun CLI of torch 2.x (--torchrun; default
+${CPPRUN_TORCH2_VENV:-/opt/cpprun/torch2}/bin/torchrun) with its default settings:
+`torchrun --nnodes=N --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:P
+--rdzv-id=bench --no-python WORKER started DIR` (the first agent to bind the endpoint hosts the
+store). This is the anchor: the unsuffixed RESULT lines compare with it.
+torch (1.13): tests/bench/torch_elastic_launch.py --nnodes N --rdzv-backend c10d (what 1.13's
+torchrun --nnodes N --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:P calls) with monitor_interval
+0.1 s (2.x torchrun's default; favours 1.13). RESULT lines with the suffix _t113.
 
 Figures per N, median of --runs (launchers alternate within each repetition):
   ready  from the first agent's spawn to the last worker's start (all ranks started)
   total  from the first agent's spawn until every agent has exited
   spawn  the benchmark's own time to create the N agent processes (posix_spawn; part of
          "ready", the same for both)
-One line per figure: RESULT rdzv_<figure>_n<N> <cpprun ms> ms peer=<torch ms> ratio=<torch/cpprun>
-(peer and ratio only where torch ran that N). Torch's agents need ~1.3 s of CPU each to import
-torch and ~230 MB, so --torch-agents stops lower than --agents.
+One line per figure and peer: RESULT rdzv_<figure>_n<N>[_t113] <cpprun ms> ms peer=<torch ms>
+ratio=<torch/cpprun> (peer and ratio only where that torch ran that N). Torch's agents need
+~1.3 s of CPU each to import torch and ~230 MB (1.13) or ~530 MB (2.x, CUDA wheel), so
+--torch2-agents and --torch-agents stop lower than --agents.
 
 Bounded: a run still going after --timeout is killed (SIGTERM, 5 s, SIGKILL, by PID) and counted
 as failed. This process is a child subreaper: whatever an agent leaves behind comes back to it,
@@ -77,6 +85,10 @@ def agent_command(kind, args, n, rank, port, run_dir):
         return [args.cpprun, f"--nnodes={n}", f"--node-rank={rank}", "--nproc-per-node=1",
                 "--master-addr=127.0.0.1", f"--master-port={port}", "--no-python", args.worker,
                 "started", run_dir]
+    if kind == "torchrun2":
+        return [args.torchrun, f"--nnodes={n}", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=bench", "--no-python",
+                args.worker, "started", run_dir]
     return [args.python, os.path.join(HERE, "torch_elastic_launch.py"), "--nproc", "1",
             "--port", str(port), "--nnodes", str(n), "--rdzv-backend", "c10d",
             "--monitor-interval", "0.1", "--run-id", "bench", args.worker, "started", run_dir]
@@ -174,25 +186,33 @@ def main() -> int:
     parser.add_argument("--cpprun", required=True)
     parser.add_argument("--worker", required=True)
     parser.add_argument("--python", default="/usr/bin/python3")
+    parser.add_argument("--torchrun", default=os.path.join(
+        os.environ.get("CPPRUN_TORCH2_VENV", "/opt/cpprun/torch2"), "bin", "torchrun"))
     parser.add_argument("--agents", default="1,2,4,8,16,32,64,128,256")
     parser.add_argument("--torch-agents", default="1,2,4,8,16")
+    parser.add_argument("--torch2-agents", default="1,2,4,8,16")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=180)
     args = parser.parse_args()
     try:
-        agents = parse_list(args.agents)
+        agents = set(parse_list(args.agents))
         torch_agents = set(parse_list(args.torch_agents))
+        torch2_agents = set(parse_list(args.torch2_agents))
     except ValueError:
-        parser.error("--agents and --torch-agents take comma-separated integers")
+        parser.error("--agents, --torch-agents and --torch2-agents take comma-separated integers")
+    if torch2_agents and not os.access(args.torchrun, os.X_OK):
+        sys.stderr.write(f"rendezvous_bench: the torch 2.x peer needs torchrun at {args.torchrun} "
+                         "(install it with packaging/setup.sh, pass --torchrun, or "
+                         "--torch2-agents '')\n")
+        return 1
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
     failed = False
     rows = []
-    for n in sorted(set(agents) | torch_agents):
-        kinds = ["cpprun"] + (["torch"] if n in torch_agents else [])
-        if n not in agents:
-            kinds = ["torch"]
+    for n in sorted(agents | torch_agents | torch2_agents):
+        kinds = [k for k, ns in (("cpprun", agents), ("torchrun2", torch2_agents),
+                                 ("torch", torch_agents)) if n in ns]
         results = {k: [] for k in kinds}
         for rep in range(args.runs):
             order = kinds[rep % len(kinds):] + kinds[:rep % len(kinds)]
@@ -208,25 +228,29 @@ def main() -> int:
                 med[k] = tuple(statistics.median(x[i] for x in rs) for i in range(3)) + (len(rs),)
         rows.append((n, med))
         c = med.get("cpprun")
-        t = med.get("torch")
         line = f"n={n:4d}"
         if c:
             line += f"  cpprun ready {c[0]:8.1f} ms total {c[1]:8.1f} ms spawn {c[2]:7.1f} ms ({c[3]} runs)"
-        if t:
-            line += f"  torch ready {t[0]:8.1f} ms total {t[1]:8.1f} ms ({t[3]} runs)"
+        for kind, label in (("torchrun2", "torchrun2"), ("torch", "t1.13")):
+            t = med.get(kind)
+            if t:
+                line += f"  {label} ready {t[0]:8.1f} ms total {t[1]:8.1f} ms ({t[3]} runs)"
         print(line, flush=True)
 
     print()
     for n, med in rows:
         c = med.get("cpprun")
-        t = med.get("torch")
-        for i, name in ((0, "ready"), (1, "total")):
-            if c and t:
-                print(f"RESULT rdzv_{name}_n{n} {c[i]:.1f} ms peer={t[i]:.1f} ratio={t[i] / c[i]:.1f}")
-            elif c:
+        for kind, suffix in (("torchrun2", ""), ("torch", "_t113")):
+            t = med.get(kind)
+            for i, name in ((0, "ready"), (1, "total")):
+                if c and t:
+                    print(f"RESULT rdzv_{name}_n{n}{suffix} {c[i]:.1f} ms peer={t[i]:.1f} "
+                          f"ratio={t[i] / c[i]:.1f}")
+                elif t:
+                    print(f"RESULT rdzv_{name}_n{n}{suffix}_torch_only {t[i]:.1f} ms")
+        if c and not any(k in med for k in ("torchrun2", "torch")):
+            for i, name in ((0, "ready"), (1, "total")):
                 print(f"RESULT rdzv_{name}_n{n} {c[i]:.1f} ms")
-            elif t:
-                print(f"RESULT rdzv_{name}_n{n}_torch_only {t[i]:.1f} ms")
     big = [med["cpprun"][0] for n, med in rows if n == 256 and "cpprun" in med]
     if big:
         print(f"target: 256 agents ready in < 1000 ms: {'met' if big[0] < 1000 else 'not met'} "
