@@ -244,8 +244,8 @@ std::map<std::string, Difference> ourDifferences() {
       {"torch-2.15.json/legacy/wrong_magic_raw",
        {"the legacy server closes a connection whose VALIDATE has the wrong magic at once; libuv "
         "(replayed against us, which passes) keeps it and waits for more bytes, and so do we: "
-        "we read bytes that are not the handshake as an old client's SET, whose key length "
-        "(0x??deadbeef) is over the key limit as soon as its last 3 bytes arrive",
+        "we read bytes that are not the handshake as an old client's SET, whose u64 key length "
+        "(bytes ef be ad de 07 ...) is over the key limit as soon as its last 3 bytes arrive",
         closesAfter("00efbeadde07000000")}},
       {"torch-2.15.json/libuv/no_validate_raw",
        {"libuv swallows a first request that is not VALIDATE and never answers (a 1.13/2.1 "
