@@ -23,6 +23,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -53,7 +54,28 @@ std::vector<std::string> launcherCommand(Launcher l, std::vector<std::string> ar
   return args;
 }
 
+// Pids of the live processes whose environment holds `entry` ("NAME=value"): everything a
+// launcher started with that environment, wherever it ended up in the process tree.
+std::vector<pid_t> processesWithEnvironment(const std::string& entry) {
+  std::vector<pid_t> found;
+  for (const auto& proc : fs::directory_iterator("/proc")) {
+    const pid_t pid = static_cast<pid_t>(std::atol(proc.path().filename().c_str()));
+    if (pid <= 0 || pid == ::getpid()) continue;
+    std::ifstream in(proc.path() / "environ");
+    std::string var;
+    while (std::getline(in, var, '\0')) {
+      if (var == entry) {
+        if (alive(pid)) found.push_back(pid);
+        break;
+      }
+    }
+  }
+  return found;
+}
+
 // One test's directories: TMPDIR for both launchers, and where each launcher's workers write.
+// The destructor SIGKILLs whatever still runs with that TMPDIR: torchrun's workers live in
+// their own sessions and outlive a torchrun that a failed assertion left to be SIGKILLed.
 struct Sandbox {
   TempDir dir;
   std::string tmp = dir.path() + "/tmp";
@@ -62,6 +84,11 @@ struct Sandbox {
     fs::create_directories(out(Launcher::kTorchrun));
     fs::create_directories(out(Launcher::kCpprun));
   }
+  ~Sandbox() {
+    for (pid_t pid : processesWithEnvironment("TMPDIR=" + tmp)) ::kill(pid, SIGKILL);
+  }
+  Sandbox(const Sandbox&) = delete;
+  Sandbox& operator=(const Sandbox&) = delete;
   std::string out(Launcher l) const {
     return dir.path() + (l == Launcher::kTorchrun ? "/torchrun" : "/cpprun");
   }
@@ -423,9 +450,8 @@ TEST_CASE(
   requireTorchPeer(torch2());
   Sandbox box;
   for (Launcher l : {Launcher::kTorchrun, Launcher::kCpprun}) {
-    // The worker's command line names the test's directory, so it can be found afterwards.
     ChildProcess run(launcherCommand(l, {"--nproc-per-node=1", "--no-python", kWorker, "print",
-                                         "ready-{rank}", "print", box.dir.path(), "sleep-forever"}),
+                                         "ready-{rank}", "sleep-forever"}),
                      box.env());
     // torchrun passes the worker's output through as it is; cpprun prefixes it.
     const std::string ready = l == Launcher::kTorchrun ? "ready-0" : "[default0]:ready-0";
@@ -433,7 +459,7 @@ TEST_CASE(
     REQUIRE(run.waitForLine(ready, 60s).has_value());
     run.signal(SIGTERM);
     CHECK(exitCode(run, l) == (l == Launcher::kTorchrun ? 1 : 128 + SIGTERM));
-    CHECK(allGone(processesMentioning(box.dir.path())));
+    CHECK(allGone(processesWithEnvironment("TMPDIR=" + box.tmp)));
   }
 }
 
