@@ -1,15 +1,25 @@
-"""mnist_bench: the bundled C++ trainer (cpprun-mnist) against PyTorch 1.13 training the same
-net (examples/python/mnist_ddp.py: DDP on gloo), both under cpprun with the same world size,
-per-rank batch, threads (cpprun's OMP_NUM_THREADS), optimizer and data, side by side in one run.
+"""mnist_bench: the bundled C++ trainer (cpprun-mnist) against PyTorch 2.x and PyTorch 1.13
+training the same net (examples/python/mnist_ddp.py: DDP on gloo), all under cpprun with the same
+world size, per-rank batch, threads (cpprun's OMP_NUM_THREADS), optimizer and data, side by side
+in one run.
 
     /usr/bin/python3 tests/bench/mnist_bench.py --cpprun build/cpprun \\
-        --trainer build/cpprun-mnist [--nproc 2] [--epochs 3] [--runs 2] \\
-        [--fashion-epochs 5] [--fashion /usr/share/datasets/fashion-mnist]
+        --trainer build/cpprun-mnist [--nproc 2] [--epochs 5] [--runs 2] \\
+        [--fashion-epochs 5] [--fashion /usr/share/datasets/fashion-mnist] \\
+        [--peers torch2,torch113] [--torch2-python /opt/cpprun/torch2/bin/python]
+
+Peers: torch2 = mnist_ddp.py under the pinned torch 2.x (--torch2-python; default
+${CPPRUN_TORCH2_VENV:-/opt/cpprun/torch2}/bin/python), the anchor of the unsuffixed RESULT
+lines; torch113 = the same script under /usr/bin/python3 (Debian's torch 1.13), RESULT lines
+with the suffix _t113. cpprun runs the script with PYTHON_EXEC set to the peer's python.
 
 Figures (RESULT lines, ours first, then peer= and ratio=ours/peer for throughput, peer/ours for times):
   mnist_images_per_s      training images per second of all ranks (median over epochs 2..E of
                           every run; epoch 1 warms caches), on the shipped digits
-  mnist_accuracy_e<E>     test accuracy after the last epoch
+  mnist_accuracy_e<E>     test accuracy after the last epoch (of the last run)
+  mnist_time_to_97        seconds from the trainer's start to the end of the first epoch whose
+                          test accuracy on the shipped digits is at least 97% (median over runs;
+                          "not-reached" when a run never got there)
   fashion_accuracy_e<k>   Fashion-MNIST (Debian's dataset-fashion-mnist, 60k/10k) test accuracy
                           after each epoch
   fashion_time_to_91      seconds from the trainer's start to the end of the first epoch whose
@@ -28,13 +38,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TORCH_SCRIPT = os.path.join(HERE, "..", "..", "examples", "python", "mnist_ddp.py")
 
 
-def run_job(args, trainer_argv, metrics, data=None, epochs=None):
+def run_job(args, trainer_argv, metrics, data=None, epochs=None, python="/usr/bin/python3"):
     cmd = [args.cpprun, f"--nproc-per-node={args.nproc}"] + trainer_argv + [
         "--epochs", str(epochs), "--batch-size", str(args.batch_size), "--quiet",
         "--metrics", metrics]
     if data:
         cmd += ["--data", data]
-    env = dict(os.environ, PYTHON_EXEC="/usr/bin/python3")
+    env = dict(os.environ, PYTHON_EXEC=python)
     env.pop("OMP_NUM_THREADS", None)  # cpprun sets it: usable CPUs / workers, for both
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     if done.returncode != 0:
@@ -46,8 +56,9 @@ def run_job(args, trainer_argv, metrics, data=None, epochs=None):
 
 def result(name, ours, peer, higher_is_better=True, unit=""):
     if ours is None or peer is None:
-        print(f"RESULT {name} {ours if ours is not None else 'not-reached'}{unit} "
-              f"peer={peer if peer is not None else 'not-reached'}{unit}")
+        def show(v):
+            return "not-reached" if v is None else f"{v:.2f}{unit}"
+        print(f"RESULT {name} {show(ours)} peer={show(peer)}", flush=True)
         return
     ratio = ours / peer if higher_is_better else peer / ours
     print(f"RESULT {name} {ours:.2f}{unit} peer={peer:.2f}{unit} ratio={ratio:.2f}", flush=True)
@@ -66,46 +77,82 @@ def main():
     p.add_argument("--trainer", required=True)
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--fashion", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--fashion-epochs", type=int, default=5)
+    p.add_argument("--target-accuracy", type=float, default=97.0,
+                   help="accuracy of the mnist_time_to_<A> figure, percent (default 97)")
     p.add_argument("--timeout", type=int, default=1800)
+    p.add_argument("--peers", default="torch2,torch113",
+                   help="any of torch2,torch113 (default: both)")
+    p.add_argument("--torch2-python", default=os.path.join(
+        os.environ.get("CPPRUN_TORCH2_VENV", "/opt/cpprun/torch2"), "bin", "python"))
     args = p.parse_args()
     if args.epochs < 2:
         p.error("--epochs must be at least 2 (epoch 1 is not timed)")
+    peers = [x for x in args.peers.split(",") if x]
+    if not peers or any(x not in ("torch2", "torch113") for x in peers):
+        p.error("--peers takes torch2 and/or torch113")
+    if "torch2" in peers and not os.access(args.torch2_python, os.X_OK):
+        raise SystemExit(f"mnist_bench: the torch 2.x peer needs {args.torch2_python} (install it "
+                         "with packaging/setup.sh, pass --torch2-python, or --peers torch113)")
 
-    ours_cmd = [args.trainer]
-    torch_cmd = [TORCH_SCRIPT]
+    # name -> (command, python, RESULT suffix); "ours" runs cpprun-mnist.
+    jobs = {"ours": ([args.trainer], "/usr/bin/python3", None)}
+    if "torch2" in peers:
+        jobs["torch2"] = ([TORCH_SCRIPT], args.torch2_python, "")
+    if "torch113" in peers:
+        jobs["torch113"] = ([TORCH_SCRIPT], "/usr/bin/python3", "_t113")
+    names = list(jobs)
     with tempfile.TemporaryDirectory() as tmp:
-        speeds = {"ours": [], "torch": []}
+        speeds = {name: [] for name in names}
+        reach = {name: [] for name in names}
         last = {}
         for run in range(args.runs):
-            for name, cmd in (("ours", ours_cmd), ("torch", torch_cmd)):
+            # Rotate the order every run, so that no trainer always goes first.
+            for name in names[run % len(names):] + names[:run % len(names)]:
+                cmd, python, _ = jobs[name]
                 records = run_job(args, cmd, os.path.join(tmp, f"{name}-{run}.jsonl"),
-                                  epochs=args.epochs)
+                                  epochs=args.epochs, python=python)
                 speeds[name] += [r["images_per_s"] for r in records[1:]]
+                reach[name].append(time_to(records, args.target_accuracy))
                 last[name] = records[-1]["accuracy"]
                 print(f"# run {run} {name}: images/s per epoch "
                       f"{[round(r['images_per_s']) for r in records]}, accuracy "
-                      f"{[round(r['accuracy'], 2) for r in records]}", flush=True)
-        result(f"mnist_images_per_s_ws{args.nproc}_b{args.batch_size}",
-               statistics.median(speeds["ours"]), statistics.median(speeds["torch"]))
-        result(f"mnist_accuracy_e{args.epochs}", last["ours"], last["torch"], unit="%")
+                      f"{[round(r['accuracy'], 2) for r in records]}, elapsed "
+                      f"{[round(r['elapsed_s'], 1) for r in records]} s", flush=True)
+
+        def reached(name):
+            times = reach[name]
+            return None if any(t is None for t in times) else statistics.median(times)
+
+        target = f"{args.target_accuracy:g}"
+        for peer in names[1:]:
+            sfx = jobs[peer][2]
+            result(f"mnist_images_per_s_ws{args.nproc}_b{args.batch_size}{sfx}",
+                   statistics.median(speeds["ours"]), statistics.median(speeds[peer]))
+            result(f"mnist_accuracy_e{args.epochs}{sfx}", last["ours"], last[peer], unit="%")
+            result(f"mnist_time_to_{target}{sfx}", reached("ours"), reached(peer),
+                   higher_is_better=False, unit="s")
 
         if args.fashion_epochs > 0:
             fashion = {}
-            for name, cmd in (("ours", ours_cmd), ("torch", torch_cmd)):
+            for name in names:
+                cmd, python, _ = jobs[name]
                 fashion[name] = run_job(args, cmd, os.path.join(tmp, f"fashion-{name}.jsonl"),
-                                        data=args.fashion, epochs=args.fashion_epochs)
-            for e in range(args.fashion_epochs):
-                result(f"fashion_accuracy_e{e + 1}", fashion["ours"][e]["accuracy"],
-                       fashion["torch"][e]["accuracy"], unit="%")
-            result("fashion_images_per_s",
-                   statistics.median(r["images_per_s"] for r in fashion["ours"][1:] or fashion["ours"]),
-                   statistics.median(r["images_per_s"] for r in fashion["torch"][1:] or fashion["torch"]))
-            result("fashion_time_to_91", time_to(fashion["ours"], 91.0),
-                   time_to(fashion["torch"], 91.0), higher_is_better=False, unit="s")
+                                        data=args.fashion, epochs=args.fashion_epochs,
+                                        python=python)
+            for peer in names[1:]:
+                sfx = jobs[peer][2]
+                for e in range(args.fashion_epochs):
+                    result(f"fashion_accuracy_e{e + 1}{sfx}", fashion["ours"][e]["accuracy"],
+                           fashion[peer][e]["accuracy"], unit="%")
+                result(f"fashion_images_per_s{sfx}",
+                       statistics.median(r["images_per_s"] for r in fashion["ours"][1:] or fashion["ours"]),
+                       statistics.median(r["images_per_s"] for r in fashion[peer][1:] or fashion[peer]))
+                result(f"fashion_time_to_91{sfx}", time_to(fashion["ours"], 91.0),
+                       time_to(fashion[peer], 91.0), higher_is_better=False, unit="s")
 
 
 if __name__ == "__main__":
