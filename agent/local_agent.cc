@@ -43,6 +43,7 @@ Result<JobOutcome> runLocalAgent(const LocalAgentOptions& options,
     rendezvous::TcpStoreServerOptions so;
     so.host = options.store_bind_host.empty() ? options.store_host : options.store_bind_host;
     so.port = static_cast<uint16_t>(options.store_port);
+    so.no_handshake_dialect = options.store_no_handshake_dialect;
     auto created = rendezvous::TcpStoreServer::create(io, so);
     if (created.isOk()) {
       store = std::move(created).value();

@@ -23,6 +23,7 @@
 
 #include "agent/supervisor.h"
 #include "common/status.h"
+#include "rendezvous/wire.h"
 
 namespace cpprun::agent {
 
@@ -38,6 +39,9 @@ struct LocalAgentOptions {
   std::string store_host = "127.0.0.1";  // the workers' MASTER_ADDR, and where the store binds
   int store_port = 0;           // 0: the kernel picks (no collisions between jobs on one host)
   std::string store_bind_host;  // bind here instead of store_host when not empty ("::", all)
+  // How the served store reads clients without the torch >= 2.2 handshake: torch 1.13
+  // numbering with the switch to 2.1 (kLegacy), or torch 2.1 from the first byte (kV21).
+  rendezvous::wire::Dialect store_no_handshake_dialect = rendezvous::wire::Dialect::kLegacy;
   // Multi-node jobs (group_world_size > 1): the coordination with the other agents. The agent
   // of group rank 0 serves the store (host_store); the others connect to store_host:store_port.
   // store_host, store_port, max_restarts are filled in by the agent.

@@ -738,8 +738,9 @@ Rendezvous
                               torchrun 2.15 does. [env]
   --rdzv-conf K=V,K=V         Rendezvous settings, seconds: join_timeout (600),
                               last_call_timeout (30), keep_alive_interval (5),
-                              keep_alive_max_attempt (3), close_timeout (10); is_host=BOOL.
-                              Default none. [env]
+                              keep_alive_max_attempt (3), close_timeout (10); is_host=BOOL;
+                              store_legacy_numbering=1.13|2.1 (how the store reads clients
+                              without the torch >= 2.2 handshake). Default none. [env]
   --standalone                Single node: c10d on localhost:0 with a random job id; overrides
                               the options above. [env]
   --node-rank N               This node's rank, static backend only. Default 0. [env]

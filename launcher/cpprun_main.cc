@@ -154,6 +154,9 @@ int runJob(const LaunchConfig& config, const RendezvousSettings& rdzv_settings,
   options.host_store = !config.worker_hosts_store && rdzv_settings.node_rank == 0;
   options.store_host = rdzv_settings.store.host;
   options.store_port = rdzv_settings.store.port;
+  if (rdzv_settings.store_torch21_numbering) {
+    options.store_no_handshake_dialect = rendezvous::wire::Dialect::kV21;
+  }
   if (rdzv_settings.multi_node) {
     options.store_bind_host = rdzv_settings.bind_host;
     agent::StoreCoordinatorOptions co;

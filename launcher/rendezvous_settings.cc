@@ -159,7 +159,7 @@ Result<RendezvousSettings> resolveRendezvous(const LaunchConfig& config) {
       {"close_timeout", &s.close_timeout},
       {"heartbeat", &s.keep_alive_interval},
       {"keep_alive_interval", &s.keep_alive_interval}};
-  std::vector<std::string> known = {"keep_alive_max_attempt", "is_host"};
+  std::vector<std::string> known = {"keep_alive_max_attempt", "is_host", "store_legacy_numbering"};
   for (const auto& [key, field] : durations) {
     auto value = confSeconds(config, key, *field);
     if (!value.isOk()) return value.status();
@@ -185,6 +185,15 @@ Result<RendezvousSettings> resolveRendezvous(const LaunchConfig& config) {
       s.store_hosting = RendezvousSettings::StoreHosting::kNever;
     } else {
       return invalidArgument("--rdzv-conf is_host=" + v + ": expected true or false");
+    }
+  }
+  auto numbering = config.rdzv_conf.find("store_legacy_numbering");
+  if (numbering != config.rdzv_conf.end()) {
+    if (numbering->second == "2.1") {
+      s.store_torch21_numbering = true;
+    } else if (numbering->second != "1.13") {
+      return invalidArgument("--rdzv-conf store_legacy_numbering=" + numbering->second +
+                             ": expected 1.13 or 2.1");
     }
   }
   for (const auto& entry : config.rdzv_conf) {

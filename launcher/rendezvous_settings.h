@@ -41,6 +41,9 @@ struct RendezvousSettings {
   // Elastic: who serves the store. kAuto: the first agent on the endpoint's host to bind it.
   enum class StoreHosting { kAuto, kAlways, kNever };
   StoreHosting store_hosting = StoreHosting::kAuto;
+  // --rdzv-conf store_legacy_numbering=2.1: the agent's store reads every client without the
+  // torch >= 2.2 handshake as torch 2.1 (default 1.13: see docs/protocol.md, torch 2.1 clients).
+  bool store_torch21_numbering = false;
   std::vector<std::string> ignored_conf_keys;  // --rdzv-conf keys cpprun does not use
 };
 

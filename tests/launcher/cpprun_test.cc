@@ -423,3 +423,30 @@ TEST_CASE("workers get stdio only: no store socket or other agent descriptor lea
     CHECK(readFile(d + f) == "\n");
   }
 }
+
+TEST_CASE("the agent's store reads torch 2.1 clients with rdzv-conf store_legacy_numbering=2.1",
+          "[integration]") {
+  // The worker sends type 7 as its connection's first request and prints the reply: torch 2.1's
+  // DELETE_KEY gets an i64 (0 keys erased); read as 1.13 it is WATCH_KEY, answered 03.
+  const std::string code =
+      "import os, socket\n"
+      "s = socket.create_connection((os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])),"
+      " timeout=20)\n"
+      "s.sendall(bytes.fromhex('0705000000000000002f6b657931'))\n"
+      "buf = s.recv(1)\n"
+      "while buf != b'\\x03' and 0 < len(buf) < 8:\n"
+      "    buf += s.recv(8 - len(buf))\n"
+      "print('REPLY', buf.hex(), flush=True)\n";
+  for (std::string numbering : {"1.13", "2.1"}) {
+    INFO(numbering);
+    ChildProcess run(
+        cpprunCommand({"--nproc-per-node=1", "--rdzv-conf", "store_legacy_numbering=" + numbering,
+                       CPPRUN_PYTHON, "-c", code}));
+    auto status = run.wait(60s);
+    REQUIRE(status.has_value());
+    INFO(run.output());
+    REQUIRE(exitCodeOf(*status) == 0);
+    CHECK_THAT(run.output(),
+               Catch::Contains(numbering == "2.1" ? "REPLY 0000000000000000" : "REPLY 03"));
+  }
+}

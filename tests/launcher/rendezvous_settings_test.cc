@@ -107,6 +107,20 @@ TEST_CASE("elastic settings: last call, close timeout, store hosting, unknown ke
   CHECK_THAT(resolveRendezvous(c).status().message(), Catch::Contains("is_host=perhaps"));
 }
 
+TEST_CASE("rdzv-conf store_legacy_numbering picks how the store reads old clients", "[unit]") {
+  LaunchConfig c;
+  CHECK_FALSE(resolveRendezvous(c).value().store_torch21_numbering);
+  c.rdzv_conf = {{"store_legacy_numbering", "2.1"}};
+  auto s = resolveRendezvous(c).value();
+  CHECK(s.store_torch21_numbering);
+  CHECK(s.ignored_conf_keys.empty());
+  c.rdzv_conf = {{"store_legacy_numbering", "1.13"}};
+  CHECK_FALSE(resolveRendezvous(c).value().store_torch21_numbering);
+  c.rdzv_conf = {{"store_legacy_numbering", "2.0"}};
+  CHECK_THAT(resolveRendezvous(c).status().message(),
+             Catch::Contains("store_legacy_numbering=2.0: expected 1.13 or 2.1"));
+}
+
 TEST_CASE("local hosts: loopback and this machine's addresses, not others", "[unit]") {
   CHECK(isLocalHost("127.0.0.1"));
   CHECK(isLocalHost("localhost"));
