@@ -11,6 +11,7 @@
 //     must reach the root-cause report of both launchers.
 //   * Exit codes: a worker exiting 3, one killed by a signal, success, and the launcher itself
 //     stopped by SIGTERM.
+//   * --log-line-prefix-template (new in torchrun 2.15) with ${hostname}: the same line prefix.
 //
 // Both launchers run with the same added environment: PYTHON_EXEC is the torch 2.x interpreter
 // (torchrun honours it too) and TMPDIR a directory of the test, so torchrun's torchelastic_*
