@@ -389,14 +389,20 @@ TEST_CASE("torchrun 2.x vs cpprun: --max-restarts=1 with one failure, same attem
 
 TEST_CASE(
     "torchrun 2.x vs cpprun: a worker's @record error file reaches the root cause with its "
-    "message and traceback",
+    "message and traceback, and the launcher's own error file",
     "[integration][torch][torch2]") {
   requireTorchPeer(torch2());
   Sandbox box;
+  std::map<Launcher, Json> parent_files;
   for (Launcher l : {Launcher::kTorchrun, Launcher::kCpprun}) {
+    // TORCHELASTIC_ERROR_FILE in the launcher's own environment (a nested launcher's, or a
+    // scheduler's): both copy the root cause there, with the worker's exit code added.
+    auto env = box.env();
+    const std::string parent_file = box.dir.path() + "/" + nameOf(l) + "-error.json";
+    env["TORCHELASTIC_ERROR_FILE"] = parent_file;
     ChildProcess run(
         launcherCommand(l, {"--nproc-per-node=2", sourcePath("tests/torch/record_worker.py"), "1"}),
-        box.env());
+        env);
     CHECK(exitCode(run, l) == 1);
     INFO(nameOf(l) << " output:\n" << run.output());
     const std::string root = rootCauseSection(run.output());
@@ -411,7 +417,19 @@ TEST_CASE(
     CHECK_THAT(path, Catch::EndsWith("/attempt_0/1/error.json"));
     CHECK_THAT(root, Catch::Contains("ValueError: record_worker: rank 1 failed on purpose"));
     CHECK(std::regex_search(root, std::regex(R"(record_worker\.py", line [0-9]+, in fail_here)")));
+    REQUIRE(fs::exists(parent_file));
+    parent_files[l] = readJson(parent_file);
   }
+  // The same file but for the time it was written: message, traceback and errorCode.
+  for (auto& [l, json] : parent_files) {
+    INFO(nameOf(l) << ": " << json.dump(2));
+    REQUIRE(json.at("message").at("extraInfo").contains("timestamp"));
+    json["message"]["extraInfo"].erase("timestamp");
+    CHECK(json["message"]["errorCode"] == 1);
+  }
+  INFO("torchrun 2.x: " << parent_files[Launcher::kTorchrun].dump(2));
+  INFO("cpprun: " << parent_files[Launcher::kCpprun].dump(2));
+  CHECK(parent_files[Launcher::kTorchrun] == parent_files[Launcher::kCpprun]);
 }
 
 TEST_CASE("torchrun 2.x vs cpprun: exit codes of a failing, a killed and a successful worker",
