@@ -578,7 +578,7 @@ TEST_CASE("one node without a run id or port gets a random run id, as under torc
   CHECK(slurm.rdzv_id == "12345");
 }
 
-TEST_CASE("--log-line-prefix-template, torchrun 2.15's flag, with its PET_ fallback", "[unit]") {
+TEST_CASE("torchrun 2.15's --log-line-prefix-template works, with its PET_ fallback", "[unit]") {
   CHECK(parseOk({"t.py"}).log_line_prefix_template.empty());
   CHECK(parseOk({"--log-line-prefix-template=${hostname}:${rank}: ", "t.py"})
             .log_line_prefix_template == "${hostname}:${rank}: ");
@@ -588,7 +588,7 @@ TEST_CASE("--log-line-prefix-template, torchrun 2.15's flag, with its PET_ fallb
             .log_line_prefix_template == "<${local_rank}>");
 }
 
-TEST_CASE("--print-completion, torchrun 2.15's flag, is refused with the reason", "[unit]") {
+TEST_CASE("torchrun 2.15's --print-completion is refused with the reason", "[unit]") {
   CHECK_THAT(parseError({"--print-completion", "bash", "t.py"}),
              Catch::StartsWith("--print-completion (value 'bash') is not supported by cpprun: ") &&
                  Catch::Contains("share/bash-completion/completions/cpprun"));

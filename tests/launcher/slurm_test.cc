@@ -17,18 +17,20 @@ using namespace cpprun::testing;
 namespace {
 
 // Runs COMMAND inside a throw-away Slurm cluster (slurm_cluster.sh) under `dir`, in a private
-// PID namespace: every daemon ends with the harness, whatever happens to the test.
+// PID namespace (every daemon ends with the harness, whatever happens to the test) and a private
+// network namespace (clusters of tests running in parallel never collide on Slurm's ports).
 ChildProcess inSlurmCluster(const std::string& dir, std::vector<std::string> command,
                             std::map<std::string, std::string> env = {}) {
   // Slurm and munge come from the set-up script: missing here is a failure, not a skip.
   for (const char* tool : {"/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged",
-                           "/usr/bin/sbatch", "/usr/bin/unshare"}) {
+                           "/usr/bin/sbatch", "/usr/bin/unshare", "/usr/sbin/ip"}) {
     INFO(tool);
     REQUIRE(::access(tool, X_OK) == 0);
   }
   std::vector<std::string> argv = {"/usr/bin/unshare",
                                    "--mount",
                                    "--pid",
+                                   "--net",
                                    "--fork",
                                    "--kill-child",
                                    "--mount-proc",

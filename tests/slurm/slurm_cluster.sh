@@ -3,11 +3,13 @@
 # ("n1", "n2", two fake GPUs each), all state under WORKDIR. Runs COMMAND against it (with
 # SLURM_CONF exported) and exits with COMMAND's status.
 #
-#   unshare --mount --pid --fork --kill-child --mount-proc tests/slurm/slurm_cluster.sh WORKDIR COMMAND...
+#   unshare --mount --pid --net --fork --kill-child --mount-proc tests/slurm/slurm_cluster.sh WORKDIR COMMAND...
 #
 # Run it under unshare as above (the test does): the private mount namespace lets the node names
-# resolve (a bind-mounted /etc/hosts, nothing changes on the host) and the private PID namespace
-# ends every daemon when this script ends, however it ends. Needs root (mknod, mount).
+# resolve (a bind-mounted /etc/hosts, nothing changes on the host), the private PID namespace
+# ends every daemon when this script ends, however it ends, and the private network namespace
+# gives the cluster a loopback of its own, so two tests' clusters running at once never meet on
+# Slurm's fixed ports (slurmctld 16817, slurmd 17001-2). Needs root (mknod, mount).
 set -euo pipefail
 D=$1
 shift
@@ -17,6 +19,12 @@ if [ "$$" != 1 ]; then
   echo "slurm_cluster.sh: run me as PID 1 of a new PID namespace (see the header)" >&2
   exit 2
 fi
+
+# A new network namespace starts with its loopback down and no other interface. Slurm resolves
+# names with AI_ADDRCONFIG, which finds nothing while the only IPv4 addresses are 127.x, so lo
+# also gets one documentation address (TEST-NET-1; this namespace has no route anywhere else).
+ip link set lo up
+ip addr add 192.0.2.1/32 dev lo
 
 mkdir -p "$D/munge" "$D/state" "$D/log"
 chmod 755 "$D/munge"
