@@ -31,6 +31,7 @@
 #include "rendezvous/tcp_store_client.h"
 #include "rendezvous/tcp_store_server.h"
 #include "rendezvous/wire.h"
+#include "tests/rendezvous/torch_interop_helpers.h"
 #include "tests/support/test_support.h"
 #include "tests/support/torch_peers.h"
 
@@ -50,6 +51,7 @@ using cpprun::testing::exitCodeOf;
 using cpprun::testing::requireTorchPeer;
 using cpprun::testing::sourcePath;
 using cpprun::testing::torch2;
+using namespace cpprun::testing::interop;
 using namespace std::chrono_literals;
 
 using Millis = std::chrono::milliseconds;
@@ -57,78 +59,8 @@ using Clock = std::chrono::steady_clock;
 
 const char* const kTorch2 = CPPRUN_TORCH2_PYTHON;
 
-// Environment for every Python child: output unbuffered, so lines arrive as they are printed.
-std::map<std::string, std::string> pythonEnv(std::map<std::string, std::string> extra = {}) {
-  extra["PYTHONUNBUFFERED"] = "1";
-  return extra;
-}
-
-// Waits (bounded) for a line of `child` starting with `prefix` and returns it.
-std::string requireLine(ChildProcess& child, const std::string& name, const std::string& prefix,
-                        Millis timeout) {
-  auto line = child.waitForLine(prefix, timeout);
-  INFO(name << " printed no line starting with '" << prefix << "' within " << timeout.count()
-            << " ms; its output so far:\n"
-            << child.output());
-  REQUIRE(line.has_value());
-  return *line;
-}
-
-// Waits (bounded) for `child` to exit and requires exit code 0.
-void requireCleanExit(ChildProcess& child, const std::string& name, Millis timeout) {
-  auto status = child.wait(timeout);
-  INFO(name << " output:\n" << child.output());
-  REQUIRE(status.has_value());
-  REQUIRE(exitCodeOf(*status) == 0);
-}
-
-// Polls `condition` until it holds or `timeout` passes; returns whether it held.
-bool eventually(const std::function<bool()>& condition, Millis timeout) {
-  auto deadline = Clock::now() + timeout;
-  while (!condition()) {
-    if (Clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(2ms);  // polling interval, not synchronisation
-  }
-  return true;
-}
-
-std::unique_ptr<BackgroundTcpStoreServer> startOurServer() {
-  auto server = BackgroundTcpStoreServer::start({});
-  INFO(server.status().toString());
-  REQUIRE(server.isOk());
-  return std::move(server).value();
-}
-
-TcpStoreClientOptions clientOptions(uint16_t port, Dialect dialect = Dialect::kV2) {
-  TcpStoreClientOptions options;
-  options.host = "127.0.0.1";
-  options.port = port;
-  options.dialect = dialect;
-  options.connect_timeout = 30s;
-  options.timeout = 30s;
-  return options;
-}
-
-std::vector<std::string> sorted(std::vector<std::string> v) {
-  std::sort(v.begin(), v.end());
-  return v;
-}
-
 uint16_t portAfterColon(const std::string& text) {
   return static_cast<uint16_t>(std::stoi(text.substr(text.rfind(':') + 1)));
-}
-
-Bytes binaryValue() {
-  Bytes b(256);
-  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<uint8_t>(i);
-  return b;
-}
-
-// The 3 KiB value store_client_ops_v2.py writes: bytes((i * 7 + 3) % 256 for i in range(3072)).
-Bytes scriptLargeValue() {
-  Bytes b(3 * 1024);
-  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<uint8_t>((i * 7 + 3) % 256);
-  return b;
 }
 
 // The user keys store_client_ops_v2.py leaves behind, as they are on the wire ("/" + key).
@@ -428,36 +360,8 @@ void driveTorchServerCommonOps(TcpStoreClient& client, const TcpStoreClientOptio
   CHECK(client.ping(0xdeadbeef) == 0xdeadbeef);
   CHECK(client.ping(7) == 7);
 
-  // set / get, text, empty, binary, 3 KiB.
-  client.set("/a", "1");
-  CHECK(toString(client.get("/a")) == "1");
-  client.set("/a", "2");
-  CHECK(toString(client.get("/a")) == "2");
-  client.set("/empty", Bytes{});
-  CHECK(client.get("/empty").empty());
-  client.set("/binary", binaryValue());
-  CHECK(client.get("/binary") == binaryValue());
-  client.set("/large", scriptLargeValue());
-  CHECK(client.get("/large") == scriptLargeValue());
-
-  // add: decimal text, as torch stores it.
-  CHECK(client.add("/ctr", 5) == 5);
-  CHECK(client.add("/ctr", -2) == 3);
-  CHECK(client.add("/ctr", 0) == 3);
-  CHECK(toString(client.get("/ctr")) == "3");
-
-  // compareSet, the four cases.
-  CHECK(toString(client.compareSet("/cas", {}, toBytes("first"))) == "first");
-  CHECK(toString(client.compareSet("/cas_missing", toBytes("x"), toBytes("y"))) == "x");
-  CHECK(toString(client.compareSet("/cas", toBytes("first"), toBytes("second"))) == "second");
-  CHECK(toString(client.compareSet("/cas", toBytes("nomatch"), toBytes("third"))) == "second");
-  CHECK(toString(client.get("/cas")) == "second");
-
-  // check.
-  CHECK(client.check({"/a"}));
-  CHECK(client.check({"/a", "/ctr", "/cas"}));
-  CHECK_FALSE(client.check({"/a", "/cas_missing"}));
-  CHECK(client.check({}));
+  // set/get, add, compareSet and check, with torch's answers as the reference.
+  checkOperationsEveryTorchServerServes(client);
 
   // wait: ready at once; then timeouts. torch 2.x's servers answer CANCEL_WAIT, so the same
   // connection keeps working (several times in a row).
@@ -474,45 +378,8 @@ void driveTorchServerCommonOps(TcpStoreClient& client, const TcpStoreClientOptio
   CHECK(client.check({"/never"}));
   CHECK(client.add("/ctr", 0) == 3);
 
-  // A wait woken by a set from another connection (before or after it registered: both work).
-  {
-    TcpStoreClient waiter(options);
-    std::optional<std::string> waiter_error;
-    std::thread waiting([&] {
-      try {
-        waiter.wait({"/late"}, 20s);
-      } catch (const std::exception& e) {
-        waiter_error = e.what();
-      }
-    });
-    client.set("/late", "here");
-    waiting.join();
-    CHECK(waiter_error == std::nullopt);
-    CHECK(toString(waiter.get("/late")) == "here");
-  }
-
-  // deleteKey and numKeys: /a /empty /binary /large /ctr /cas /never /late.
-  CHECK(client.numKeys() == 8);
-  client.set("/doomed", "x");
-  CHECK(client.numKeys() == 9);
-  CHECK(client.deleteKey("/doomed"));
-  CHECK_FALSE(client.deleteKey("/doomed"));
-  CHECK_FALSE(client.check({"/doomed"}));
-  CHECK(client.numKeys() == 8);
-
-  // multiSet / multiGet / append: real requests on torch 2.x's servers.
-  client.multiSet({"/m1", "/m2", "/m3"}, {toBytes("one"), Bytes{}, binaryValue()});
-  auto values = client.multiGet({"/m3", "/m1", "/m2", "/a"});
-  REQUIRE(values.size() == 4);
-  CHECK(values[0] == binaryValue());
-  CHECK(toString(values[1]) == "one");
-  CHECK(values[2].empty());
-  CHECK(toString(values[3]) == "2");
-  client.append("/log", toBytes("a"));
-  client.append("/log", toBytes("bc"));
-  client.append("/log", Bytes{});
-  CHECK(toString(client.get("/log")) == "abc");
-  CHECK(client.numKeys() == 12);
+  // A wait woken from another connection, deleteKey/numKeys, multiSet/multiGet, append.
+  checkWaitDeleteMultiAppend(client, options);
 
   // listKeys: the raw server keys (torch's own client strips the "/").
   CHECK(sorted(client.listKeys()) == sorted({"/a", "/empty", "/binary", "/large", "/ctr", "/cas",

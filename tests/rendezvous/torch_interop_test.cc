@@ -28,134 +28,28 @@
 #include "rendezvous/tcp_store_client.h"
 #include "rendezvous/tcp_store_server.h"
 #include "rendezvous/wire.h"
+#include "tests/rendezvous/torch_interop_helpers.h"
 #include "tests/support/test_support.h"
+#include "tests/support/torch_peers.h"
 
 namespace {
 
-using cpprun::rendezvous::BackgroundTcpStoreServer;
 using cpprun::rendezvous::Bytes;
 using cpprun::rendezvous::StoreTimeout;
 using cpprun::rendezvous::TcpStoreClient;
-using cpprun::rendezvous::TcpStoreClientOptions;
 using cpprun::rendezvous::toBytes;
 using cpprun::rendezvous::toString;
 using cpprun::rendezvous::wire::Dialect;
 using cpprun::testing::ChildProcess;
-using cpprun::testing::exitCodeOf;
+using cpprun::testing::requireTorchPeer;
 using cpprun::testing::sourcePath;
+using cpprun::testing::torch113;
+using namespace cpprun::testing::interop;
 using namespace std::chrono_literals;
-
-using Millis = std::chrono::milliseconds;
 
 const char* const kPython = CPPRUN_PYTHON;
 
-// Environment for every Python child: output unbuffered, so lines arrive as they are printed.
-std::map<std::string, std::string> pythonEnv(std::map<std::string, std::string> extra = {}) {
-  extra["PYTHONUNBUFFERED"] = "1";
-  return extra;
-}
-
-// Empty when CPPRUN_PYTHON imports torch 1.13 with torch.distributed and gloo; otherwise what
-// is wrong. Probed once per test binary.
-std::string torchProblem() {
-  static const std::string problem = []() -> std::string {
-    const std::string how_to_fix = std::string(" (these tests need Debian's PyTorch 1.13, ") +
-                                   "apt-get install python3-torch; they run " + kPython + ")";
-    if (::access(kPython, X_OK) != 0) return std::string(kPython) + " does not exist" + how_to_fix;
-    ChildProcess probe({kPython, "-c",
-                        "import torch, torch.distributed as d; "
-                        "print('TORCH', torch.__version__, d.is_available(), "
-                        "d.is_gloo_available())"},
-                       pythonEnv());
-    auto line = probe.waitForLine("TORCH ", 60s);
-    auto status = probe.wait(30s);
-    if (!line || !status || exitCodeOf(*status) != 0) {
-      return std::string(kPython) + " cannot import torch" + how_to_fix + "; it printed:\n" +
-             probe.output();
-    }
-    // "TORCH <version> <distributed available> <gloo available>"
-    std::string version = line->substr(6, line->find(' ', 6) - 6);
-    if (version.rfind("1.13", 0) != 0) {
-      return "found torch " + version + ", but these tests expect 1.13 (its legacy " +
-             "TCPStore dialect and key layout)" + how_to_fix;
-    }
-    if (line->find(" True True") == std::string::npos) {
-      return "torch " + version + " lacks torch.distributed or gloo: " + *line + how_to_fix;
-    }
-    return "";
-  }();
-  return problem;
-}
-
-void requireTorch() {
-  const std::string problem = torchProblem();
-  INFO(problem);
-  REQUIRE(problem.empty());
-}
-
-// Waits (bounded) for a line of `child` starting with `prefix` and returns it.
-std::string requireLine(ChildProcess& child, const std::string& name, const std::string& prefix,
-                        Millis timeout) {
-  auto line = child.waitForLine(prefix, timeout);
-  INFO(name << " printed no line starting with '" << prefix << "' within " << timeout.count()
-            << " ms; its output so far:\n"
-            << child.output());
-  REQUIRE(line.has_value());
-  return *line;
-}
-
-// Waits (bounded) for `child` to exit and requires exit code 0.
-void requireCleanExit(ChildProcess& child, const std::string& name, Millis timeout) {
-  auto status = child.wait(timeout);
-  INFO(name << " output:\n" << child.output());
-  REQUIRE(status.has_value());
-  REQUIRE(exitCodeOf(*status) == 0);
-}
-
-// Polls `condition` until it holds or `timeout` passes; returns whether it held.
-bool eventually(const std::function<bool()>& condition, Millis timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!condition()) {
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(2ms);  // polling interval, not synchronisation
-  }
-  return true;
-}
-
-std::unique_ptr<BackgroundTcpStoreServer> startOurServer() {
-  auto server = BackgroundTcpStoreServer::start({});
-  INFO(server.status().toString());
-  REQUIRE(server.isOk());
-  return std::move(server).value();
-}
-
-TcpStoreClientOptions clientOptions(uint16_t port, Dialect dialect) {
-  TcpStoreClientOptions options;
-  options.host = "127.0.0.1";
-  options.port = port;
-  options.dialect = dialect;
-  options.connect_timeout = 30s;
-  options.timeout = 30s;
-  return options;
-}
-
-std::vector<std::string> sorted(std::vector<std::string> v) {
-  std::sort(v.begin(), v.end());
-  return v;
-}
-
-Bytes binaryValue() {
-  Bytes b(256);
-  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<uint8_t>(i);
-  return b;
-}
-
-// The 3 KiB value store_client_ops.py writes: bytes((i * 7 + 3) % 256 for i in range(3072)).
-Bytes scriptLargeValue() {
-  Bytes b(3 * 1024);
-  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<uint8_t>((i * 7 + 3) % 256);
-  return b;
-}
+void requireTorch() { requireTorchPeer(torch113()); }
 
 TEST_CASE("torch 1.13 TCPStore client drives our server through every Python-visible operation",
           "[integration][torch]") {
@@ -223,36 +117,8 @@ TEST_CASE("our client drives torch's own TCPStore server", "[integration][torch]
   auto options = clientOptions(port, Dialect::kLegacy);
   TcpStoreClient client(options);
 
-  // set / get, text, empty, binary, 3 KiB.
-  client.set("/a", "1");
-  CHECK(toString(client.get("/a")) == "1");
-  client.set("/a", "2");
-  CHECK(toString(client.get("/a")) == "2");
-  client.set("/empty", Bytes{});
-  CHECK(client.get("/empty").empty());
-  client.set("/binary", binaryValue());
-  CHECK(client.get("/binary") == binaryValue());
-  client.set("/large", scriptLargeValue());
-  CHECK(client.get("/large") == scriptLargeValue());
-
-  // add: decimal text, as torch stores it.
-  CHECK(client.add("/ctr", 5) == 5);
-  CHECK(client.add("/ctr", -2) == 3);
-  CHECK(client.add("/ctr", 0) == 3);
-  CHECK(toString(client.get("/ctr")) == "3");
-
-  // compareSet, the four cases (torch's answers are the reference).
-  CHECK(toString(client.compareSet("/cas", {}, toBytes("first"))) == "first");
-  CHECK(toString(client.compareSet("/cas_missing", toBytes("x"), toBytes("y"))) == "x");
-  CHECK(toString(client.compareSet("/cas", toBytes("first"), toBytes("second"))) == "second");
-  CHECK(toString(client.compareSet("/cas", toBytes("nomatch"), toBytes("third"))) == "second");
-  CHECK(toString(client.get("/cas")) == "second");
-
-  // check.
-  CHECK(client.check({"/a"}));
-  CHECK(client.check({"/a", "/ctr", "/cas"}));
-  CHECK_FALSE(client.check({"/a", "/cas_missing"}));
-  CHECK(client.check({}));
+  // set/get, add, compareSet and check, with torch's answers as the reference.
+  checkOperationsEveryTorchServerServes(client);
 
   // wait: ready at once; then one that times out. torch 1.13's server answers a timed-out wait
   // later, so the client drops that connection and the next call must work on a fresh one.
@@ -266,48 +132,8 @@ TEST_CASE("our client drives torch's own TCPStore server", "[integration][torch]
   client.set("/never", "now");
   CHECK(client.check({"/never"}));
 
-  // A wait woken by a set from another connection. Whether the set lands before or after the
-  // WAIT is registered cannot be observed from outside torch's server; both must work.
-  {
-    TcpStoreClient waiter(options);
-    std::optional<std::string> waiter_error;
-    std::thread waiting([&] {
-      try {
-        waiter.wait({"/late"}, 20s);
-      } catch (const std::exception& e) {
-        waiter_error = e.what();
-      }
-    });
-    client.set("/late", "here");
-    waiting.join();
-    CHECK(waiter_error == std::nullopt);
-    CHECK(toString(waiter.get("/late")) == "here");
-  }
-
-  // deleteKey and numKeys: /a /empty /binary /large /ctr /cas /never /late.
-  CHECK(client.numKeys() == 8);
-  client.set("/doomed", "x");
-  CHECK(client.numKeys() == 9);
-  CHECK(client.deleteKey("/doomed"));
-  CHECK_FALSE(client.deleteKey("/doomed"));
-  CHECK_FALSE(client.check({"/doomed"}));
-  CHECK(client.numKeys() == 8);
-
-  // multiSet / multiGet, emulated with single requests for a legacy server.
-  client.multiSet({"/m1", "/m2", "/m3"}, {toBytes("one"), Bytes{}, binaryValue()});
-  auto values = client.multiGet({"/m3", "/m1", "/m2", "/a"});
-  REQUIRE(values.size() == 4);
-  CHECK(values[0] == binaryValue());
-  CHECK(toString(values[1]) == "one");
-  CHECK(values[2].empty());
-  CHECK(toString(values[3]) == "2");
-
-  // append, emulated with a compareSet loop: creates, then concatenates.
-  client.append("/log", toBytes("a"));
-  client.append("/log", toBytes("bc"));
-  client.append("/log", Bytes{});
-  CHECK(toString(client.get("/log")) == "abc");
-  CHECK(client.numKeys() == 12);
+  // A wait woken from another connection, deleteKey/numKeys, multiSet/multiGet, append.
+  checkWaitDeleteMultiAppend(client, options);
 
   // The V2-only operations are refused locally, not sent to a server that would choke on them.
   CHECK_THROWS(client.ping(1));
