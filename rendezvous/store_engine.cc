@@ -1,6 +1,8 @@
 #include "rendezvous/store_engine.h"
 
 #include <algorithm>
+#include <type_traits>
+#include <utility>
 
 namespace cpprun::rendezvous {
 
@@ -24,7 +26,8 @@ bool StoreEngine::exists(const std::string& key) const {
   return q != queues_.end() && !q->second.empty();
 }
 
-void StoreEngine::store(const std::string& key, Bytes value) {
+template <typename V>
+void StoreEngine::storeImpl(const std::string& key, V&& value) {
   auto it = data_.find(key);
   if (!watchers_by_key_.empty()) {
     if (it == data_.end()) {
@@ -34,12 +37,19 @@ void StoreEngine::store(const std::string& key, Bytes value) {
     }
   }
   if (it == data_.end()) {
-    data_.emplace(key, std::move(value));
+    data_.emplace(key, std::forward<V>(value));
+  } else if constexpr (std::is_lvalue_reference_v<V>) {
+    // A request's value is copied into the old value's storage: an overwrite of a key with a
+    // value no longer than before allocates nothing.
+    it->second.assign(value.begin(), value.end());
   } else {
     it->second = std::move(value);
   }
   wake(key);
 }
+
+void StoreEngine::store(const std::string& key, Bytes&& value) { storeImpl(key, std::move(value)); }
+void StoreEngine::store(const std::string& key, const Bytes& value) { storeImpl(key, value); }
 
 size_t StoreEngine::eraseKeysExcept(const std::string& keep_prefix) {
   size_t erased = 0;

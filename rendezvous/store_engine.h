@@ -78,7 +78,11 @@ class StoreEngine {
   using WaitId = uint64_t;
 
   bool exists(const std::string& key) const;
-  void store(const std::string& key, wire::Bytes value);  // set + notify watchers + wake
+  // set + notify watchers + wake; the const& one copies into the old value's storage.
+  void store(const std::string& key, wire::Bytes&& value);
+  void store(const std::string& key, const wire::Bytes& value);
+  template <typename V>
+  void storeImpl(const std::string& key, V&& value);
   void wake(const std::string& key, bool one_only = false);
   void notifyWatchers(const std::string& key, uint8_t event, const wire::Bytes& old_value,
                       const wire::Bytes& new_value);

@@ -536,6 +536,9 @@ ParseStatus RequestDecoder::next(Request* out, std::string* error) {
       dialect_ = loadU32(data + 1) == kValidationMagic ? Dialect::kV2 : no_handshake_;
     }
   }
+  // Nothing buffered: the common end of every batch. Returning here, before the partial-request
+  // bookkeeping below, keeps the next request from being scanned and then parsed again.
+  if (size == 0) return ParseStatus::kNeedMore;
   // At the start of a request (partial_ with nothing scanned: only an empty buffer was seen).
   const bool at_request_start = !partial_ || scan_.pos == 0;
   if (*dialect_ == Dialect::kLegacy && at_request_start && size > 0) {
