@@ -42,6 +42,7 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
   StoreEngine engine_;
   std::unordered_map<ClientId, std::shared_ptr<Connection>> connections_;
   std::vector<std::shared_ptr<Connection>> dirty_;
+  std::vector<std::shared_ptr<Connection>> spare_dirty_;  // flush()'s other buffer
   ClientId next_id_ = 1;
   std::string bound_host_;
   uint16_t bound_port_ = 0;
@@ -139,7 +140,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Reads into this connection's buffer. It starts small and uninitialised (an idle client
   // costs 4 KiB, not 64 KiB of zeroed memory) and doubles, up to 64 KiB, whenever a read fills
   // it. A buffer shared by all connections would need an epoll_ctl per request (Asio re-arms
-  // readiness waits), which costs more than the memory saved.
+  // readiness waits), which costs more than the memory saved. For the same reason the read is
+  // not an async_wait followed by our own recv(): a wait re-arms with an epoll_ctl every time.
+  // The price of async_read_some is its speculative recv(), which after a reply almost always
+  // fails with EAGAIN (Asio 1.74 keeps trying it until a read returns 0 bytes).
   void read() {
     auto self = shared_from_this();
     socket_.async_read_some(
@@ -235,10 +239,14 @@ void TcpStoreServer::Impl::send(ClientId client, const uint8_t* data, size_t siz
 }
 
 void TcpStoreServer::Impl::flush() {
-  // flush() may close connections, which must not disturb this iteration.
+  // flush() may close connections, which must not disturb this iteration. The two vectors
+  // trade places so that neither is reallocated per batch.
   auto batch = std::move(dirty_);
+  dirty_ = std::move(spare_dirty_);
   dirty_.clear();
   for (auto& c : batch) c->flush();
+  batch.clear();
+  spare_dirty_ = std::move(batch);
 }
 
 void TcpStoreServer::Impl::closeConnection(ClientId id, const std::string& warning) {
