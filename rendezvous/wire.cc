@@ -22,18 +22,27 @@ constexpr int kV2Table[] = {Q(VALIDATE),    Q(SET),       Q(COMPARE_SET), Q(GET)
                             Q(QUEUE_LEN),   Q(LIST_KEYS), Q(BARRIER)};
 #undef Q
 
-template <size_t N>
-std::optional<QueryType> lookup(const int (&table)[N], uint8_t byte) {
-  if (byte >= N || table[byte] == kNone) return std::nullopt;
-  return static_cast<QueryType>(table[byte]);
-}
+// The wire numbering of one dialect: entries[byte] is a QueryType (as int) or kNone.
+struct Numbering {
+  const int* entries;
+  size_t size;
+};
 
 template <size_t N>
-std::optional<uint8_t> reverseLookup(const int (&table)[N], QueryType t) {
-  for (size_t i = 0; i < N; ++i) {
-    if (table[i] == static_cast<int>(t)) return static_cast<uint8_t>(i);
+constexpr Numbering numberingOf(const int (&table)[N]) {
+  return {table, N};
+}
+
+Numbering numberingFor(Dialect d) {
+  switch (d) {
+    case Dialect::kLegacy:
+      return numberingOf(kLegacyTable);
+    case Dialect::kV21:
+      return numberingOf(kV21Table);
+    case Dialect::kV2:
+      return numberingOf(kV2Table);
   }
-  return std::nullopt;
+  return {nullptr, 0};
 }
 
 std::string overLimit(const char* what, uint64_t len, size_t limit) {
@@ -148,25 +157,15 @@ const char* queryTypeName(QueryType t) {
 }
 
 std::optional<QueryType> queryTypeFromWire(Dialect d, uint8_t byte) {
-  switch (d) {
-    case Dialect::kLegacy:
-      return lookup(kLegacyTable, byte);
-    case Dialect::kV21:
-      return lookup(kV21Table, byte);
-    case Dialect::kV2:
-      return lookup(kV2Table, byte);
-  }
-  return std::nullopt;
+  const Numbering n = numberingFor(d);
+  if (byte >= n.size || n.entries[byte] == kNone) return std::nullopt;
+  return static_cast<QueryType>(n.entries[byte]);
 }
 
 std::optional<uint8_t> queryTypeToWire(Dialect d, QueryType t) {
-  switch (d) {
-    case Dialect::kLegacy:
-      return reverseLookup(kLegacyTable, t);
-    case Dialect::kV21:
-      return reverseLookup(kV21Table, t);
-    case Dialect::kV2:
-      return reverseLookup(kV2Table, t);
+  const Numbering n = numberingFor(d);
+  for (size_t i = 0; i < n.size; ++i) {
+    if (n.entries[i] == static_cast<int>(t)) return static_cast<uint8_t>(i);
   }
   return std::nullopt;
 }
@@ -541,7 +540,7 @@ ParseStatus RequestDecoder::next(Request* out, std::string* error) {
   if (size == 0) return ParseStatus::kNeedMore;
   // At the start of a request (partial_ with nothing scanned: only an empty buffer was seen).
   const bool at_request_start = !partial_ || scan_.pos == 0;
-  if (*dialect_ == Dialect::kLegacy && at_request_start && size > 0) {
+  if (*dialect_ == Dialect::kLegacy && at_request_start) {
     // A request only a torch 2.1 client sends: this connection speaks 2.1 from here on.
     const uint8_t type = data[0];
     if (type == 9 || type == 10 || type == 11 || (type == 7 && sent_other_than_type7_)) {
