@@ -1,17 +1,23 @@
 #include "examples/mnist/communicator.h"
 
+#include <arpa/inet.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "examples/mnist/gloo_store.h"
+#include "rendezvous/tcp_store_client.h"
 
 namespace cpprun::mnist {
 namespace {
@@ -114,6 +120,53 @@ std::unique_ptr<Communicator> makeSingleProcessCommunicator() {
 std::unique_ptr<Communicator> makeGlooCommunicator(std::shared_ptr<rendezvous::Store> store,
                                                    const GlooOptions& options) {
   return std::make_unique<GlooCommunicator>(std::move(store), options);
+}
+
+std::string localAddressTowards(const std::string& host, uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return "";
+  std::string address;
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0 && ::connect(fd, found->ai_addr, found->ai_addrlen) == 0) {
+    sockaddr_in local{};
+    socklen_t len = sizeof(local);
+    char text[INET_ADDRSTRLEN] = {};
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+        ::inet_ntop(AF_INET, &local.sin_addr, text, sizeof(text)) != nullptr) {
+      address = text;
+    }
+  }
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(found);
+  return address;
+}
+
+Result<std::unique_ptr<Communicator>> makeGlooCommunicatorThroughMasterStore(
+    int rank, int world_size, const std::string& prefix) {
+  const char* addr = std::getenv("MASTER_ADDR");
+  const char* port_text = std::getenv("MASTER_PORT");
+  char* end = nullptr;
+  const long port = port_text == nullptr ? 0 : std::strtol(port_text, &end, 10);
+  if (addr == nullptr || *addr == '\0' || port_text == nullptr || *end != '\0' || port <= 0 ||
+      port > 65535) {
+    return invalidArgument("WORLD_SIZE=" + std::to_string(world_size) +
+                           " needs MASTER_ADDR and MASTER_PORT (a port in 1..65535)");
+  }
+  rendezvous::TcpStoreClientOptions client;
+  client.host = addr;
+  client.port = static_cast<uint16_t>(port);
+  client.connect_timeout = std::chrono::seconds(60);
+  client.timeout = std::chrono::minutes(5);
+  GlooOptions gloo;
+  gloo.rank = rank;
+  gloo.world_size = world_size;
+  gloo.prefix = prefix;
+  gloo.hostname = localAddressTowards(addr, static_cast<uint16_t>(port));
+  if (gloo.hostname.empty()) gloo.hostname = "127.0.0.1";
+  return makeGlooCommunicator(std::make_shared<rendezvous::TcpStoreClient>(client), gloo);
 }
 
 }  // namespace cpprun::mnist

@@ -15,9 +15,11 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
+#include "common/status.h"
 #include "rendezvous/store.h"
 
 namespace gloo {
@@ -56,5 +58,16 @@ struct GlooOptions {
 // Connects the full mesh (blocks until every rank arrived or the timeout passes).
 std::unique_ptr<Communicator> makeGlooCommunicator(std::shared_ptr<rendezvous::Store> store,
                                                    const GlooOptions& options);
+
+// Meets the other ranks through the store at MASTER_ADDR:MASTER_PORT (the agent's store under
+// cpprun or torchrun) under `prefix`, listening on the local address that reaches that store.
+// Returns an error when MASTER_ADDR or MASTER_PORT is missing or malformed; throws, as
+// makeGlooCommunicator does, when the store or a peer cannot be reached.
+Result<std::unique_ptr<Communicator>> makeGlooCommunicatorThroughMasterStore(
+    int rank, int world_size, const std::string& prefix);
+
+// The local IPv4 address this host reaches `host`:`port` from (what gloo listens on and
+// announces), or "" when it cannot be told.
+std::string localAddressTowards(const std::string& host, uint16_t port);
 
 }  // namespace cpprun::mnist

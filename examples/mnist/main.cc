@@ -2,10 +2,7 @@
 // torchrun) injects — RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
 // TORCHELASTIC_RESTART_COUNT, OMP_NUM_THREADS — and trains on CPUs with gloo, meeting its peers
 // through the agent's TCP store. Run alone it trains as world size 1.
-#include <arpa/inet.h>
-#include <netdb.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -21,7 +18,6 @@
 #include "examples/mnist/network.h"
 #include "examples/mnist/optimizer.h"
 #include "examples/mnist/trainer.h"
-#include "rendezvous/tcp_store_client.h"
 
 #ifndef CPPRUN_MNIST_DEFAULT_DATA
 #define CPPRUN_MNIST_DEFAULT_DATA "examples/mnist/data"
@@ -87,29 +83,6 @@ int envInt(const char* name, int fallback) {
     std::exit(kUsageError);
   }
   return static_cast<int>(parsed);
-}
-
-// The local address this host reaches `host` from: what gloo should listen on and announce.
-std::string localAddressTowards(const std::string& host, uint16_t port) {
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* found = nullptr;
-  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return "";
-  std::string address;
-  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd >= 0 && ::connect(fd, found->ai_addr, found->ai_addrlen) == 0) {
-    sockaddr_in local{};
-    socklen_t len = sizeof(local);
-    char text[INET_ADDRSTRLEN] = {};
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
-        ::inet_ntop(AF_INET, &local.sin_addr, text, sizeof(text)) != nullptr) {
-      address = text;
-    }
-  }
-  if (fd >= 0) ::close(fd);
-  ::freeaddrinfo(found);
-  return address;
 }
 
 // The shipped digits: next to an installed binary (PREFIX/share/cpprun/mnist, from `cmake
@@ -286,27 +259,14 @@ int main(int argc, char** argv) {
     if (world == 1) {
       comm = makeSingleProcessCommunicator();
     } else {
-      const char* addr = std::getenv("MASTER_ADDR");
-      const int port = envInt("MASTER_PORT", 0);
-      if (addr == nullptr || port <= 0 || port > 65535) {
-        std::fprintf(stderr,
-                     "cpprun-mnist: WORLD_SIZE=%d needs MASTER_ADDR and MASTER_PORT (run it under "
-                     "cpprun or torchrun)\n",
-                     world);
+      Result<std::unique_ptr<Communicator>> joined = makeGlooCommunicatorThroughMasterStore(
+          rank, world, "cpprun-mnist/attempt_" + std::to_string(restart) + "/");
+      if (!joined.isOk()) {
+        std::fprintf(stderr, "cpprun-mnist: %s (run it under cpprun or torchrun)\n",
+                     joined.status().message().c_str());
         return kUsageError;
       }
-      rendezvous::TcpStoreClientOptions client;
-      client.host = addr;
-      client.port = static_cast<uint16_t>(port);
-      client.connect_timeout = std::chrono::seconds(60);
-      client.timeout = std::chrono::minutes(5);
-      GlooOptions gloo;
-      gloo.rank = rank;
-      gloo.world_size = world;
-      gloo.prefix = "cpprun-mnist/attempt_" + std::to_string(restart) + "/";
-      gloo.hostname = localAddressTowards(addr, static_cast<uint16_t>(port));
-      if (gloo.hostname.empty()) gloo.hostname = "127.0.0.1";
-      comm = makeGlooCommunicator(std::make_shared<rendezvous::TcpStoreClient>(client), gloo);
+      comm = std::move(joined.value());
     }
     if (rank == 0 && !options.quiet) {
       std::printf(
