@@ -8,6 +8,11 @@ namespace {
 constexpr size_t kUniqueIdBytes = 128;  // sizeof(ncclUniqueId), fixed by NCCL's ABI
 }  // namespace
 
+std::string ncclLibrary(const std::map<std::string, std::string>& env) {
+  auto it = env.find("CPPRUN_NCCL_LIBRARY");
+  return it == env.end() || it->second.empty() ? kNcclLibrary : it->second;
+}
+
 Result<std::unique_ptr<NcclUniqueIdProvider>> NcclUniqueIdProvider::create(
     const std::string& library) {
   void* handle = ::dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);

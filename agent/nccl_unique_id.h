@@ -1,14 +1,16 @@
 // NcclUniqueIdProvider: makes a fresh ncclUniqueId for every attempt, so workers can build their
 // NCCL communicator without an extra exchange (CPPRUN_NCCL_UNIQUE_ID, docs/environment.md).
 //
-// NCCL is reached only through dlopen("libnccl.so.2"): the agent links nothing from CUDA, and
-// on a machine without NCCL the provider reports that once and the variable is left out.
+// NCCL is reached only through dlopen("libnccl.so.2", or CPPRUN_NCCL_LIBRARY): the agent links
+// nothing from CUDA, and on a machine without NCCL the provider reports that once and the
+// variable is left out.
 // ncclGetUniqueId needs no GPU, only a network interface NCCL can use (NCCL_SOCKET_IFNAME). The
 // id names a bootstrap root that NCCL runs inside this process, so the agent must outlive the
 // workers' communicator set-up (it does: it supervises them), and the library is never unloaded.
 // Thread safety: create() and next() may be called from any thread; next() is serialised.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -16,6 +18,13 @@
 #include "common/status.h"
 
 namespace cpprun::agent {
+
+inline constexpr const char* kNcclLibrary = "libnccl.so.2";
+
+// The library the agent and --check load: $CPPRUN_NCCL_LIBRARY (a path, or a name dlopen
+// searches for, e.g. the libnccl.so.2 inside torch's nvidia-nccl wheel) when set and not empty,
+// else libnccl.so.2.
+std::string ncclLibrary(const std::map<std::string, std::string>& env);
 
 class NcclUniqueIdProvider {
  public:

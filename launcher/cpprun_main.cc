@@ -17,6 +17,7 @@
 #include "agent/failure_report.h"
 #include "agent/guardian.h"
 #include "agent/local_agent.h"
+#include "agent/nccl_unique_id.h"
 #include "common/logging.h"
 #include "common/system.h"
 #include "launcher/cli.h"
@@ -184,6 +185,7 @@ int runJob(const LaunchConfig& config, const RendezvousSettings& rdzv_settings,
     }
     options.multi_node = co;
   }
+  options.nccl_library = agent::ncclLibrary(env);
   options.host_name = config.local_addr.empty() ? node.hostname : config.local_addr;
   options.run_id = config.rdzv_id;
   options.event_log_path = config.event_log;

@@ -80,15 +80,19 @@ void rewriteSchedulerTaskVariables(const std::map<std::string, std::string>& age
   }
 }
 
-}  // namespace
-
-Result<int> resolveNproc(const LaunchConfig& config, const NodeResources& node) {
+// The workers --nproc-per-node asks for on this node.
+Result<int> nprocOf(const LaunchConfig& config, const NodeResources& node) {
   int gpus = static_cast<int>(node.gpus.size());
   switch (config.nproc_kind) {
     case NprocKind::kNumber:
       return config.nproc;
     case NprocKind::kGpu:
       if (gpus == 0) {
+        if (!node.gpu_error.empty()) {
+          return invalidArgument("--nproc-per-node gpu: the CUDA driver on " + node.hostname +
+                                 " is installed but fails: " + node.gpu_error +
+                                 "; fix the driver, or use a number or cpu");
+        }
         return invalidArgument("--nproc-per-node gpu: no GPU is visible on " + node.hostname +
                                " (GPU list from " + node.gpu_source +
                                " is empty); use a number or cpu");
@@ -100,6 +104,21 @@ Result<int> resolveNproc(const LaunchConfig& config, const NodeResources& node) 
       return gpus > 0 ? gpus : node.usable_cpus;
   }
   return internalError("unknown nproc kind");
+}
+
+}  // namespace
+
+Result<int> resolveNproc(const LaunchConfig& config, const NodeResources& node) {
+  auto nproc = nprocOf(config, node);
+  const size_t gpus = node.gpus.size();
+  if (nproc.isOk() && config.virtual_local_rank && gpus > 0 &&
+      static_cast<size_t>(nproc.value()) > gpus) {
+    return invalidArgument("--virtual-local-rank gives each worker one GPU, but " +
+                           std::to_string(nproc.value()) + " workers were asked for and " +
+                           node.hostname + " has " + std::to_string(gpus) + " GPUs (" +
+                           joinList(node.gpus) + ")");
+  }
+  return nproc;
 }
 
 std::vector<std::string> workerCommand(const LaunchConfig& config,
@@ -125,13 +144,6 @@ Result<LaunchPlan> makeLaunchPlan(const LaunchConfig& config, const NodeResource
   if (!nproc.isOk()) return nproc.status();
   LaunchPlan plan;
   plan.nproc = nproc.value();
-  if (config.virtual_local_rank && !node.gpus.empty() &&
-      plan.nproc > static_cast<int>(node.gpus.size())) {
-    return invalidArgument("--virtual-local-rank gives each worker one GPU, but " +
-                           std::to_string(plan.nproc) + " workers were asked for and " +
-                           node.hostname + " has " + std::to_string(node.gpus.size()) + " GPUs (" +
-                           joinList(node.gpus) + ")");
-  }
 
   std::string omp_threads;
   if (agent_env.count("OMP_NUM_THREADS") == 0) {
@@ -139,6 +151,9 @@ Result<LaunchPlan> makeLaunchPlan(const LaunchConfig& config, const NodeResource
     plan.notes.push_back("OMP_NUM_THREADS is unset: each worker gets " + omp_threads + " (" +
                          std::to_string(node.usable_cpus) + " usable CPUs / " +
                          std::to_string(plan.nproc) + " workers)");
+  }
+  if (!node.gpu_error.empty()) {
+    plan.notes.push_back("the CUDA driver fails (" + node.gpu_error + "): the workers get no GPUs");
   }
   if (rdzv.nccl_unique_id_hex.empty()) {
     plan.notes.push_back("NCCL is not loadable here: CPPRUN_NCCL_UNIQUE_ID is not set");

@@ -46,7 +46,8 @@ struct LaunchPlan {
 };
 
 // Resolves --nproc-per-node against the node: a number, the GPU count (error when there is
-// none), the usable CPUs, or auto (GPUs if any, else CPUs).
+// none, naming the driver's error when it fails), the usable CPUs, or auto (GPUs if any, else
+// CPUs). An error too when --virtual-local-rank asks for more workers than there are GPUs.
 Result<int> resolveNproc(const LaunchConfig& config, const NodeResources& node);
 
 // The worker's command line for `local_rank`: python3 -u SCRIPT (PYTHON_EXEC overrides the

@@ -1,6 +1,5 @@
 #include "launcher/node_resources.h"
 
-#include <dlfcn.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -21,21 +20,8 @@ std::vector<std::string> splitDeviceList(const std::string& list) {
   return out;
 }
 
-int driverGpuCount() {
-  void* lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) return 0;
-  using InitFn = int (*)(unsigned int);
-  using CountFn = int (*)(int*);
-  auto init = reinterpret_cast<InitFn>(::dlsym(lib, "cuInit"));
-  auto count = reinterpret_cast<CountFn>(::dlsym(lib, "cuDeviceGetCount"));
-  int n = 0;
-  if (init == nullptr || count == nullptr || init(0) != 0 || count(&n) != 0) n = 0;
-  ::dlclose(lib);
-  return n;
-}
-
 NodeResources discoverNodeResources(const std::map<std::string, std::string>& env,
-                                    int driver_gpu_count) {
+                                    const std::optional<Result<CudaDriverInfo>>& driver) {
   NodeResources r;
   char host[256] = {};
   if (::gethostname(host, sizeof(host) - 1) == 0) r.hostname = host;
@@ -55,8 +41,14 @@ NodeResources discoverNodeResources(const std::map<std::string, std::string>& en
     r.gpus = splitDeviceList(*job);
     r.gpu_source = "SLURM_JOB_GPUS";
   } else {
-    int n = driver_gpu_count >= 0 ? driver_gpu_count : driverGpuCount();
-    for (int i = 0; i < n; ++i) r.gpus.push_back(std::to_string(i));
+    const Result<CudaDriverInfo> answer = driver ? *driver : queryCudaDriver();
+    if (answer.isOk()) {
+      for (size_t i = 0; i < answer.value().devices.size(); ++i) {
+        r.gpus.push_back(std::to_string(i));
+      }
+    } else if (answer.status().code() != StatusCode::kNotFound) {
+      r.gpu_error = answer.status().message();  // installed but failing: say so, not "0 GPUs"
+    }
     r.gpu_source = "driver";
   }
 

@@ -2,7 +2,6 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
@@ -19,7 +18,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "agent/nccl_unique_id.h"
 #include "common/system.h"
+#include "launcher/cuda_driver.h"
 #include "launcher/launch_plan.h"
 
 namespace cpprun::launcher {
@@ -92,64 +93,37 @@ std::string readFirstLine(const std::string& path) {
 // ---- probes -------------------------------------------------------------------------------
 
 void probeCuda(SystemFacts& f) {
-  void* lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) {
-    const char* why = ::dlerror();
-    f.cuda_error = std::string("libcuda.so.1 does not load: ") + (why ? why : "unknown error");
+  const Result<CudaDriverInfo> driver = queryCudaDriver();
+  if (!driver.isOk()) {
+    f.cuda_error = driver.status().message();
+    f.cuda_installed = driver.status().code() != StatusCode::kNotFound;
     return;
   }
-  using InitFn = int (*)(unsigned int);
-  using IntFn = int (*)(int*);
-  using GetFn = int (*)(int*, int);
-  using NameFn = int (*)(char*, int, int);
-  using BusFn = int (*)(char*, int, int);
-  auto init = reinterpret_cast<InitFn>(::dlsym(lib, "cuInit"));
-  auto version = reinterpret_cast<IntFn>(::dlsym(lib, "cuDriverGetVersion"));
-  auto count = reinterpret_cast<IntFn>(::dlsym(lib, "cuDeviceGetCount"));
-  auto get = reinterpret_cast<GetFn>(::dlsym(lib, "cuDeviceGet"));
-  auto name = reinterpret_cast<NameFn>(::dlsym(lib, "cuDeviceGetName"));
-  auto bus = reinterpret_cast<BusFn>(::dlsym(lib, "cuDeviceGetPCIBusId"));
-  if (!init || !version || !count || !get || !name) {
-    f.cuda_error = "libcuda.so.1 lacks the driver API (cuInit, cuDeviceGetName, ...)";
-  } else if (int rc = init(0); rc != 0) {
-    f.cuda_error = "cuInit failed with CUDA error " + std::to_string(rc) +
-                   (rc == 100 ? " (no CUDA-capable device)" : "");
-  } else {
-    version(&f.cuda_driver_version);
-    int n = 0;
-    if (count(&n) != 0) n = 0;
-    for (int i = 0; i < n; ++i) {
-      int device = 0;
-      char text[256] = {};
-      if (get(&device, i) != 0 || name(text, sizeof(text) - 1, device) != 0) {
-        std::snprintf(text, sizeof(text), "device %d (name unavailable)", i);
-      }
-      f.gpu_names.push_back(text);
-      int numa = -1;
-      char bus_id[64] = {};
-      if (bus != nullptr && bus(bus_id, sizeof(bus_id) - 1, device) == 0) {
-        std::string id = bus_id;
-        std::transform(id.begin(), id.end(), id.begin(), ::tolower);
-        const std::string value = readFirstLine("/sys/bus/pci/devices/" + id + "/numa_node");
-        if (!value.empty()) numa = std::atoi(value.c_str());
-      }
-      f.gpu_numa_nodes.push_back(numa);
+  f.cuda_installed = true;
+  f.cuda_driver_version = driver.value().version;
+  for (const CudaDevice& d : driver.value().devices) {
+    f.gpu_names.push_back(d.name);
+    f.gpu_bus_ids.push_back(d.pci_bus_id);
+    int numa = -1;
+    if (!d.pci_bus_id.empty()) {
+      std::string id = d.pci_bus_id;  // sysfs spells it in lower case
+      std::transform(id.begin(), id.end(), id.begin(), ::tolower);
+      const std::string value = readFirstLine("/sys/bus/pci/devices/" + id + "/numa_node");
+      if (!value.empty()) numa = std::atoi(value.c_str());
     }
+    f.gpu_numa_nodes.push_back(numa);
   }
-  ::dlclose(lib);
 }
 
-void probeNccl(SystemFacts& f) {
-  void* lib = ::dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) {
-    const char* why = ::dlerror();
-    f.nccl_error = std::string("libnccl.so.2 does not load: ") + (why ? why : "unknown error");
+// The agent's own loader, so --check reports what a run would get (and the library stays
+// loaded, as the agent keeps it: see agent/nccl_unique_id.h).
+void probeNccl(SystemFacts& f, const std::string& library) {
+  auto provider = agent::NcclUniqueIdProvider::create(library);
+  if (!provider.isOk()) {
+    f.nccl_error = provider.status().message();
     return;
   }
-  using VersionFn = int (*)(int*);
-  auto version = reinterpret_cast<VersionFn>(::dlsym(lib, "ncclGetVersion"));
-  if (version == nullptr || version(&f.nccl_version) != 0) f.nccl_version = 0;
-  // Not closed: NCCL's library does not expect to be unloaded (see agent/nccl_unique_id.h).
+  f.nccl_version = provider.value()->version();
 }
 
 void probeInterfaces(SystemFacts& f) {
@@ -528,7 +502,8 @@ SystemFacts probeSystem(const LaunchConfig& config, const RendezvousSettings& rd
   char host[256] = {};
   if (::gethostname(host, sizeof(host) - 1) == 0) f.hostname = host;
   probeCuda(f);
-  probeNccl(f);
+  f.nccl_library = agent::ncclLibrary(env);
+  probeNccl(f, f.nccl_library);
   probeInterfaces(f);
   f.hostname_address = resolveFirst(f.hostname, nullptr);
   rlimit limit{};
@@ -597,13 +572,20 @@ PreflightReport runPreflight(const LaunchConfig& config, const RendezvousSetting
     std::string names;
     for (size_t i = 0; i < f.gpu_names.size(); ++i) {
       names += (i ? "; " : "") + std::to_string(i) + ": " + f.gpu_names[i];
+      std::string where;
+      if (i < f.gpu_bus_ids.size() && !f.gpu_bus_ids[i].empty()) where = f.gpu_bus_ids[i];
       if (i < f.gpu_numa_nodes.size() && f.gpu_numa_nodes[i] >= 0) {
-        names += " (NUMA " + std::to_string(f.gpu_numa_nodes[i]) + ")";
+        where += (where.empty() ? "" : ", ") + std::string("NUMA ") +
+                 std::to_string(f.gpu_numa_nodes[i]);
       }
+      if (!where.empty()) names += " (" + where + ")";
     }
-    out.ok("CUDA driver", versionText(f.cuda_driver_version, 1000, 10) + ", " +
+    out.ok("CUDA driver", cudaVersionText(f.cuda_driver_version) + ", " +
                               std::to_string(f.gpu_names.size()) + " device(s)" +
                               (names.empty() ? "" : ": " + names));
+  } else if (f.cuda_installed) {
+    // Installed but failing: worth saying even when the job asks for no GPU.
+    out.warn("CUDA driver", f.cuda_error);
   }
   if (node.gpus.empty()) {
     out.ok("GPUs", "none: the workers run on CPUs" +
@@ -623,7 +605,7 @@ PreflightReport runPreflight(const LaunchConfig& config, const RendezvousSetting
   // NCCL.
   if (f.nccl_error.empty()) {
     out.ok("NCCL", (f.nccl_version ? versionText(f.nccl_version, 10000, 100) : "version unknown") +
-                       " (libnccl.so.2): the agent hands the workers an NCCL unique id");
+                       " (" + f.nccl_library + "): the agent hands the workers an NCCL unique id");
   } else if (!node.gpus.empty()) {
     out.warn("NCCL", f.nccl_error +
                          ": no CPPRUN_NCCL_UNIQUE_ID; torch's own NCCL (in its wheel) still works");

@@ -38,14 +38,17 @@ struct NumaNode {
 // What the checks look at, taken once.
 struct SystemFacts {
   std::string hostname;
-  // CUDA driver (libcuda.so.1): empty error when it loaded.
+  // CUDA driver (libcuda.so.1, launcher/cuda_driver.h): empty error when it answered.
   std::string cuda_error;
-  int cuda_driver_version = 0;               // e.g. 12040 for 12.4
-  std::vector<std::string> gpu_names;        // every device the driver sees, in its order
-  std::vector<int> gpu_numa_nodes;           // per device, -1 when unknown
-  std::string nccl_error;                    // empty when libnccl.so.2 loaded
-  int nccl_version = 0;                      // e.g. 22809 for 2.28.9
-  std::vector<NetworkInterface> interfaces;  // every address of every interface
+  bool cuda_installed = false;                // it loaded (cuda_error: how it then failed)
+  int cuda_driver_version = 0;                // e.g. 12040 for 12.4
+  std::vector<std::string> gpu_names;         // every device the driver sees, in its order
+  std::vector<std::string> gpu_bus_ids;       // per device, "0000:1B:00.0"; empty when unknown
+  std::vector<int> gpu_numa_nodes;            // per device, -1 when unknown
+  std::string nccl_library = "libnccl.so.2";  // what was loaded (CPPRUN_NCCL_LIBRARY)
+  std::string nccl_error;                     // empty when it loaded and has ncclGetUniqueId
+  int nccl_version = 0;                       // e.g. 22809 for 2.28.9
+  std::vector<NetworkInterface> interfaces;   // every address of every interface
   // What the host name resolves to (first address), empty when it does not resolve.
   std::string hostname_address;
   uint64_t open_file_soft_limit = 0;  // after cpprun raised it to the hard limit
