@@ -1,14 +1,74 @@
-// The NCCL unique-id provider against the real libnccl.so.2 when the machine has it (the
-// development and CI images ship NCCL with CUDA), and its clear refusal when a library is
-// missing.
+// The NCCL unique-id provider against the stand-in NCCL built by the tests
+// (tests/support/stand_in_nccl.cc, loaded by its path), against the real libnccl.so.2 when the
+// machine has it (the development and CI images ship NCCL with CUDA), and its clear refusal when
+// a library is missing, is not a shared object, or is not NCCL.
 #include "agent/nccl_unique_id.h"
 
 #include <dlfcn.h>
 #include <stdlib.h>
 
 #include <catch2/catch.hpp>
+#include <string>
+
+#include "tests/support/test_support.h"
 
 using cpprun::agent::NcclUniqueIdProvider;
+
+namespace {
+
+const std::string kStandIns = CPPRUN_STAND_IN_DIR;
+
+std::string textOf(const std::string& hex) {
+  const cpprun::testing::Bytes bytes = cpprun::testing::fromHex(hex);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+}  // namespace
+
+TEST_CASE("the stand-in NCCL's version and fresh ids reach the provider", "[unit]") {
+  auto p = NcclUniqueIdProvider::create(kStandIns + "/nccl/libnccl.so.2");
+  REQUIRE(p.isOk());
+  CHECK(p.value()->version() == 21903);
+  auto a = p.value()->next();
+  auto b = p.value()->next();
+  REQUIRE(a.isOk());
+  REQUIRE(b.isOk());
+  REQUIRE(a.value().size() == 256);
+  CHECK(a.value().find_first_not_of("0123456789abcdef") == std::string::npos);
+  // The stand-in's id: its text, then the call's number, so each id is fresh.
+  CHECK_THAT(textOf(a.value()), Catch::StartsWith("cpprun-stand-in-nccl-id "));
+  CHECK_THAT(textOf(b.value()), Catch::StartsWith("cpprun-stand-in-nccl-id "));
+  CHECK(a.value() != b.value());
+}
+
+TEST_CASE("ncclGetUniqueId's failure is an error with NCCL's own text", "[unit]") {
+  auto p = NcclUniqueIdProvider::create(kStandIns + "/nccl/libnccl.so.2");
+  REQUIRE(p.isOk());
+  ::setenv("CPPRUN_STAND_IN_NCCL_UNIQUE_ID_ERROR", "2", 1);
+  auto id = p.value()->next();
+  ::unsetenv("CPPRUN_STAND_IN_NCCL_UNIQUE_ID_ERROR");
+  REQUIRE_FALSE(id.isOk());
+  CHECK(id.status().code() == cpprun::StatusCode::kUnavailable);
+  CHECK_THAT(id.status().message(),
+             Catch::StartsWith("ncclGetUniqueId failed with 2 (unhandled system error"));
+}
+
+TEST_CASE("a libnccl.so.2 that is not a shared object, or not NCCL, is refused", "[unit]") {
+  auto not_elf = NcclUniqueIdProvider::create(kStandIns + "/not-elf-nccl/libnccl.so.2");
+  REQUIRE_FALSE(not_elf.isOk());
+  CHECK(not_elf.status().code() == cpprun::StatusCode::kUnavailable);
+  CHECK_THAT(not_elf.status().message(), Catch::Contains("invalid ELF header"));
+  auto not_nccl = NcclUniqueIdProvider::create(kStandIns + "/not-nccl/libnccl.so.2");
+  REQUIRE_FALSE(not_nccl.isOk());
+  CHECK(not_nccl.status().message() == kStandIns + "/not-nccl/libnccl.so.2 has no ncclGetUniqueId");
+}
+
+TEST_CASE("CPPRUN_NCCL_LIBRARY names the library, libnccl.so.2 otherwise", "[unit]") {
+  CHECK(cpprun::agent::ncclLibrary({}) == "libnccl.so.2");
+  CHECK(cpprun::agent::ncclLibrary({{"CPPRUN_NCCL_LIBRARY", ""}}) == "libnccl.so.2");
+  CHECK(cpprun::agent::ncclLibrary({{"CPPRUN_NCCL_LIBRARY", "/opt/nccl/libnccl.so.2"}}) ==
+        "/opt/nccl/libnccl.so.2");
+}
 
 TEST_CASE("a missing NCCL library is a clear unavailable error", "[unit]") {
   auto p = NcclUniqueIdProvider::create("libnccl-does-not-exist.so.2");
