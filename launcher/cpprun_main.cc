@@ -377,6 +377,10 @@ int main(int argc, char** argv) {
     rdzv.master_addr = rdzv_settings.value().store.host;
     rdzv.master_port = rdzv_settings.value().store.port;
     rdzv.run_id = config.rdzv_id;
+    // The agent makes a fresh NCCL id per attempt; the dry run loads NCCL as the agent would
+    // and says whether it would, or why not, without making one.
+    auto nccl = agent::NcclUniqueIdProvider::create(agent::ncclLibrary(env));
+    if (nccl.isOk()) rdzv.nccl_unique_id_hex = "<a fresh ncclUniqueId per attempt>";
     std::string run_dir = (config.log_dir.empty() ? std::string("<temporary run dir>")
                                                   : config.log_dir + "/" + config.rdzv_id);
     auto plan = makeLaunchPlan(config, node, rdzv, env, run_dir);
@@ -384,6 +388,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "cpprun: error: %s\n", plan.status().message().c_str());
       return kExitUsage;
     }
+    if (!nccl.isOk()) plan.value().notes.push_back(nccl.status().message());
     std::fputs(describeLaunchPlan(config, node, rdzv, plan.value()).c_str(), stdout);
     if (sched.value().scheduler.empty()) {
       std::puts("  discovered  no scheduler or MPI launcher in the environment");

@@ -156,7 +156,9 @@ Result<LaunchPlan> makeLaunchPlan(const LaunchConfig& config, const NodeResource
     plan.notes.push_back("the CUDA driver fails (" + node.gpu_error + "): the workers get no GPUs");
   }
   if (rdzv.nccl_unique_id_hex.empty()) {
-    plan.notes.push_back("NCCL is not loadable here: CPPRUN_NCCL_UNIQUE_ID is not set");
+    plan.notes.push_back(
+        "no NCCL id: CPPRUN_NCCL_UNIQUE_ID is not set (NCCL does not load here, or "
+        "ncclGetUniqueId failed)");
   }
 
   for (int local_rank = 0; local_rank < plan.nproc; ++local_rank) {

@@ -95,7 +95,7 @@ const std::string kAllEight = "0,1,2,3,4,5,6,7";
 }  // namespace
 
 TEST_CASE(
-    "cpprun --nproc-per-node gpu starts a worker per stand-in device; each sees the node's list",
+    "cpprun --nproc-per-node gpu starts a worker per stand-in device, each seeing the node's list",
     "[integration][gpu-stand-in]") {
   std::vector<Json> envs = workerEnvironments({"--nproc-per-node=gpu"}, 8, standIns(8));
   for (size_t rank = 0; rank < envs.size(); ++rank) {
@@ -343,5 +343,34 @@ TEST_CASE("without a usable NCCL the workers get no CPPRUN_NCCL_UNIQUE_ID and th
     CHECK_FALSE(readJson(dir.path() + "/env.json").contains("CPPRUN_NCCL_UNIQUE_ID"));
     CHECK_THAT(run.output(), Catch::Contains("ncclGetUniqueId failed with 2 (unhandled system "
                                              "error"));
+  }
+}
+
+TEST_CASE("cpprun --dry-run shows the stand-in driver's GPUs, whether NCCL loads, and why not",
+          "[integration][gpu-stand-in][nccl]") {
+  {
+    Finished run =
+        runCpprun({"--dry-run", "--nproc-per-node=gpu", "--no-python", "/bin/true"}, standIns(8));
+    INFO(run.output);
+    CHECK(run.code == 0);
+    CHECK_THAT(run.output, Catch::Contains("  GPUs        0,1,2,3,4,5,6,7 (from driver)\n"));
+    CHECK_THAT(run.output,
+               Catch::Contains("CPPRUN_NCCL_UNIQUE_ID=<a fresh ncclUniqueId per attempt>\n"));
+    CHECK_THAT(run.output, !Catch::Contains("no NCCL id"));
+  }
+  {
+    Finished run =
+        runCpprun({"--dry-run", "--nproc-per-node=2", "--no-python", "/bin/true"},
+                  with(standIns(8, "not-elf-nccl"), {{"CPPRUN_STAND_IN_CUDA_INIT_ERROR", "999"}}));
+    INFO(run.output);
+    CHECK(run.code == 0);
+    CHECK_THAT(run.output, !Catch::Contains("CPPRUN_NCCL_UNIQUE_ID="));
+    CHECK_THAT(run.output, Catch::Contains("  note        cannot load libnccl.so.2: " + kStandIns +
+                                           "/not-elf-nccl/libnccl.so.2: invalid ELF header\n"));
+    CHECK_THAT(run.output,
+               Catch::Contains("  note        the CUDA driver fails (libcuda.so.1: cuInit failed "
+                               "with CUDA_ERROR_UNKNOWN (999: unknown error)): the workers get no "
+                               "GPUs\n"));
+    CHECK_THAT(run.output, !Catch::Contains("CUDA_VISIBLE_DEVICES="));
   }
 }
