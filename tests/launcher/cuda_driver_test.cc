@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <string>
 
 using cpprun::StatusCode;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -137,6 +138,13 @@ TEST_CASE("cpprun --virtual-local-rank gives each of 8 workers only its own stan
 
 TEST_CASE("an inherited CUDA_VISIBLE_DEVICES outranks the driver's 8 devices",
           "[integration][gpu-stand-in]") {
+  {  // The same node without the list: the driver's 8 devices.
+    Finished run =
+        runCpprun({"--dry-run", "--nproc-per-node=gpu", "--no-python", "/bin/true"}, standIns(8));
+    INFO(run.output);
+    REQUIRE(run.code == 0);
+    REQUIRE_THAT(run.output, Catch::Contains("  GPUs        0,1,2,3,4,5,6,7 (from driver)\n"));
+  }
   // Not through runCpprun() here: this test's point is the inherited list.
   const auto env = with(standIns(8), {{"CUDA_VISIBLE_DEVICES", "6,2,7"}});
   TempDir dir;
