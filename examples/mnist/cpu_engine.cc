@@ -175,6 +175,15 @@ class CpuEngine : public TrainingEngine {
     return {loss_sum, correct};
   }
 
+  std::vector<float> gradients() override { return net_->gradients(); }
+
+  std::vector<float> testLogits(int begin, int end) override {
+    const int batch = end - begin;
+    const float* logits = net_->forward(test_images_.data() + static_cast<size_t>(begin) * image_,
+                                        batch, PassContext{});
+    return std::vector<float>(logits, logits + static_cast<size_t>(batch) * net_->classes());
+  }
+
  private:
   EngineOptions options_;
   std::vector<float> train_images_;

@@ -54,6 +54,11 @@ class TrainingEngine {
   virtual double lastLoss() = 0;
   // Test samples [begin, end): the sum of their losses and how many were classified right.
   virtual std::pair<double, int64_t> evaluate(int begin, int end) = 0;
+  // For checks that compare engines: the gradients of the last trainStep, averaged over the
+  // ranks (what the optimizer used), and the logits of test samples [begin, end) in eval mode
+  // (batch-major, classes per sample).
+  virtual std::vector<float> gradients() = 0;
+  virtual std::vector<float> testLogits(int begin, int end) = 0;
 };
 
 // Normalises as PyTorch's MNIST example does: (x / 255 - 0.1307) / 0.3081.

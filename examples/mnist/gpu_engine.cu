@@ -6,11 +6,11 @@
 // and dcolT = W^T dYt. Small kernels move between Yt and NCHW, fused with the bias and ReLU.
 // Parameters, gradients and optimizer buffers are flat arrays in the CPU Network's order, so a
 // checkpoint from either engine loads in the other.
-#include <cublas_v2.h>
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
-#include <nccl.h>
-
+//
+// The pass is planned from the host Network's layers (LayerSpec): shapes, kernels and buffer
+// sizes come from there, so a network the CPU engine runs runs here too (max-pool 2x2 only).
+// Every kernel goes through launchKernel (gpu_runtime.h) and uses no shared memory, so this
+// same file also compiles against the host emulation and runs in CI on a CPU (docs/mnist.md).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "examples/mnist/gpu_engine.h"
+#include "examples/mnist/gpu_runtime.h"
 #include "examples/mnist/network.h"
 #include "examples/mnist/sample_math.h"
 #include "rendezvous/store.h"
@@ -120,46 +121,37 @@ __global__ void col2imT(const float* __restrict__ dcol, int batch, int channels,
   }
 }
 
-// y[b][c][p] = relu(yt[c][b*P + p] + bias[c])
+// y[b][c][p] = yt[c][b*P + p] + bias[c], through a ReLU when asked
 __global__ void convEpilogue(const float* __restrict__ yt, const float* __restrict__ bias,
-                             int batch, int channels, int pixels, float* __restrict__ y) {
+                             int batch, int channels, int pixels, bool relu,
+                             float* __restrict__ y) {
   const size_t n = static_cast<size_t>(batch) * channels * pixels;
   for (size_t idx = blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += gridDim.x * blockDim.x) {
     const int p = static_cast<int>(idx % pixels);
     const int c = static_cast<int>((idx / pixels) % channels);
     const int b = static_cast<int>(idx / (static_cast<size_t>(pixels) * channels));
     const float v = yt[(static_cast<size_t>(c) * batch + b) * pixels + p] + bias[c];
-    y[idx] = v > 0.0f ? v : 0.0f;
+    y[idx] = relu && !(v > 0.0f) ? 0.0f : v;
   }
 }
 
-// dyt[c][b*P + p] = y[b][c][p] > 0 ? dy[b][c][p] : 0   (through the fused ReLU)
+// dyt[c][b*P + p] = dy[b][c][p], or 0 where a fused ReLU cut y[b][c][p] to 0
 __global__ void convPrologueBackward(const float* __restrict__ y, const float* __restrict__ dy,
-                                     int batch, int channels, int pixels, float* __restrict__ dyt) {
+                                     int batch, int channels, int pixels, bool relu,
+                                     float* __restrict__ dyt) {
   const size_t n = static_cast<size_t>(batch) * channels * pixels;
   for (size_t idx = blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += gridDim.x * blockDim.x) {
     const int p = static_cast<int>(idx % pixels);
     const int c = static_cast<int>((idx / pixels) % channels);
     const int b = static_cast<int>(idx / (static_cast<size_t>(pixels) * channels));
-    dyt[(static_cast<size_t>(c) * batch + b) * pixels + p] = y[idx] > 0.0f ? dy[idx] : 0.0f;
+    dyt[(static_cast<size_t>(c) * batch + b) * pixels + p] =
+        relu && !(y[idx] > 0.0f) ? 0.0f : dy[idx];
   }
 }
 
-// out[r] = sum of row r of a rows x columns matrix (one block per row).
-__global__ void rowSums(const float* __restrict__ m, int rows, size_t columns,
-                        float* __restrict__ out) {
-  __shared__ float partial[kThreads];
-  for (int r = blockIdx.x; r < rows; r += gridDim.x) {
-    float sum = 0.0f;
-    for (size_t c = threadIdx.x; c < columns; c += blockDim.x) sum += m[r * columns + c];
-    partial[threadIdx.x] = sum;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-      if (threadIdx.x < s) partial[threadIdx.x] += partial[threadIdx.x + s];
-      __syncthreads();
-    }
-    if (threadIdx.x == 0) out[r] = partial[0];
-    __syncthreads();
+__global__ void fill(float* __restrict__ x, size_t n, float value) {
+  for (size_t idx = blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += gridDim.x * blockDim.x) {
+    x[idx] = value;
   }
 }
 
@@ -180,6 +172,12 @@ __global__ void biasActivation(float* __restrict__ y, const float* __restrict__ 
   for (size_t idx = blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += gridDim.x * blockDim.x) {
     const float v = y[idx] + bias[idx % features];
     y[idx] = relu ? (v > 0.0f ? v : 0.0f) : v;
+  }
+}
+
+__global__ void reluForward(const float* __restrict__ x, float* __restrict__ y, size_t n) {
+  for (size_t idx = blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += gridDim.x * blockDim.x) {
+    y[idx] = x[idx] > 0.0f ? x[idx] : 0.0f;
   }
 }
 
@@ -235,16 +233,16 @@ __global__ void maxPool2x2Backward(const float* __restrict__ dy, const int* __re
   }
 }
 
-__global__ void dropoutForward(float* __restrict__ x, float* __restrict__ scale,
-                               const uint64_t* __restrict__ keys, int batch, int per_sample,
-                               float probability, uint64_t salt) {
+__global__ void dropoutForward(const float* __restrict__ x, float* __restrict__ y,
+                               float* __restrict__ scale, const uint64_t* __restrict__ keys,
+                               int batch, int per_sample, float probability, uint64_t salt) {
   const size_t n = static_cast<size_t>(batch) * per_sample;
   for (size_t idx = blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += gridDim.x * blockDim.x) {
     const int b = static_cast<int>(idx / per_sample);
     const uint64_t e = idx % per_sample;
     const float s = dropoutScale(keys[b], salt, e, probability);
     scale[idx] = s;
-    x[idx] *= s;
+    y[idx] = x[idx] * s;
   }
 }
 
@@ -399,6 +397,47 @@ ncclUniqueId ncclIdFor(Communicator& comm) {
 
 // ---- the engine --------------------------------------------------------------------------------
 
+// Owns one CUDA, cuBLAS or NCCL handle and releases it with `Release` (a failure to release at
+// teardown has nobody left to tell, so it is ignored).
+template <typename Handle, auto Release>
+class Owned {
+ public:
+  Owned() = default;
+  ~Owned() {
+    if (handle_ != nullptr) Release(handle_);
+  }
+  Owned(const Owned&) = delete;
+  Owned& operator=(const Owned&) = delete;
+  Handle get() const { return handle_; }
+  // For the call that creates the handle. REQUIRES: nothing is owned yet.
+  Handle* receive() { return &handle_; }
+
+ private:
+  Handle handle_ = nullptr;
+};
+
+using OwnedStream = Owned<cudaStream_t, cudaStreamDestroy>;
+using OwnedEvent = Owned<cudaEvent_t, cudaEventDestroy>;
+using OwnedBlas = Owned<cublasHandle_t, cublasDestroy>;
+using OwnedNccl = Owned<ncclComm_t, ncclCommDestroy>;
+
+// One step of the device pass: a layer of the host network, with a ReLU that follows a Linear
+// folded into it.
+struct Step {
+  LayerSpec spec;
+  size_t layer = 0;          // in the host network
+  bool relu = false;         // Conv2d: fused by the layer; Linear: the next layer's ReLU
+  size_t param_offset = 0;   // in the flat parameter and gradient buffers
+  size_t param_count = 0;    // 0: no parameters
+  DeviceArray<float> out;    // this step's output (unless it passes its input through)
+  DeviceArray<float> scale;  // Dropout: the mask's factors
+  DeviceArray<int> argmax;   // MaxPool2d: the winner of each window
+};
+
+// Gradients are all-reduced in buckets of about this many floats, in the order backward
+// produces them (DDP's bucketing): a bucket's all-reduce runs while earlier layers compute.
+constexpr size_t kBucketFloats = size_t{1} << 20;
+
 class GpuEngine : public TrainingEngine {
  public:
   GpuEngine(const EngineOptions& options, const IdxDataset& train, const IdxDataset& test,
@@ -417,57 +456,46 @@ class GpuEngine : public TrainingEngine {
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, options.device), "cudaGetDeviceProperties");
     device_name_ = prop.name;
-    check(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking), "cudaStreamCreate");
-    check(cudaStreamCreateWithFlags(&communication_, cudaStreamNonBlocking), "cudaStreamCreate");
-    check(cudaEventCreateWithFlags(&fc_grads_ready_, cudaEventDisableTiming), "cudaEventCreate");
-    check(cudaEventCreateWithFlags(&grads_reduced_, cudaEventDisableTiming), "cudaEventCreate");
-    check(cublasCreate(&blas_), "cublasCreate");
-    check(cublasSetStream(blas_, compute_), "cublasSetStream");
+    check(cudaStreamCreateWithFlags(compute_.receive(), cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cudaStreamCreateWithFlags(communication_.receive(), cudaStreamNonBlocking),
+          "cudaStreamCreate");
+    check(cudaEventCreateWithFlags(bucket_ready_.receive(), cudaEventDisableTiming),
+          "cudaEventCreate");
+    check(cudaEventCreateWithFlags(grads_reduced_.receive(), cudaEventDisableTiming),
+          "cudaEventCreate");
+    check(cublasCreate(blas_.receive()), "cublasCreate");
+    check(cublasSetStream(blas_.get(), compute_.get()), "cublasSetStream");
 
-    // The host network gives the layout (offsets) and PyTorch's initialisation.
+    // The host network gives the layers, the layout (offsets) and PyTorch's initialisation.
     Result<std::unique_ptr<Network>> net = Network::create(options.model);
     if (!net.isOk()) throw GpuError(net.status().message());
     host_net_ = std::move(net.value());
     host_net_->initialize(options.seed);
-    cnn_ = options.model == "cnn";
-    for (size_t i = 0; i < host_net_->layers().size(); ++i) {
-      if (host_net_->layers()[i]->parameterCount() > 0) {
-        offsets_.push_back(host_net_->parameterOffset(i));
-      }
-    }
+    planSteps();
     const size_t n = host_net_->parameterCount();
-    params_.upload(host_net_->parameters().data(), n, compute_);
+    params_.upload(host_net_->parameters().data(), n, stream());
     grads_.resize(n);
-    grads_.zero(compute_);
+    grads_.zero(stream());
     const size_t buffers = options.optimizer == "sgd" ? 1 : 2;
     for (size_t b = 0; b < buffers; ++b) {
       optimizer_buffers_.emplace_back(new DeviceArray<float>(n));
-      optimizer_buffers_.back()->zero(compute_);
+      optimizer_buffers_.back()->zero(stream());
     }
 
     const std::vector<float> train_images = normalizeImages(train);
     const std::vector<float> test_images = normalizeImages(test);
-    train_images_.upload(train_images.data(), train_images.size(), compute_);
-    test_images_.upload(test_images.data(), test_images.size(), compute_);
-    train_labels_.upload(train.labels.data(), train.labels.size(), compute_);
-    test_labels_.upload(test.labels.data(), test.labels.size(), compute_);
+    train_images_.upload(train_images.data(), train_images.size(), stream());
+    test_images_.upload(test_images.data(), test_images.size(), stream());
+    train_labels_.upload(train.labels.data(), train.labels.size(), stream());
+    test_labels_.upload(test.labels.data(), test.labels.size(), stream());
     test_labels_int_.resize(test.labels.size());
-    copyLabels<<<blocksFor(test.labels.size()), kThreads, 0, compute_>>>(
-        test_labels_.data(), static_cast<int>(test.labels.size()), test_labels_int_.data());
+    launchKernel(copyLabels, blocksFor(test.labels.size()), kThreads, stream(), test_labels_.data(),
+                 static_cast<int>(test.labels.size()), test_labels_int_.data());
     check(cudaGetLastError(), "copyLabels");
-    check(cudaStreamSynchronize(compute_), "upload");
+    check(cudaStreamSynchronize(stream()), "upload");
 
     ncclUniqueId id = ncclIdFor(comm);
-    check(ncclCommInitRank(&nccl_, comm.worldSize(), id, comm.rank()), "ncclCommInitRank");
-  }
-
-  ~GpuEngine() override {
-    if (nccl_ != nullptr) ncclCommDestroy(nccl_);
-    if (blas_ != nullptr) cublasDestroy(blas_);
-    cudaEventDestroy(fc_grads_ready_);
-    cudaEventDestroy(grads_reduced_);
-    cudaStreamDestroy(compute_);
-    cudaStreamDestroy(communication_);
+    check(ncclCommInitRank(nccl_.receive(), comm.worldSize(), id, comm.rank()), "ncclCommInitRank");
   }
 
   std::string describe() const override {
@@ -478,15 +506,16 @@ class GpuEngine : public TrainingEngine {
            ", dataset on the device";
   }
   size_t parameterCount() const override { return params_.size(); }
-  std::vector<float> parameters() override { return params_.download(compute_); }
+  std::vector<float> parameters() override { return params_.download(stream()); }
+  std::vector<float> gradients() override { return grads_.download(stream()); }
   void setParameters(const std::vector<float>& p) override {
-    params_.upload(p.data(), p.size(), compute_);
-    check(cudaStreamSynchronize(compute_), "upload parameters");
+    params_.upload(p.data(), p.size(), stream());
+    check(cudaStreamSynchronize(stream()), "upload parameters");
   }
   OptimizerState optimizerState() override {
     OptimizerState s;
     s.steps = steps_;
-    for (auto& b : optimizer_buffers_) s.buffers.push_back(b->download(compute_));
+    for (auto& b : optimizer_buffers_) s.buffers.push_back(b->download(stream()));
     return s;
   }
   Status setOptimizerState(const OptimizerState& state) override {
@@ -497,29 +526,31 @@ class GpuEngine : public TrainingEngine {
     }
     for (size_t b = 0; b < state.buffers.size(); ++b) {
       if (state.buffers[b].size() != params_.size()) return invalidArgument("buffer size");
-      optimizer_buffers_[b]->upload(state.buffers[b].data(), state.buffers[b].size(), compute_);
+      optimizer_buffers_[b]->upload(state.buffers[b].data(), state.buffers[b].size(), stream());
     }
     steps_ = state.steps;
-    check(cudaStreamSynchronize(compute_), "upload optimizer state");
+    check(cudaStreamSynchronize(stream()), "upload optimizer state");
     return Status::ok();
   }
 
   void trainStep(const std::vector<int>& indices, const std::vector<uint64_t>& keys,
                  float lr) override {
     const int batch = static_cast<int>(indices.size());
-    indices_.upload(indices.data(), indices.size(), compute_);
-    keys_.upload(keys.data(), keys.size(), compute_);
-    input_.resize(static_cast<size_t>(batch) * 784);
+    const int image = host_net_->inputShape().size();
+    const int classes = host_net_->classes();
+    indices_.upload(indices.data(), indices.size(), stream());
+    keys_.upload(keys.data(), keys.size(), stream());
+    input_.resize(static_cast<size_t>(batch) * image);
     labels_.resize(batch);
-    gatherImages<<<blocksFor(input_.size()), kThreads, 0, compute_>>>(
-        train_images_.data(), train_labels_.data(), indices_.data(), batch, 784, input_.data(),
-        labels_.data());
-    forward(input_.data(), batch, true);
-    dlogits_.resize(static_cast<size_t>(batch) * 10);
+    launchKernel(gatherImages, blocksFor(input_.size()), kThreads, stream(), train_images_.data(),
+                 train_labels_.data(), indices_.data(), batch, image, input_.data(),
+                 labels_.data());
+    const float* logits = forward(input_.data(), batch, true);
+    dlogits_.resize(static_cast<size_t>(batch) * classes);
     losses_.resize(batch);
     correct_.resize(batch);
-    logSoftmaxNll<<<blocksFor(batch), kThreads, 0, compute_>>>(
-        logits(), labels_.data(), batch, 10, dlogits_.data(), losses_.data(), correct_.data());
+    launchKernel(logSoftmaxNll, blocksFor(batch), kThreads, stream(), logits, labels_.data(), batch,
+                 classes, dlogits_.data(), losses_.data(), correct_.data());
     backward(batch);
     step(lr);
     loss_pending_ = true;
@@ -527,7 +558,7 @@ class GpuEngine : public TrainingEngine {
 
   double lastLoss() override {
     if (loss_pending_) {
-      const std::vector<float> losses = losses_.download(compute_);
+      const std::vector<float> losses = losses_.download(stream());
       last_loss_ = 0.0;
       for (float l : losses) last_loss_ += l;
       last_loss_ /= static_cast<double>(losses.size());
@@ -541,21 +572,60 @@ class GpuEngine : public TrainingEngine {
     double loss_sum = 0.0;
     int64_t correct = 0;
     const int chunk = std::min(options_.test_batch_size, 512);
+    const size_t image = static_cast<size_t>(host_net_->inputShape().size());
     for (int start = begin; start < end; start += chunk) {
       const int batch = std::min(chunk, end - start);
-      forward(test_images_.data() + static_cast<size_t>(start) * 784, batch, false);
+      const float* logits = forward(test_images_.data() + start * image, batch, false);
       losses_.resize(batch);
       correct_.resize(batch);
-      logSoftmaxNll<<<blocksFor(batch), kThreads, 0, compute_>>>(
-          logits(), test_labels_int_.data() + start, batch, 10, nullptr, losses_.data(),
-          correct_.data());
-      for (float l : losses_.download(compute_)) loss_sum += l;
-      for (int c : correct_.download(compute_)) correct += c;
+      launchKernel(logSoftmaxNll, blocksFor(batch), kThreads, stream(), logits,
+                   test_labels_int_.data() + start, batch, host_net_->classes(), nullptr,
+                   losses_.data(), correct_.data());
+      for (float l : losses_.download(stream())) loss_sum += l;
+      for (int c : correct_.download(stream())) correct += c;
     }
     return {loss_sum, correct};
   }
 
+  std::vector<float> testLogits(int begin, int end) override {
+    const size_t image = static_cast<size_t>(host_net_->inputShape().size());
+    const float* logits = forward(test_images_.data() + begin * image, end - begin, false);
+    std::vector<float> host(static_cast<size_t>(end - begin) * host_net_->classes());
+    check(cudaMemcpyAsync(host.data(), logits, host.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                          stream()),
+          "cudaMemcpyAsync to host");
+    check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
+    return host;
+  }
+
  private:
+  cudaStream_t stream() const { return compute_.get(); }
+
+  // The device pass, from the host network's layers: one step per layer, except that a ReLU
+  // right after a Linear runs inside the Linear's epilogue.
+  void planSteps() {
+    const auto& layers = host_net_->layers();
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const LayerSpec spec = layers[i]->spec();
+      if (spec.kind == LayerSpec::Kind::kRelu && !steps_plan_.empty() &&
+          steps_plan_.back()->spec.kind == LayerSpec::Kind::kLinear && !steps_plan_.back()->relu) {
+        steps_plan_.back()->relu = true;
+        continue;
+      }
+      if (spec.kind == LayerSpec::Kind::kMaxPool2d && spec.kernel != 2) {
+        throw GpuError("the GPU engine pools 2x2 windows only, layer " + std::to_string(i) + " (" +
+                       layers[i]->name() + ") pools " + std::to_string(spec.kernel));
+      }
+      auto step = std::make_unique<Step>();
+      step->spec = spec;
+      step->layer = i;
+      step->relu = spec.kind == LayerSpec::Kind::kConv2d && spec.relu;
+      step->param_offset = host_net_->parameterOffset(i);
+      step->param_count = layers[i]->parameterCount();
+      steps_plan_.push_back(std::move(step));
+    }
+  }
+
   // Row-major C[M][N] = op(A)[M][K] op(B)[K][N] (+ beta C), in float or bf16 with float sums.
   void gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* a, int lda,
             const float* b, int ldb, float beta, float* c, int ldc, size_t a_size, size_t b_size) {
@@ -564,189 +634,237 @@ class GpuEngine : public TrainingEngine {
     const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     if (!options_.bf16) {
-      check(cublasSgemm(blas_, op_b, op_a, n, m, k, &alpha, b, ldb, a, lda, &beta, c, ldc),
+      check(cublasSgemm(blas_.get(), op_b, op_a, n, m, k, &alpha, b, ldb, a, lda, &beta, c, ldc),
             "cublasSgemm");
       return;
     }
     bf16_a_.resize(a_size);
     bf16_b_.resize(b_size);
-    toBf16<<<blocksFor(a_size), kThreads, 0, compute_>>>(a, bf16_a_.data(), a_size);
-    toBf16<<<blocksFor(b_size), kThreads, 0, compute_>>>(b, bf16_b_.data(), b_size);
-    check(cublasGemmEx(blas_, op_b, op_a, n, m, k, &alpha, bf16_b_.data(), CUDA_R_16BF, ldb,
+    launchKernel(toBf16, blocksFor(a_size), kThreads, stream(), a, bf16_a_.data(), a_size);
+    launchKernel(toBf16, blocksFor(b_size), kThreads, stream(), b, bf16_b_.data(), b_size);
+    check(cublasGemmEx(blas_.get(), op_b, op_a, n, m, k, &alpha, bf16_b_.data(), CUDA_R_16BF, ldb,
                        bf16_a_.data(), CUDA_R_16BF, lda, &beta, c, CUDA_R_32F, ldc,
                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
           "cublasGemmEx (bf16)");
   }
 
-  float* param(size_t layer) { return params_.data() + offsets_[layer]; }
-  float* grad(size_t layer) { return grads_.data() + offsets_[layer]; }
-  const float* logits() const { return act_[cnn_ ? 4 : 1].data(); }
+  float* param(const Step& s) { return params_.data() + s.param_offset; }
+  float* grad(const Step& s) { return grads_.data() + s.param_offset; }
 
-  // conv (no padding, stride 1) + bias + ReLU over a batch; `layer` indexes offsets_.
-  void convForward(size_t layer, const float* x, int batch, int cin, int h, int w, int cout,
-                   DeviceArray<float>& y) {
-    const int k = 3;
-    const int oh = h - k + 1;
-    const int ow = w - k + 1;
-    const int pixels = oh * ow;
-    const int patch = cin * k * k;
+  // Conv2d (stride 1, no padding) + bias (+ ReLU) over a batch.
+  void convForward(Step& s, const float* x, int batch) {
+    const Shape in = s.spec.in;
+    const Shape out = s.spec.out;
+    const int k = s.spec.kernel;
+    const int pixels = out.height * out.width;
+    const int patch = in.channels * k * k;
     const size_t columns = static_cast<size_t>(batch) * pixels;
     col_.resize(static_cast<size_t>(patch) * columns);
-    im2colT<<<blocksFor(col_.size()), kThreads, 0, compute_>>>(x, batch, cin, h, w, k, col_.data());
-    yt_.resize(static_cast<size_t>(cout) * columns);
-    gemm(false, false, cout, static_cast<int>(columns), patch, param(layer), patch, col_.data(),
+    launchKernel(im2colT, blocksFor(col_.size()), kThreads, stream(), x, batch, in.channels,
+                 in.height, in.width, k, col_.data());
+    yt_.resize(static_cast<size_t>(out.channels) * columns);
+    gemm(false, false, out.channels, static_cast<int>(columns), patch, param(s), patch, col_.data(),
          static_cast<int>(columns), 0.0f, yt_.data(), static_cast<int>(columns),
-         static_cast<size_t>(cout) * patch, col_.size());
-    y.resize(static_cast<size_t>(batch) * cout * pixels);
-    convEpilogue<<<blocksFor(y.size()), kThreads, 0, compute_>>>(
-        yt_.data(), param(layer) + static_cast<size_t>(cout) * patch, batch, cout, pixels,
-        y.data());
+         static_cast<size_t>(out.channels) * patch, col_.size());
+    s.out.resize(static_cast<size_t>(batch) * out.size());
+    launchKernel(convEpilogue, blocksFor(s.out.size()), kThreads, stream(), yt_.data(),
+                 param(s) + static_cast<size_t>(out.channels) * patch, batch, out.channels, pixels,
+                 s.relu, s.out.data());
   }
 
-  // Gradients of conv `layer`; dx (the input's gradient) unless null.
-  void convBackward(size_t layer, const float* x, const DeviceArray<float>& y, const float* dy,
-                    int batch, int cin, int h, int w, int cout, float* dx) {
-    const int k = 3;
-    const int pixels = (h - k + 1) * (w - k + 1);
-    const int patch = cin * k * k;
+  // Gradients of a Conv2d step from dy (its output's gradient); dx (its input's) unless null.
+  void convBackward(Step& s, const float* x, const float* dy, int batch, float* dx) {
+    const Shape in = s.spec.in;
+    const Shape out = s.spec.out;
+    const int k = s.spec.kernel;
+    const int pixels = out.height * out.width;
+    const int patch = in.channels * k * k;
     const size_t columns = static_cast<size_t>(batch) * pixels;
-    yt_.resize(static_cast<size_t>(cout) * columns);
-    convPrologueBackward<<<blocksFor(yt_.size()), kThreads, 0, compute_>>>(
-        y.data(), dy, batch, cout, pixels, yt_.data());
-    rowSums<<<cout, kThreads, 0, compute_>>>(yt_.data(), cout, columns,
-                                             grad(layer) + static_cast<size_t>(cout) * patch);
+    yt_.resize(static_cast<size_t>(out.channels) * columns);
+    launchKernel(convPrologueBackward, blocksFor(yt_.size()), kThreads, stream(), s.out.data(), dy,
+                 batch, out.channels, pixels, s.relu, yt_.data());
+    // dbias[c] = sum of row c of dYt: a product with a vector of ones.
+    if (ones_.size() < columns) {
+      ones_.resize(columns);
+      launchKernel(fill, blocksFor(columns), kThreads, stream(), ones_.data(), columns, 1.0f);
+    }
+    const float one = 1.0f;
+    const float zero = 0.0f;
+    check(cublasSgemv(blas_.get(), CUBLAS_OP_T, static_cast<int>(columns), out.channels, &one,
+                      yt_.data(), static_cast<int>(columns), ones_.data(), 1, &zero,
+                      grad(s) + static_cast<size_t>(out.channels) * patch, 1),
+          "cublasSgemv");
     col_.resize(static_cast<size_t>(patch) * columns);
-    im2colT<<<blocksFor(col_.size()), kThreads, 0, compute_>>>(x, batch, cin, h, w, k, col_.data());
+    launchKernel(im2colT, blocksFor(col_.size()), kThreads, stream(), x, batch, in.channels,
+                 in.height, in.width, k, col_.data());
     // dW[cout][patch] = dYt[cout][columns] colT^T
-    gemm(false, true, cout, patch, static_cast<int>(columns), yt_.data(), static_cast<int>(columns),
-         col_.data(), static_cast<int>(columns), 0.0f, grad(layer), patch, yt_.size(), col_.size());
+    gemm(false, true, out.channels, patch, static_cast<int>(columns), yt_.data(),
+         static_cast<int>(columns), col_.data(), static_cast<int>(columns), 0.0f, grad(s), patch,
+         yt_.size(), col_.size());
     if (dx == nullptr) return;
     // dcolT[patch][columns] = W^T dYt
-    gemm(true, false, patch, static_cast<int>(columns), cout, param(layer), patch, yt_.data(),
+    gemm(true, false, patch, static_cast<int>(columns), out.channels, param(s), patch, yt_.data(),
          static_cast<int>(columns), 0.0f, col_.data(), static_cast<int>(columns),
-         static_cast<size_t>(cout) * patch, yt_.size());
-    col2imT<<<blocksFor(static_cast<size_t>(batch) * cin * h * w), kThreads, 0, compute_>>>(
-        col_.data(), batch, cin, h, w, k, dx);
+         static_cast<size_t>(out.channels) * patch, yt_.size());
+    launchKernel(col2imT, blocksFor(static_cast<size_t>(batch) * in.size()), kThreads, stream(),
+                 col_.data(), batch, in.channels, in.height, in.width, k, dx);
   }
 
-  // y[batch][out] = x[batch][in] W^T + b (ReLU when asked).
-  void linearForward(size_t layer, const float* x, int batch, int in, int out, bool relu,
-                     DeviceArray<float>& y) {
-    y.resize(static_cast<size_t>(batch) * out);
-    gemm(false, true, batch, out, in, x, in, param(layer), in, 0.0f, y.data(), out,
+  // y[batch][out] = x[batch][in] W^T + b (+ ReLU).
+  void linearForward(Step& s, const float* x, int batch) {
+    const int in = s.spec.in.size();
+    const int out = s.spec.out.size();
+    s.out.resize(static_cast<size_t>(batch) * out);
+    gemm(false, true, batch, out, in, x, in, param(s), in, 0.0f, s.out.data(), out,
          static_cast<size_t>(batch) * in, static_cast<size_t>(out) * in);
-    biasActivation<<<blocksFor(y.size()), kThreads, 0, compute_>>>(
-        y.data(), param(layer) + static_cast<size_t>(out) * in, batch, out, relu);
+    launchKernel(biasActivation, blocksFor(s.out.size()), kThreads, stream(), s.out.data(),
+                 param(s) + static_cast<size_t>(out) * in, batch, out, s.relu);
   }
 
-  void linearBackward(size_t layer, const float* x, const float* dy, int batch, int in, int out,
-                      float* dx) {
+  // Gradients of a Linear step from dy, which it first masks by its ReLU when it has one.
+  void linearBackward(Step& s, const float* x, float* dy, int batch, float* dx) {
+    const int in = s.spec.in.size();
+    const int out = s.spec.out.size();
+    if (s.relu) {
+      launchKernel(reluBackward, blocksFor(s.out.size()), kThreads, stream(), s.out.data(), dy,
+                   s.out.size());
+    }
     // dW[out][in] = dy^T[out][batch] x[batch][in]
-    gemm(true, false, out, in, batch, dy, out, x, in, 0.0f, grad(layer), in,
+    gemm(true, false, out, in, batch, dy, out, x, in, 0.0f, grad(s), in,
          static_cast<size_t>(batch) * out, static_cast<size_t>(batch) * in);
-    columnSums<<<blocksFor(out), kThreads, 0, compute_>>>(
-        dy, batch, out, grad(layer) + static_cast<size_t>(out) * in);
+    launchKernel(columnSums, blocksFor(out), kThreads, stream(), dy, batch, out,
+                 grad(s) + static_cast<size_t>(out) * in);
     if (dx != nullptr) {
-      gemm(false, false, batch, in, out, dy, out, param(layer), in, 0.0f, dx, in,
+      gemm(false, false, batch, in, out, dy, out, param(s), in, 0.0f, dx, in,
            static_cast<size_t>(batch) * out, static_cast<size_t>(out) * in);
     }
   }
 
-  // act_: cnn: 0 conv1, 1 conv2, 2 pool(+dropout1), 3 fc1(+dropout2), 4 logits;
-  //       mlp: 0 fc1, 1 logits.
-  void forward(const float* x, int batch, bool training) {
-    if (!cnn_) {
-      linearForward(0, x, batch, 784, 128, true, act_[0]);
-      linearForward(1, act_[0].data(), batch, 128, 10, false, act_[1]);
-      input_ptr_ = x;
-      return;
+  // Runs the steps over `batch` inputs at x; returns the logits (valid until the next pass).
+  const float* forward(const float* x, int batch, bool training) {
+    step_inputs_.assign(steps_plan_.size(), nullptr);
+    const float* in = x;
+    for (size_t i = 0; i < steps_plan_.size(); ++i) {
+      Step& s = *steps_plan_[i];
+      step_inputs_[i] = in;
+      const size_t n = static_cast<size_t>(batch) * s.spec.out.size();
+      switch (s.spec.kind) {
+        case LayerSpec::Kind::kConv2d:
+          convForward(s, in, batch);
+          break;
+        case LayerSpec::Kind::kLinear:
+          linearForward(s, in, batch);
+          break;
+        case LayerSpec::Kind::kRelu:
+          s.out.resize(n);
+          launchKernel(reluForward, blocksFor(n), kThreads, stream(), in, s.out.data(), n);
+          break;
+        case LayerSpec::Kind::kMaxPool2d:
+          s.out.resize(n);
+          s.argmax.resize(n);
+          launchKernel(maxPool2x2, blocksFor(n), kThreads, stream(), in, batch * s.spec.in.channels,
+                       s.spec.in.height, s.spec.in.width, s.out.data(), s.argmax.data());
+          break;
+        case LayerSpec::Kind::kDropout:
+          if (!training || s.spec.probability <= 0.0f)
+            continue;  // the identity: the next
+                       // step reads this input
+          s.out.resize(n);
+          s.scale.resize(n);
+          launchKernel(dropoutForward, blocksFor(n), kThreads, stream(), in, s.out.data(),
+                       s.scale.data(), keys_.data(), batch, s.spec.out.size(), s.spec.probability,
+                       s.spec.salt);
+          break;
+      }
+      in = s.out.data();
     }
-    input_ptr_ = x;
-    convForward(0, x, batch, 1, 28, 28, 32, act_[0]);
-    convForward(1, act_[0].data(), batch, 32, 26, 26, 64, act_[1]);
-    act_[2].resize(static_cast<size_t>(batch) * 9216);
-    argmax_.resize(act_[2].size());
-    maxPool2x2<<<blocksFor(act_[2].size()), kThreads, 0, compute_>>>(
-        act_[1].data(), batch * 64, 24, 24, act_[2].data(), argmax_.data());
-    if (training) {
-      scale1_.resize(act_[2].size());
-      dropoutForward<<<blocksFor(act_[2].size()), kThreads, 0, compute_>>>(
-          act_[2].data(), scale1_.data(), keys_.data(), batch, 9216, 0.25f, 1);
-    }
-    linearForward(2, act_[2].data(), batch, 9216, 128, true, act_[3]);
-    if (training) {
-      scale2_.resize(act_[3].size());
-      dropoutForward<<<blocksFor(act_[3].size()), kThreads, 0, compute_>>>(
-          act_[3].data(), scale2_.data(), keys_.data(), batch, 128, 0.5f, 2);
-    }
-    linearForward(3, act_[3].data(), batch, 128, 10, false, act_[4]);
+    return in;
   }
 
+  // Back-propagates dlogits_ through the steps, last first, all-reducing the gradients in
+  // buckets as they become final.
   void backward(int batch) {
-    if (!cnn_) {
-      delta_a_.resize(static_cast<size_t>(batch) * 128);
-      linearBackward(1, act_[0].data(), dlogits_.data(), batch, 128, 10, delta_a_.data());
-      reluBackward<<<blocksFor(delta_a_.size()), kThreads, 0, compute_>>>(
-          act_[0].data(), delta_a_.data(), delta_a_.size());
-      linearBackward(0, input_ptr_, delta_a_.data(), batch, 784, 128, nullptr);
-      reduce(0, params_.size());
-      return;
+    float* dy = dlogits_.data();
+    size_t bucket_floats = 0;
+    for (size_t i = steps_plan_.size(); i-- > 0;) {
+      Step& s = *steps_plan_[i];
+      const float* x = step_inputs_[i];
+      // The input's gradient goes to whichever delta buffer does not hold dy; none for the
+      // first step (nobody needs the images' gradient).
+      DeviceArray<float>& spare = dy == delta_a_.data() ? delta_b_ : delta_a_;
+      float* dx = nullptr;
+      if (i > 0) {
+        spare.resize(static_cast<size_t>(batch) * s.spec.in.size());
+        dx = spare.data();
+      }
+      const size_t n = static_cast<size_t>(batch) * s.spec.out.size();
+      switch (s.spec.kind) {
+        case LayerSpec::Kind::kConv2d:
+          convBackward(s, x, dy, batch, dx);
+          break;
+        case LayerSpec::Kind::kLinear:
+          linearBackward(s, x, dy, batch, dx);
+          break;
+        case LayerSpec::Kind::kRelu:
+          // In place: dx = dy where the output is positive.
+          launchKernel(reluBackward, blocksFor(n), kThreads, stream(), s.out.data(), dy, n);
+          dx = dy;
+          break;
+        case LayerSpec::Kind::kMaxPool2d:
+          if (dx != nullptr) {
+            launchKernel(maxPool2x2Backward,
+                         blocksFor(static_cast<size_t>(batch) * s.spec.in.size()), kThreads,
+                         stream(), dy, s.argmax.data(), batch * s.spec.in.channels,
+                         s.spec.in.height, s.spec.in.width, dx);
+          }
+          break;
+        case LayerSpec::Kind::kDropout:
+          // In place: dx = dy * the mask's factors.
+          if (s.spec.probability > 0.0f) {
+            launchKernel(scaleInPlace, blocksFor(n), kThreads, stream(), dy, s.scale.data(), n);
+          }
+          dx = dy;
+          break;
+      }
+      if (s.param_count > 0) {
+        bucket_floats += s.param_count;
+        if (bucket_floats >= kBucketFloats || s.param_offset == 0) {
+          reduce(s.param_offset, bucket_floats);
+          bucket_floats = 0;
+        }
+      }
+      dy = dx;
     }
-    // fc2
-    delta_a_.resize(static_cast<size_t>(batch) * 128);
-    linearBackward(3, act_[3].data(), dlogits_.data(), batch, 128, 10, delta_a_.data());
-    scaleInPlace<<<blocksFor(delta_a_.size()), kThreads, 0, compute_>>>(
-        delta_a_.data(), scale2_.data(), delta_a_.size());
-    // Through the ReLU, masked by fc1's output after dropout: where dropout kept an element it
-    // has the ReLU's sign, and where it dropped one the gradient is already 0.
-    reluBackward<<<blocksFor(delta_a_.size()), kThreads, 0, compute_>>>(
-        act_[3].data(), delta_a_.data(), delta_a_.size());
-    // fc1
-    delta_b_.resize(static_cast<size_t>(batch) * 9216);
-    linearBackward(2, act_[2].data(), delta_a_.data(), batch, 9216, 128, delta_b_.data());
-    // The fully connected layers' gradients are final: reduce them while the convolutions run.
-    reduce(offsets_[2], params_.size() - offsets_[2]);
-    scaleInPlace<<<blocksFor(delta_b_.size()), kThreads, 0, compute_>>>(
-        delta_b_.data(), scale1_.data(), delta_b_.size());
-    delta_a_.resize(static_cast<size_t>(batch) * 64 * 24 * 24);
-    maxPool2x2Backward<<<blocksFor(delta_a_.size()), kThreads, 0, compute_>>>(
-        delta_b_.data(), argmax_.data(), batch * 64, 24, 24, delta_a_.data());
-    delta_b_.resize(static_cast<size_t>(batch) * 32 * 26 * 26);
-    convBackward(1, act_[0].data(), act_[1], delta_a_.data(), batch, 32, 26, 26, 64,
-                 delta_b_.data());
-    convBackward(0, input_ptr_, act_[0], delta_b_.data(), batch, 1, 28, 28, 32, nullptr);
-    reduce(0, offsets_[2]);
   }
 
   // All-reduces (averages) grads[offset, offset + count) on the communication stream once the
   // compute stream has produced them.
   void reduce(size_t offset, size_t count) {
-    check(cudaEventRecord(fc_grads_ready_, compute_), "cudaEventRecord");
-    check(cudaStreamWaitEvent(communication_, fc_grads_ready_, 0), "cudaStreamWaitEvent");
+    check(cudaEventRecord(bucket_ready_.get(), stream()), "cudaEventRecord");
+    check(cudaStreamWaitEvent(communication_.get(), bucket_ready_.get(), 0), "cudaStreamWaitEvent");
     check(ncclAllReduce(grads_.data() + offset, grads_.data() + offset, count, ncclFloat, ncclAvg,
-                        nccl_, communication_),
+                        nccl_.get(), communication_.get()),
           "ncclAllReduce");
   }
 
   void step(float lr) {
-    check(cudaEventRecord(grads_reduced_, communication_), "cudaEventRecord");
-    check(cudaStreamWaitEvent(compute_, grads_reduced_, 0), "cudaStreamWaitEvent");
+    check(cudaEventRecord(grads_reduced_.get(), communication_.get()), "cudaEventRecord");
+    check(cudaStreamWaitEvent(stream(), grads_reduced_.get(), 0), "cudaStreamWaitEvent");
     const size_t n = params_.size();
     const bool first = steps_ == 0;
     ++steps_;
     if (options_.optimizer == "adadelta") {
-      adadeltaStep<<<blocksFor(n), kThreads, 0, compute_>>>(params_.data(), grads_.data(),
-                                                            optimizer_buffers_[0]->data(),
-                                                            optimizer_buffers_[1]->data(), n, lr);
+      launchKernel(adadeltaStep, blocksFor(n), kThreads, stream(), params_.data(), grads_.data(),
+                   optimizer_buffers_[0]->data(), optimizer_buffers_[1]->data(), n, lr);
     } else if (options_.optimizer == "sgd") {
-      sgdStep<<<blocksFor(n), kThreads, 0, compute_>>>(params_.data(), grads_.data(),
-                                                       optimizer_buffers_[0]->data(), n, lr, first);
+      launchKernel(sgdStep, blocksFor(n), kThreads, stream(), params_.data(), grads_.data(),
+                   optimizer_buffers_[0]->data(), n, lr, first);
     } else {
       const auto t = static_cast<double>(steps_);
-      adamwStep<<<blocksFor(n), kThreads, 0, compute_>>>(
-          params_.data(), grads_.data(), optimizer_buffers_[0]->data(),
-          optimizer_buffers_[1]->data(), n, lr, static_cast<float>(1.0 - std::pow(0.9, t)),
-          static_cast<float>(std::sqrt(1.0 - std::pow(0.999, t))));
+      launchKernel(adamwStep, blocksFor(n), kThreads, stream(), params_.data(), grads_.data(),
+                   optimizer_buffers_[0]->data(), optimizer_buffers_[1]->data(), n, lr,
+                   static_cast<float>(1.0 - std::pow(0.9, t)),
+                   static_cast<float>(std::sqrt(1.0 - std::pow(0.999, t))));
     }
     check(cudaGetLastError(), "optimizer kernel");
   }
@@ -754,15 +872,16 @@ class GpuEngine : public TrainingEngine {
   EngineOptions options_;
   Communicator& comm_;
   std::string device_name_;
-  cudaStream_t compute_ = nullptr;
-  cudaStream_t communication_ = nullptr;
-  cudaEvent_t fc_grads_ready_ = nullptr;
-  cudaEvent_t grads_reduced_ = nullptr;
-  cublasHandle_t blas_ = nullptr;
-  ncclComm_t nccl_ = nullptr;
+  // Declared before every device array, so they are released after the arrays are freed.
+  OwnedStream compute_;
+  OwnedStream communication_;
+  OwnedEvent bucket_ready_;
+  OwnedEvent grads_reduced_;
+  OwnedBlas blas_;
+  OwnedNccl nccl_;
   std::unique_ptr<Network> host_net_;
-  bool cnn_ = true;
-  std::vector<size_t> offsets_;  // of the layers with parameters
+  std::vector<std::unique_ptr<Step>> steps_plan_;
+  std::vector<const float*> step_inputs_;  // of the last forward pass, per step
   int64_t steps_ = 0;
   bool loss_pending_ = false;
   double last_loss_ = 0.0;
@@ -779,13 +898,9 @@ class GpuEngine : public TrainingEngine {
   DeviceArray<uint64_t> keys_;
   DeviceArray<float> input_;
   DeviceArray<int> labels_;
-  const float* input_ptr_ = nullptr;
-  DeviceArray<float> act_[5];
-  DeviceArray<int> argmax_;
-  DeviceArray<float> scale1_;
-  DeviceArray<float> scale2_;
   DeviceArray<float> col_;
   DeviceArray<float> yt_;
+  DeviceArray<float> ones_;
   DeviceArray<float> dlogits_;
   DeviceArray<float> losses_;
   DeviceArray<int> correct_;
@@ -811,5 +926,10 @@ Result<std::unique_ptr<TrainingEngine>> makeGpuEngine(const EngineOptions& optio
 }
 
 bool gpuEngineBuilt() { return true; }
+
+int visibleGpuCount() {
+  int devices = 0;
+  return cudaGetDeviceCount(&devices) == cudaSuccess ? devices : 0;
+}
 
 }  // namespace cpprun::mnist

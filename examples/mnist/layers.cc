@@ -36,6 +36,12 @@ class Conv2d : public Layer {
   size_t parameterCount() const override {
     return static_cast<size_t>(out_.channels) * patch_ + out_.channels;
   }
+  LayerSpec spec() const override {
+    LayerSpec s{LayerSpec::Kind::kConv2d, in_, out_};
+    s.kernel = kernel_;
+    s.relu = relu_;
+    return s;
+  }
   void bind(float* params, float* grads) override {
     weight_ = params;
     bias_ = params + static_cast<size_t>(out_.channels) * patch_;
@@ -154,6 +160,7 @@ class Linear : public Layer {
     return "linear " + std::to_string(in_) + "->" + std::to_string(out_);
   }
   Shape outputShape() const override { return {out_, 1, 1}; }
+  LayerSpec spec() const override { return {LayerSpec::Kind::kLinear, {in_, 1, 1}, {out_, 1, 1}}; }
   size_t parameterCount() const override { return static_cast<size_t>(out_) * in_ + out_; }
   void bind(float* params, float* grads) override {
     weight_ = params;
@@ -197,6 +204,7 @@ class Relu : public Layer {
   explicit Relu(Shape in) : shape_(in) {}
   std::string name() const override { return "relu"; }
   Shape outputShape() const override { return shape_; }
+  LayerSpec spec() const override { return {LayerSpec::Kind::kRelu, shape_, shape_}; }
   void forward(const float* x, float* y, int batch, const PassContext&) override {
     const size_t n = static_cast<size_t>(batch) * shape_.size();
     for (size_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
@@ -217,6 +225,11 @@ class MaxPool2d : public Layer {
       : in_(in), out_{in.channels, in.height / kernel, in.width / kernel}, kernel_(kernel) {}
   std::string name() const override { return "maxpool" + std::to_string(kernel_); }
   Shape outputShape() const override { return out_; }
+  LayerSpec spec() const override {
+    LayerSpec s{LayerSpec::Kind::kMaxPool2d, in_, out_};
+    s.kernel = kernel_;
+    return s;
+  }
   void forward(const float* x, float* y, int batch, const PassContext&) override {
     argmax_.resize(static_cast<size_t>(batch) * out_.size());
     const int planes = batch * in_.channels;
@@ -301,6 +314,12 @@ class Dropout : public Layer {
       : shape_(in), probability_(probability), salt_(salt) {}
   std::string name() const override { return "dropout " + std::to_string(probability_); }
   Shape outputShape() const override { return shape_; }
+  LayerSpec spec() const override {
+    LayerSpec s{LayerSpec::Kind::kDropout, shape_, shape_};
+    s.probability = probability_;
+    s.salt = salt_;
+    return s;
+  }
   void forward(const float* x, float* y, int batch, const PassContext& context) override {
     const size_t per_sample = static_cast<size_t>(shape_.size());
     const size_t n = static_cast<size_t>(batch) * per_sample;

@@ -35,11 +35,25 @@ struct PassContext {
   const uint64_t* sample_keys = nullptr;  // one per sample of the batch; needed when training
 };
 
+// What a layer computes, for engines that implement the layers themselves (the GPU engine
+// builds its kernel sequence and buffer sizes from these, never from literals).
+struct LayerSpec {
+  enum class Kind { kConv2d, kLinear, kRelu, kMaxPool2d, kDropout };
+  Kind kind = Kind::kRelu;
+  Shape in;                  // per sample
+  Shape out;                 // per sample
+  int kernel = 0;            // Conv2d, MaxPool2d: the square window (stride 1 resp. `kernel`)
+  bool relu = false;         // Conv2d: a ReLU fused into the output
+  float probability = 0.0f;  // Dropout
+  uint64_t salt = 0;         // Dropout: tells a network's dropout layers apart
+};
+
 class Layer {
  public:
   virtual ~Layer() = default;
   virtual std::string name() const = 0;
   virtual Shape outputShape() const = 0;
+  virtual LayerSpec spec() const = 0;
   virtual size_t parameterCount() const { return 0; }
   // Points the layer at its slices of the model's parameter and gradient buffers.
   virtual void bind(float* /*params*/, float* /*grads*/) {}
