@@ -27,4 +27,8 @@ Result<std::unique_ptr<TrainingEngine>> makeGpuEngine(const EngineOptions& optio
 // True when this build has the GPU engine.
 bool gpuEngineBuilt();
 
+// The CUDA devices this process sees (after CUDA_VISIBLE_DEVICES); 0 without the GPU engine,
+// a driver or a device.
+int visibleGpuCount();
+
 }  // namespace cpprun::mnist

@@ -12,4 +12,6 @@ Result<std::unique_ptr<TrainingEngine>> makeGpuEngine(const EngineOptions&, cons
 
 bool gpuEngineBuilt() { return false; }
 
+int visibleGpuCount() { return 0; }
+
 }  // namespace cpprun::mnist

@@ -54,10 +54,11 @@ Training:
   --seed N               default 1
   --max-steps N          stop after N optimizer steps
   --threads N            BLAS threads per rank (default: OMP_NUM_THREADS, else CPUs / local ranks)
-  --device cpu|cuda      where to compute (default cpu). cuda: the GPU LOCAL_RANK indexes in
-                         CUDA_VISIBLE_DEVICES, cuBLAS and kernels, NCCL between ranks, the
-                         dataset on the device (builds with CUDA and NCCL only)
-  --bf16                 with --device cuda: bfloat16 matrix products, float accumulation
+  --device auto|cpu|cuda where to compute. auto (default): cuda when this build has CUDA and
+                         the rank sees a GPU, else cpu; one line says which. cuda: the GPU
+                         LOCAL_RANK indexes in CUDA_VISIBLE_DEVICES, cuBLAS and kernels, NCCL
+                         between ranks, the dataset on the device (builds with CUDA and NCCL)
+  --bf16                 on the GPU engine: bfloat16 matrix products, float accumulation
 Checkpoints and output:
   --checkpoint-dir DIR   rank 0 saves DIR/latest.ckpt after every epoch (atomically) and
                          DIR/final.ckpt at the end
@@ -180,8 +181,8 @@ Result<Parsed> parseFlags(int argc, char** argv) {
       p.threads_given = true;
     } else if (name == "--device") {
       CPPRUN_TAKE(o.device, cursor.value());
-      if (o.device != "cpu" && o.device != "cuda") {
-        return invalidArgument("--device: expected cpu or cuda, got '" + o.device + "'");
+      if (o.device != "auto" && o.device != "cpu" && o.device != "cuda") {
+        return invalidArgument("--device: expected auto, cpu or cuda, got '" + o.device + "'");
       }
     } else if (name == "--bf16") {
       o.bf16 = true;
@@ -244,8 +245,8 @@ int main(int argc, char** argv) {
   if (restart > 0 || envInt("SLURM_RESTART_COUNT", 0) > 0) options.resume = true;
   options.stop_requested = [] { return g_stop_signal != 0; };
   options.cuda_device = envInt("LOCAL_RANK", 0);
-  if (options.bf16 && options.device != "cuda") {
-    std::fprintf(stderr, "cpprun-mnist: --bf16 needs --device cuda\n");
+  if (options.bf16 && options.device == "cpu") {
+    std::fprintf(stderr, "cpprun-mnist: --bf16 needs the GPU engine, not --device cpu\n");
     return kUsageError;
   }
   if (options.resume && options.checkpoint_dir.empty()) {

@@ -84,6 +84,19 @@ Evaluation evaluate(TrainingEngine& engine, int n, Communicator& comm) {
 
 }  // namespace
 
+std::string resolveDevice(const std::string& requested) {
+  if (requested != "auto") return requested;
+  return gpuEngineBuilt() && visibleGpuCount() > 0 ? "cuda" : "cpu";
+}
+
+std::string describeAutoDevice(const std::string& chosen) {
+  if (chosen == "cuda") {
+    return "CUDA (" + std::to_string(visibleGpuCount()) + " GPU(s) visible to this rank)";
+  }
+  return gpuEngineBuilt() ? "CPU (this build has the GPU engine, but no GPU is visible)"
+                          : "CPU (this build has no GPU engine)";
+}
+
 Result<TrainResult> train(const TrainerOptions& o, Communicator& comm) {
   const bool leader = comm.rank() == 0;
   const int world = comm.worldSize();
@@ -110,9 +123,17 @@ Result<TrainResult> train(const TrainerOptions& o, Communicator& comm) {
   engine_options.threads = o.threads;
   engine_options.bf16 = o.bf16;
   engine_options.device = o.cuda_device;
+  const std::string device = resolveDevice(o.device);
+  if (o.device == "auto" && leader && !o.quiet) {
+    std::printf("cpprun-mnist: --device auto: %s\n", describeAutoDevice(device).c_str());
+  }
+  if (device != "cuda" && o.bf16) {
+    return invalidArgument("--bf16 needs the GPU engine (--device " + o.device + " chose " +
+                           device + ")");
+  }
   Result<std::unique_ptr<TrainingEngine>> made =
-      o.device == "cuda" ? makeGpuEngine(engine_options, train_data, test_data, comm)
-                         : makeCpuEngine(engine_options, train_data, test_data, comm);
+      device == "cuda" ? makeGpuEngine(engine_options, train_data, test_data, comm)
+                       : makeCpuEngine(engine_options, train_data, test_data, comm);
   if (!made.isOk()) return made.status();
   TrainingEngine& engine = *made.value();
   if (leader && !o.quiet) std::printf("cpprun-mnist: compute: %s\n", engine.describe().c_str());

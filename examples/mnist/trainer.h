@@ -40,7 +40,9 @@ struct TrainerOptions {
   bool resume = false;
   std::string metrics_path;    // JSON lines (rank 0)
   bool quiet = false;          // no progress lines
-  std::string device = "cpu";  // or "cuda" (builds with CUDA and NCCL)
+  // "auto" (CUDA when this build has the GPU engine and the process sees a GPU, else the
+  // CPU), "cpu" or "cuda" (builds with CUDA and NCCL).
+  std::string device = "auto";
   int cuda_device = 0;         // which visible GPU (cpprun-mnist picks LOCAL_RANK)
   bool bf16 = false;           // GPU: bfloat16 matrix products, float accumulation
   // Polled after every step when set (cpprun-mnist: SIGUSR1, the pre-emption warning, was
@@ -58,6 +60,13 @@ struct TrainResult {
   bool resumed = false;
   bool preempted = false;  // stopped early by stop_requested; latest.ckpt holds the progress
 };
+
+// What `--device` value `requested` means on this machine: "cpu" or "cuda". Every rank decides
+// the same way on identical nodes; `auto` never mixes the two engines in a job whose ranks all
+// see GPUs.
+std::string resolveDevice(const std::string& requested);
+// One line for the log: what auto chose and why.
+std::string describeAutoDevice(const std::string& chosen);
 
 Result<TrainResult> train(const TrainerOptions& options, Communicator& comm);
 

@@ -255,7 +255,26 @@ TEST_CASE("cpprun-mnist --device cuda: built where CUDA and NCCL are, and clear 
     CHECK(code == 1);
     CHECK_THAT(output, Catch::Contains("--device cuda: no usable GPU"));
   }
-  CHECK(runToEnd({kTrainer, "--bf16"}, 30s, &output) == 2);
-  CHECK_THAT(output, Catch::Contains("--bf16 needs --device cuda"));
+  CHECK(runToEnd({kTrainer, "--bf16", "--device", "cpu"}, 30s, &output) == 2);
+  CHECK_THAT(output, Catch::Contains("--bf16 needs the GPU engine, not --device cpu"));
   CHECK(runToEnd({kTrainer, "--device", "tpu"}, 30s, &output) == 2);
+  CHECK_THAT(output, Catch::Contains("--device: expected auto, cpu or cuda, got 'tpu'"));
+}
+
+TEST_CASE("cpprun-mnist --device auto (the default) trains on the CPU where no GPU is visible",
+          "[integration][mnist][trainer][gpu]") {
+  // This machine (and CI's) has no GPU: auto must pick the CPU engine, say why in one line, and
+  // train; --bf16, which needs the GPU engine, fails naming what auto chose.
+  std::string output;
+  REQUIRE(runToEnd({kTrainer, "--model", "mlp", "--epochs", "1", "--max-steps", "5"}, 120s,
+                   &output) == 0);
+  const std::string why = cpprun::mnist::gpuEngineBuilt()
+                              ? "--device auto: CPU (this build has the GPU engine, but no GPU "
+                                "is visible)"
+                              : "--device auto: CPU (this build has no GPU engine)";
+  CHECK_THAT(output, Catch::Contains(why));
+  CHECK_THAT(output, Catch::Contains("cpprun-mnist: compute: CPU"));
+  CHECK(runToEnd({kTrainer, "--bf16", "--model", "mlp", "--max-steps", "1", "--quiet"}, 60s,
+                 &output) == 1);
+  CHECK_THAT(output, Catch::Contains("--bf16 needs the GPU engine (--device auto chose cpu)"));
 }
