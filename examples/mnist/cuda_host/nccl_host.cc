@@ -1,0 +1,192 @@
+// The emulated NCCL: a communicator is a cpprun::mnist::Communicator (a single process for one
+// rank, gloo through the agent's store for more), and ncclAllReduce is its allreduceSum queued on
+// the stream, divided by the number of ranks for ncclAvg.
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+
+#include "examples/mnist/communicator.h"
+#include "examples/mnist/cuda_host/cuda_host.h"
+
+struct ncclComm {
+  int rank = 0;
+  int nranks = 1;
+  std::unique_ptr<cpprun::mnist::Communicator> communicator;
+  std::string last_error;  // of the last operation that failed on this communicator
+};
+
+namespace {
+
+std::mutex init_error_mutex;
+std::string init_error;  // the last ncclCommInitRank failure
+
+void setInitError(const std::string& message) {
+  std::lock_guard<std::mutex> lock(init_error_mutex);
+  init_error = message;
+}
+
+// "emulated-nccl/<hex of the id>/": ranks holding the same id meet under it.
+std::string prefixFor(const ncclUniqueId& id) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string prefix = "emulated-nccl/";
+  for (char c : id.internal) {
+    const auto byte = static_cast<unsigned char>(c);
+    prefix += kHex[byte >> 4];
+    prefix += kHex[byte & 0xf];
+  }
+  return prefix + "/";
+}
+
+template <typename T>
+void reduceInPlace(ncclComm* comm, const void* send, void* recv, size_t count, ncclRedOp_t op) {
+  auto* data = static_cast<T*>(recv);
+  if (send != recv) std::memcpy(recv, send, count * sizeof(T));
+  comm->communicator->allreduceSum(data, count);
+  if (op == ncclAvg) {
+    for (size_t i = 0; i < count; ++i) data[i] /= static_cast<T>(comm->nranks);
+  }
+}
+
+}  // namespace
+
+const char* ncclGetErrorString(ncclResult_t result) {
+  switch (result) {
+    case ncclSuccess:
+      return "no error";
+    case ncclUnhandledCudaError:
+      return "unhandled cuda error";
+    case ncclSystemError:
+      return "unhandled system error";
+    case ncclInternalError:
+      return "internal error";
+    case ncclInvalidArgument:
+      return "invalid argument";
+    case ncclInvalidUsage:
+      return "invalid usage";
+    case ncclRemoteError:
+      return "remote process exited or there was a network error";
+    case ncclInProgress:
+      return "NCCL operation in progress";
+  }
+  return "unknown result code";
+}
+
+const char* ncclGetLastError(ncclComm_t comm) {
+  if (comm != nullptr) return comm->last_error.c_str();
+  std::lock_guard<std::mutex> lock(init_error_mutex);
+  return init_error.c_str();
+}
+
+ncclResult_t ncclGetVersion(int* version) {
+  if (version == nullptr) return ncclInvalidArgument;
+  *version = NCCL_VERSION_CODE;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
+  if (id == nullptr) return ncclInvalidArgument;
+  std::random_device random;
+  for (size_t i = 0; i < sizeof(id->internal); i += sizeof(unsigned int)) {
+    const unsigned int r = random();
+    std::memcpy(id->internal + i, &r, sizeof(r));
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+  if (comm == nullptr) return ncclInvalidArgument;
+  *comm = nullptr;
+  if (nranks < 1 || rank < 0 || rank >= nranks) {
+    setInitError("ncclCommInitRank: rank " + std::to_string(rank) + " of " +
+                 std::to_string(nranks) + " ranks");
+    return ncclInvalidArgument;
+  }
+  auto created = std::make_unique<ncclComm>();
+  created->rank = rank;
+  created->nranks = nranks;
+  if (nranks == 1) {
+    created->communicator = cpprun::mnist::makeSingleProcessCommunicator();
+  } else {
+    try {
+      auto gloo =
+          cpprun::mnist::makeGlooCommunicatorThroughMasterStore(rank, nranks, prefixFor(id));
+      if (!gloo.isOk()) {
+        setInitError("ncclCommInitRank: " + gloo.status().message());
+        return ncclInvalidArgument;
+      }
+      created->communicator = std::move(gloo.value());
+    } catch (const std::exception& e) {
+      setInitError(std::string("ncclCommInitRank: ") + e.what());
+      return ncclSystemError;
+    }
+  }
+  *comm = created.release();
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  if (comm == nullptr) return ncclSuccess;
+  // NCCL finalises first: operations already queued complete.
+  ncclResult_t result =
+      cudaDeviceSynchronize() == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError;
+  try {
+    comm->communicator->finish();  // gloo's sockets close with a reset: the peers must be done
+  } catch (const std::exception&) {
+    result = ncclSystemError;
+  }
+  delete comm;
+  return result;
+}
+
+ncclResult_t ncclCommCount(ncclComm_t comm, int* count) {
+  if (comm == nullptr || count == nullptr) return ncclInvalidArgument;
+  *count = comm->nranks;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommUserRank(ncclComm_t comm, int* rank) {
+  if (comm == nullptr || rank == nullptr) return ncclInvalidArgument;
+  *rank = comm->rank;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
+                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  if (comm == nullptr) return ncclInvalidArgument;
+  if ((type != ncclFloat && type != ncclDouble) || (op != ncclSum && op != ncclAvg)) {
+    comm->last_error =
+        "ncclAllReduce: the emulation reduces ncclFloat and ncclDouble with "
+        "ncclSum or ncclAvg (type " +
+        std::to_string(static_cast<int>(type)) + ", op " + std::to_string(static_cast<int>(op)) +
+        ")";
+    return ncclInvalidArgument;
+  }
+  if (count == 0) return ncclSuccess;
+  const size_t bytes = count * (type == ncclFloat ? sizeof(float) : sizeof(double));
+  if (!cuda_host::isDeviceRange(send, bytes) || !cuda_host::isDeviceRange(recv, bytes)) {
+    comm->last_error =
+        "ncclAllReduce: buffers are not device memory of " + std::to_string(bytes) + " bytes";
+    return ncclInvalidArgument;
+  }
+  const cudaError_t queued = cuda_host::enqueue(stream, [=] {
+    try {
+      if (type == ncclFloat) {
+        reduceInPlace<float>(comm, send, recv, count, op);
+      } else {
+        reduceInPlace<double>(comm, send, recv, count, op);
+      }
+    } catch (const std::exception& e) {
+      comm->last_error = std::string("ncclAllReduce: ") + e.what();
+      return cudaErrorLaunchFailure;
+    }
+    return cudaSuccess;
+  });
+  if (queued != cudaSuccess) {
+    comm->last_error = std::string("ncclAllReduce: stream: ") + cudaGetErrorString(queued);
+    return ncclInvalidArgument;
+  }
+  return ncclSuccess;
+}
