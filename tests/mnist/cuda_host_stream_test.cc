@@ -102,7 +102,25 @@ TEST_CASE("cuda_host: a kernel runs once per element, only when the host synchro
   REQUIRE(cudaMemcpyAsync(host.data(), hits, n * sizeof(int), cudaMemcpyDeviceToHost, s) ==
           cudaSuccess);
   CHECK(host == std::vector<int>(n, 2));
+  // cudaFree, cudaEventSynchronize and cudaStreamDestroy wait for queued work too.
+  void* other = nullptr;
+  REQUIRE(cudaMalloc(&other, 4) == cudaSuccess);
+  cuda_host::enqueueKernel(s, 1, 1, [=] { countVisits(hits, n); });
+  REQUIRE(cudaFree(other) == cudaSuccess);
+  CHECK(cuda_host::pendingOperations() == 0);
+  CHECK(hits[n - 1] == 3);
+  cudaEvent_t done = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&done, cudaEventDisableTiming) == cudaSuccess);
+  cuda_host::enqueueKernel(s, 1, 1, [=] { countVisits(hits, n); });
+  REQUIRE(cudaEventRecord(done, s) == cudaSuccess);
+  cuda_host::enqueueKernel(s, 1, 1, [=] { countVisits(hits, n); });
+  REQUIRE(cudaEventSynchronize(done) == cudaSuccess);
+  CHECK(hits[0] == 4);  // up to the record, not past it
+  CHECK(cuda_host::pendingOperations() == 1);
+  REQUIRE(cudaEventDestroy(done) == cudaSuccess);
   REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+  CHECK(cuda_host::pendingOperations() == 0);
+  CHECK(hits[0] == 5);
   REQUIRE(cudaFree(hits) == cudaSuccess);
 }
 
@@ -234,6 +252,8 @@ TEST_CASE("cuda_host: bad handles and pointers are errors, not crashes", "[unit]
   cuda_host::setDeviceCount(0);
   CHECK(cudaGetDeviceCount(&count) == cudaErrorNoDevice);
   CHECK(count == 0);
+  CHECK(cudaSetDevice(0) == cudaErrorNoDevice);
+  CHECK(cudaMalloc(&p, 16) == cudaErrorNoDevice);
   cuda_host::setDeviceCount(1);
   CHECK(std::string(cudaGetErrorString(cudaErrorInvalidConfiguration)) ==
         "invalid configuration argument");

@@ -317,13 +317,17 @@ cudaError_t cudaMalloc(void** pointer, size_t bytes) {
   if (pointer == nullptr) return fail(cudaErrorInvalidValue);
   *pointer = nullptr;
   if (bytes == 0) return cudaSuccess;
-  // CUDA aligns allocations to at least 256 bytes.
-  const size_t rounded = (bytes + 255) / 256 * 256;
-  void* p = std::aligned_alloc(256, rounded);
-  if (p == nullptr) return fail(cudaErrorMemoryAllocation);
+  {
+    Device& d = device();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    if (d.device_count == 0) return fail(cudaErrorNoDevice);
+  }
+  // CUDA aligns allocations to 256 bytes. Exactly `bytes` are allocated (posix_memalign takes
+  // any size), so AddressSanitizer flags the first byte past them.
+  void* p = nullptr;
+  if (posix_memalign(&p, 256, bytes) != 0) return fail(cudaErrorMemoryAllocation);
   Device& d = device();
   std::lock_guard<std::mutex> lock(d.mutex);
-  // Only `bytes` count as the allocation, so an access past them is an error for the checks.
   d.allocations[reinterpret_cast<uintptr_t>(p)] = bytes;
   *pointer = p;
   return cudaSuccess;

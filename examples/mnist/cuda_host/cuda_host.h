@@ -8,8 +8,9 @@
 // engine's source compiles as is. What the emulation adds is in namespace cuda_host.
 //
 // Execution model (cuda_host.cc has the details):
-// - Device memory is host memory (aligned_alloc), so AddressSanitizer sees a kernel's
-//   out-of-bounds access. Device pointers are checked against the live allocations.
+// - Device memory is host memory (exactly the bytes asked for, 256-byte aligned), so
+//   AddressSanitizer sees a kernel's out-of-bounds access. Device pointers are checked against the
+//   live allocations.
 // - Every stream is an in-order queue. Work runs LAZILY, only when the host must observe it:
 //   cudaStreamSynchronize, cudaEventSynchronize, cudaDeviceSynchronize, a copy to the host,
 //   cudaFree, cudaStreamDestroy, ncclCommDestroy.
