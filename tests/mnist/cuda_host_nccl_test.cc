@@ -74,8 +74,9 @@ TEST_CASE("cuda_host NCCL: bad ranks and a missing MASTER_ADDR are errors with a
   if (master) setenv("MASTER_ADDR", master->c_str(), 1);
 }
 
-TEST_CASE("cuda_host NCCL: two ranks under cpprun average and sum through the agent's store",
-          "[integration]") {
+namespace {
+
+std::string freshIdHex() {
   ncclUniqueId id{};
   REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
   std::string hex;
@@ -84,6 +85,14 @@ TEST_CASE("cuda_host NCCL: two ranks under cpprun average and sum through the ag
     hex += kHex[static_cast<unsigned char>(c) >> 4];
     hex += kHex[static_cast<unsigned char>(c) & 0xf];
   }
+  return hex;
+}
+
+}  // namespace
+
+TEST_CASE("cuda_host NCCL: two ranks under cpprun average and sum through the agent's store",
+          "[integration]") {
+  const std::string hex = freshIdHex();
   ChildProcess run(
       {CPPRUN_BINARY, "--nproc-per-node=2", "--no-python", CPPRUN_CUDA_HOST_NCCL_WORKER, hex});
   const std::optional<int> status = run.wait(90s);
@@ -97,4 +106,16 @@ TEST_CASE("cuda_host NCCL: two ranks under cpprun average and sum through the ag
                             "30.000000 32.000000 34.000000 36.000000 38.000000") !=
           std::string::npos);
   }
+}
+
+TEST_CASE("cuda_host NCCL: a peer gone mid-job fails the draining call, with gloo's reason",
+          "[integration]") {
+  ChildProcess run({CPPRUN_BINARY, "--nproc-per-node=2", "--no-python",
+                    CPPRUN_CUDA_HOST_NCCL_WORKER, freshIdHex(), "peer-vanishes"});
+  const std::optional<int> status = run.wait(90s);
+  INFO(run.output());
+  REQUIRE(status.has_value());
+  CHECK(exitCodeOf(*status) == 0);
+  CHECK(run.output().find("rank 0 saw the all-reduce fail: unspecified launch failure: "
+                          "ncclAllReduce: ") != std::string::npos);
 }

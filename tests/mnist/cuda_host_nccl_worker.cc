@@ -2,8 +2,11 @@
 // rank-dependent data with ncclAvg and ncclSum through the emulated NCCL (gloo through the
 // agent's store) and prints what it got.
 //
-// Usage: cuda_host_nccl_worker <hex of a 128-byte ncclUniqueId>  (RANK, WORLD_SIZE from cpprun)
-// Prints "rank R avg v0 v1 ... sum v0 v1 ..." and exits 0, or says what failed and exits 1.
+// Usage: cuda_host_nccl_worker <hex of a 128-byte ncclUniqueId> [peer-vanishes]
+// (RANK, WORLD_SIZE from cpprun). Prints "rank R avg v0 v1 ... sum v0 v1 ..." and exits 0, or
+// says what failed and exits 1. With peer-vanishes, the last rank leaves right after
+// ncclCommInitRank and the others print "rank R saw the all-reduce fail: <cuda error>: <NCCL's
+// last error>" and exit 0 when the copy after the all-reduce reports the failure.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -23,9 +26,10 @@ int fail(const std::string& what) {
 int main(int argc, char** argv) {
   const char* rank_text = std::getenv("RANK");
   const char* world_text = std::getenv("WORLD_SIZE");
-  if (argc != 2 || rank_text == nullptr || world_text == nullptr) {
-    return fail("usage: RANK=r WORLD_SIZE=w cuda_host_nccl_worker <hex id>");
+  if (argc < 2 || argc > 3 || rank_text == nullptr || world_text == nullptr) {
+    return fail("usage: RANK=r WORLD_SIZE=w cuda_host_nccl_worker <hex id> [peer-vanishes]");
   }
+  const bool peer_vanishes = argc == 3 && std::string(argv[2]) == "peer-vanishes";
   const int rank = std::atoi(rank_text);
   const int world = std::atoi(world_text);
   const std::string hex = argv[1];
@@ -55,12 +59,36 @@ int main(int argc, char** argv) {
   }
   cudaMemcpyAsync(avg, host.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream);
   cudaMemcpyAsync(sum, host.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream);
-  if (ncclAllReduce(avg, avg, n, ncclFloat, ncclAvg, comm, stream) != ncclSuccess ||
+  if ((!peer_vanishes &&
+       ncclAllReduce(avg, avg, n, ncclFloat, ncclAvg, comm, stream) != ncclSuccess) ||
       ncclAllReduce(sum, sum, n, ncclFloat, ncclSum, comm, stream) != ncclSuccess) {
     return fail(std::string("ncclAllReduce: ") + ncclGetLastError(comm));
   }
   std::vector<float> avg_out(n);
   std::vector<float> sum_out(n);
+  if (peer_vanishes) {
+    // One all-reduce first: when the last rank has its result, every rank is past
+    // ncclCommInitRank. Then the last rank leaves without a word (no ncclCommDestroy), and the
+    // others' all-reduces fail: this one already (gloo resets its sockets on exit, so bytes not
+    // yet read may be lost) or the next.
+    cudaError_t e =
+        cudaMemcpyAsync(sum_out.data(), sum, n * sizeof(float), cudaMemcpyDeviceToHost, stream);
+    if (rank == world - 1) {
+      if (e != cudaSuccess) return fail("the first all-reduce failed");
+      std::_Exit(0);
+    }
+    if (e == cudaSuccess) {
+      if (ncclAllReduce(avg, avg, n, ncclFloat, ncclAvg, comm, stream) != ncclSuccess) {
+        return fail("ncclAllReduce refused");
+      }
+      e = cudaMemcpyAsync(avg_out.data(), avg, n * sizeof(float), cudaMemcpyDeviceToHost, stream);
+    }
+    if (e == cudaSuccess) return fail("the all-reduce with a vanished peer succeeded");
+    std::printf("rank %d saw the all-reduce fail: %s: %s\n", rank, cudaGetErrorString(e),
+                ncclGetLastError(comm));
+    std::fflush(stdout);
+    std::_Exit(0);  // ncclCommDestroy's barrier would wait for the vanished peer
+  }
   if (cudaMemcpyAsync(avg_out.data(), avg, n * sizeof(float), cudaMemcpyDeviceToHost, stream) !=
           cudaSuccess ||
       cudaMemcpyAsync(sum_out.data(), sum, n * sizeof(float), cudaMemcpyDeviceToHost, stream) !=

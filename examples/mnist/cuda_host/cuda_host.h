@@ -308,7 +308,9 @@ ncclResult_t ncclGetVersion(int* version);
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id);
 // nranks 1: a local communicator. More: gloo, meeting the other ranks through the store at
 // MASTER_ADDR:MASTER_PORT under a key prefix made from the id, so ranks holding the same id
-// meet. Blocks until every rank arrived (as NCCL does).
+// meet. Blocks until every rank arrived (as NCCL does). With more than one rank, SIGPIPE is
+// ignored from then on when it was at its default (a peer gone is an error, as in NCCL, not a
+// signal: gloo writes without MSG_NOSIGNAL).
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank);
 // Runs the work still queued (on every stream), then a barrier with the other ranks, then frees.
 ncclResult_t ncclCommDestroy(ncclComm_t comm);

@@ -1,6 +1,7 @@
 // The emulated NCCL: a communicator is a cpprun::mnist::Communicator (a single process for one
 // rank, gloo through the agent's store for more), and ncclAllReduce is its allreduceSum queued on
 // the stream, divided by the number of ranks for ncclAvg.
+#include <csignal>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -110,6 +111,13 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
   if (nranks == 1) {
     created->communicator = cpprun::mnist::makeSingleProcessCommunicator();
   } else {
+    // NCCL reports a vanished peer as an error; gloo writes without MSG_NOSIGNAL, so a write to
+    // a reset connection would kill the process with SIGPIPE instead. Ignore it, unless the
+    // program chose a disposition of its own.
+    struct sigaction current {};
+    if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      std::signal(SIGPIPE, SIG_IGN);
+    }
     try {
       auto gloo =
           cpprun::mnist::makeGlooCommunicatorThroughMasterStore(rank, nranks, prefixFor(id));
