@@ -20,6 +20,8 @@
 
 #include "common/check.h"
 
+namespace cuda_host {
+
 // A queued operation. `issued` orders all operations of all streams by their call; `done` (when
 // set) becomes true once it ran; `after` (when set) is the record it waits for: it may run only
 // once that is true.
@@ -30,9 +32,11 @@ struct Operation {
   std::shared_ptr<bool> after;
 };
 
+}  // namespace cuda_host
+
 // The opaque handle types.
 struct CUstream_st {
-  std::deque<Operation> queue;
+  std::deque<cuda_host::Operation> queue;
 };
 
 struct CUevent_st {
