@@ -108,7 +108,7 @@ TEST_CASE("cuda_host NCCL: two ranks under cpprun average and sum through the ag
   }
 }
 
-TEST_CASE("cuda_host NCCL: a peer gone mid-job fails the draining call, with gloo's reason",
+TEST_CASE("cuda_host NCCL: a peer gone mid-job fails the all-reduce, with gloo's reason",
           "[integration]") {
   ChildProcess run({CPPRUN_BINARY, "--nproc-per-node=2", "--no-python",
                     CPPRUN_CUDA_HOST_NCCL_WORKER, freshIdHex(), "peer-vanishes"});
@@ -116,6 +116,6 @@ TEST_CASE("cuda_host NCCL: a peer gone mid-job fails the draining call, with glo
   INFO(run.output());
   REQUIRE(status.has_value());
   CHECK(exitCodeOf(*status) == 0);
-  CHECK(run.output().find("rank 0 saw the all-reduce fail: unspecified launch failure: "
+  CHECK(run.output().find("rank 0 saw the all-reduce fail: unhandled system error: "
                           "ncclAllReduce: ") != std::string::npos);
 }

@@ -135,6 +135,16 @@ cudaError_t enqueue(cudaStream_t stream, std::function<cudaError_t()> operation)
   return cudaSuccess;
 }
 
+cudaError_t enqueueAndWait(cudaStream_t stream, std::function<cudaError_t()> operation) {
+  Device& d = device();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  CUstream_st* s = streamFor(d, stream);
+  if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  auto ran = std::make_shared<bool>(false);
+  push(d, s, std::move(operation), ran);
+  return drainUntil(d, [&ran] { return *ran; });
+}
+
 void enqueueKernel(cudaStream_t stream, unsigned blocks, unsigned threads,
                    std::function<void()> body) {
   if (threads < 1 || threads > 1024 || blocks < 1 || blocks > 0x7fffffffU) {

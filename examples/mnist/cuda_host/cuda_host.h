@@ -316,9 +316,9 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclCommCount(ncclComm_t comm, int* count);
 ncclResult_t ncclCommUserRank(ncclComm_t comm, int* rank);
-// ncclFloat and ncclDouble with ncclSum or ncclAvg; queued on `stream`. A failure while it runs
-// (a peer gone) makes the draining call return cudaErrorLaunchFailure; ncclGetLastError(comm)
-// then says why.
+// ncclFloat and ncclDouble with ncclSum or ncclAvg; queued on `stream` and run before the call
+// returns, after the work it depends on (cuda_host::enqueueAndWait). A failure (a peer gone)
+// returns ncclSystemError, and ncclGetLastError(comm) says why.
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
 
@@ -339,6 +339,15 @@ void enqueueKernel(cudaStream_t stream, unsigned blocks, unsigned threads,
 // it captures may call this API (a lambda capturing an object whose destructor calls cudaFree
 // would deadlock; capture the pointers).
 cudaError_t enqueue(cudaStream_t stream, std::function<cudaError_t()> operation);
+
+// Queues `operation` on `stream` and runs queued work (in the order above) until it has run;
+// returns its error or the first error met on the way. The emulation's collectives use it: on a
+// GPU, streams progress without the host, so a rank whose host waits on something else (rank 0
+// reading the loss, a host-side barrier) never holds up a collective its peers wait in. A lazy
+// queue would run the collective only when that rank's host next synchronises, and two ranks
+// could each wait in a different collective for the other: a deadlock no GPU has. Every rank
+// issues the same collectives in the same order, so running each at its call keeps that order.
+cudaError_t enqueueAndWait(cudaStream_t stream, std::function<cudaError_t()> operation);
 
 // Whether [pointer, pointer + bytes) lies inside one live device allocation.
 bool isDeviceRange(const void* pointer, size_t bytes);

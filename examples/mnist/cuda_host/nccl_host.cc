@@ -1,6 +1,6 @@
 // The emulated NCCL: a communicator is a cpprun::mnist::Communicator (a single process for one
 // rank, gloo through the agent's store for more), and ncclAllReduce is its allreduceSum queued on
-// the stream, divided by the number of ranks for ncclAvg.
+// the stream and run at the call (a synchronisation point), divided by the ranks for ncclAvg.
 #include <csignal>
 #include <cstring>
 #include <exception>
@@ -179,7 +179,8 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
         "ncclAllReduce: buffers are not device memory of " + std::to_string(bytes) + " bytes";
     return ncclInvalidArgument;
   }
-  const cudaError_t queued = cuda_host::enqueue(stream, [=] {
+  // A synchronisation point of the emulation (cuda_host::enqueueAndWait says why).
+  const cudaError_t ran = cuda_host::enqueueAndWait(stream, [=] {
     try {
       if (type == ncclFloat) {
         reduceInPlace<float>(comm, send, recv, count, op);
@@ -192,9 +193,16 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
     }
     return cudaSuccess;
   });
-  if (queued != cudaSuccess) {
-    comm->last_error = std::string("ncclAllReduce: stream: ") + cudaGetErrorString(queued);
+  if (ran == cudaErrorInvalidResourceHandle) {
+    comm->last_error = std::string("ncclAllReduce: stream: ") + cudaGetErrorString(ran);
     return ncclInvalidArgument;
+  }
+  if (ran != cudaSuccess) {
+    if (comm->last_error.empty()) {
+      comm->last_error =
+          std::string("ncclAllReduce: earlier work failed: ") + cudaGetErrorString(ran);
+    }
+    return ncclSystemError;
   }
   return ncclSuccess;
 }
