@@ -38,13 +38,13 @@ struct TrainerOptions {
   int threads = 1;        // BLAS threads of this rank
   std::string checkpoint_dir;
   bool resume = false;
-  std::string metrics_path;    // JSON lines (rank 0)
-  bool quiet = false;          // no progress lines
+  std::string metrics_path;  // JSON lines (rank 0)
+  bool quiet = false;        // no progress lines
   // "auto" (CUDA when this build has the GPU engine and the process sees a GPU, else the
   // CPU), "cpu" or "cuda" (builds with CUDA and NCCL).
   std::string device = "auto";
-  int cuda_device = 0;         // which visible GPU (cpprun-mnist picks LOCAL_RANK)
-  bool bf16 = false;           // GPU: bfloat16 matrix products, float accumulation
+  int cuda_device = 0;  // which visible GPU (cpprun-mnist picks LOCAL_RANK)
+  bool bf16 = false;    // GPU: bfloat16 matrix products, float accumulation
   // Polled after every step when set (cpprun-mnist: SIGUSR1, the pre-emption warning, was
   // received). The ranks agree through one all-reduce per step, so they stop after the same
   // step; rank 0 then writes a mid-epoch checkpoint and train() returns with `preempted`.
