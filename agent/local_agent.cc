@@ -53,8 +53,12 @@ Result<JobOutcome> runLocalAgent(const LocalAgentOptions& options,
         CPPRUN_LOG(kInfo) << "this agent serves the job's store on " << so.host << ":"
                           << store_port;
       }
-    } else if (!(options.host_store_if_free &&
-                 created.status().code() == StatusCode::kAlreadyExists)) {
+    } else if (options.host_store_if_free &&
+               created.status().code() == StatusCode::kAlreadyExists) {
+      CPPRUN_LOG(kInfo) << "another process holds " << so.host << ":" << so.port
+                        << "; this agent joins the store there (" << created.status().message()
+                        << ")";
+    } else {
       return created.status();
     }
   }

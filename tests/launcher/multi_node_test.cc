@@ -222,9 +222,11 @@ TEST_CASE("a node whose workers finish long before the others' waits for them, n
       startJob(freeTcpPort(),
                {{0, 1, {"sleep", "3", "print", "done {rank}"}}, {1, 1, {"print", "done {rank}"}}},
                {"--rdzv-conf=keep_alive_interval=0.3,join_timeout=1"});
+  const int node1 = waitExit(*agents[1]);
+  const int node0 = waitExit(*agents[0]);
   INFO(agents[0]->output() << "\n--- node 1 ---\n" << agents[1]->output());
-  CHECK(waitExit(*agents[1]) == 0);
-  CHECK(waitExit(*agents[0]) == 0);
+  CHECK(node1 == 0);
+  CHECK(node0 == 0);
   CHECK_THAT(agents[1]->output(), Catch::Contains("all 2 workers of 2 nodes succeeded"));
 }
 
