@@ -1,8 +1,11 @@
 #include "agent/local_agent.h"
 
+#include <netdb.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <optional>
 #include <thread>
 
@@ -17,6 +20,33 @@
 #include "rendezvous/tcp_store_server.h"
 
 namespace cpprun::agent {
+
+namespace {
+
+// Whether a TCP connection to host:port (0.0.0.0 / :: mean this machine) is accepted now.
+bool somethingAccepts(const std::string& host, uint16_t port) {
+  std::string target = host;
+  if (target.empty() || target == "0.0.0.0") target = "127.0.0.1";
+  if (target == "::") target = "::1";
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(target.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) {
+    return false;
+  }
+  bool accepted = false;
+  for (addrinfo* a = found; a != nullptr && !accepted; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    accepted = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return accepted;
+}
+
+}  // namespace
 
 namespace asio = boost::asio;
 
@@ -44,7 +74,18 @@ Result<JobOutcome> runLocalAgent(const LocalAgentOptions& options,
     so.host = options.store_bind_host.empty() ? options.store_host : options.store_bind_host;
     so.port = static_cast<uint16_t>(options.store_port);
     so.no_handshake_dialect = options.store_no_handshake_dialect;
+    // Elastic agents all try to host the store on the endpoint; the first wins. Two binds with
+    // SO_REUSEADDR at the same instant can both succeed and then both listens fail, leaving no
+    // host at all (seen under ctest -j2). So "in use" counts only when something accepts there;
+    // otherwise the election runs again after a random pause of a few milliseconds.
     auto created = rendezvous::TcpStoreServer::create(io, so);
+    for (int attempt = 1; !created.isOk() && options.host_store_if_free &&
+                          created.status().code() == StatusCode::kAlreadyExists && attempt <= 50 &&
+                          !somethingAccepts(so.host, so.port);
+         ++attempt) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1 + (::getpid() + attempt * 7) % 13));
+      created = rendezvous::TcpStoreServer::create(io, so);
+    }
     if (created.isOk()) {
       store = std::move(created).value();
       if (options.store_bind_host.empty()) store_host = store->host();
