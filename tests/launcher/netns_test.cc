@@ -150,8 +150,9 @@ void ddpSpansThreeHosts(const TorchPeer& peer) {
                     {{"PYTHON_EXEC", peer.python}, {"GLOO_SOCKET_IFNAME", "eth0"}});
   }
   for (auto& a : agents) {
-    INFO(a->output());
-    CHECK(waitExit(*a) == 0);
+    const int code = waitExit(*a);
+    INFO(a->output());  // after the exit, so that a failure shows what the agent said
+    CHECK(code == 0);
   }
   std::set<double> checksums;
   for (int r = 0; r < 3; ++r) {
