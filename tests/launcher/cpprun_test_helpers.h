@@ -128,6 +128,17 @@ inline void killAgentOf(ChildProcess& launcher) {
   REQUIRE(::kill(agent[0], SIGKILL) == 0);
 }
 
+// Runs `argv` to its end (a test failure if it outlives `bound`), keeps what it printed in
+// *output and returns its exit code (128 + signal when killed).
+inline int runToEnd(const std::vector<std::string>& argv, std::chrono::seconds bound,
+                    std::string* output) {
+  ChildProcess run(argv);
+  auto status = run.wait(bound);
+  *output = run.output();
+  REQUIRE(status.has_value());
+  return exitCodeOf(*status);
+}
+
 // A TCP port nobody listens on right now (multi-node jobs must know the store port in advance).
 // Taken below the kernel's ephemeral range, from an offset that differs per test process: a
 // port from bind(0) is free again the moment it is closed, and ctest -j2 once handed the same

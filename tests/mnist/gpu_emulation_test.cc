@@ -18,6 +18,7 @@
 #include "examples/mnist/gpu_engine.h"
 #include "examples/mnist/idx_dataset.h"
 #include "examples/mnist/network.h"
+#include "tests/launcher/cpprun_test_helpers.h"
 #include "tests/support/test_support.h"
 #include "tests/support/training_results.h"
 
@@ -25,6 +26,7 @@ using namespace cpprun::mnist;
 using cpprun::testing::ChildProcess;
 using cpprun::testing::exitCodeOf;
 using cpprun::testing::relativeDistance;
+using cpprun::testing::runToEnd;
 using cpprun::testing::TempDir;
 using cpprun::testing::testRecords;
 using namespace std::chrono_literals;
@@ -121,15 +123,6 @@ void writeIdxSplit(const std::string& dir, const std::string& split, const IdxDa
   labels.write(reinterpret_cast<const char*>(d.labels.data()), count);
   REQUIRE(images.good());
   REQUIRE(labels.good());
-}
-
-int runToEnd(const std::vector<std::string>& argv, std::chrono::seconds bound,
-             std::string* output) {
-  ChildProcess run(argv);
-  auto status = run.wait(bound);
-  *output = run.output();
-  REQUIRE(status.has_value());
-  return exitCodeOf(*status);
 }
 
 }  // namespace

@@ -24,6 +24,7 @@ using cpprun::testing::ChildProcess;
 using cpprun::testing::exitCodeOf;
 using cpprun::testing::processesMentioning;
 using cpprun::testing::relativeDistance;
+using cpprun::testing::runToEnd;
 using cpprun::testing::TempDir;
 using cpprun::testing::testRecords;
 using namespace std::chrono_literals;
@@ -39,15 +40,6 @@ std::vector<std::string> underCpprun(int nproc, std::vector<std::string> args,
   argv.push_back(kTrainer);
   argv.insert(argv.end(), args.begin(), args.end());
   return argv;
-}
-
-int runToEnd(const std::vector<std::string>& argv, std::chrono::seconds bound,
-             std::string* output) {
-  ChildProcess run(argv);
-  auto status = run.wait(bound);
-  *output = run.output();
-  REQUIRE(status.has_value());
-  return exitCodeOf(*status);
 }
 
 // The worker process of `rank` among the live processes whose command line mentions `token`.
