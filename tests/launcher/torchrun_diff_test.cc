@@ -21,6 +21,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
@@ -72,6 +73,23 @@ std::vector<pid_t> processesWithEnvironment(const std::string& entry) {
     }
   }
   return found;
+}
+
+// "pid state ppid cmdline" for each process still alive: what a failed no-orphans check shows.
+std::string describeProcesses(const std::vector<pid_t>& pids) {
+  std::ostringstream out;
+  for (pid_t pid : pids) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string text;
+    std::getline(stat, text);
+    const size_t close = text.rfind(')');
+    std::ifstream cmdline_file("/proc/" + std::to_string(pid) + "/cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(cmdline_file)), {});
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    out << pid << " [" << (close == std::string::npos ? "gone" : text.substr(close + 2, 8)) << "] "
+        << cmdline << "\n";
+  }
+  return out.str();
 }
 
 // One test's directories: TMPDIR for both launchers, and where each launcher's workers write.
@@ -464,7 +482,7 @@ TEST_CASE("torchrun 2.x vs cpprun: exit codes of a failing, a killed and a succe
 
 TEST_CASE(
     "torchrun 2.x vs cpprun: the launcher stopped by SIGTERM exits 1 (torchrun) and 143 "
-    "(cpprun), its worker stopped",
+    "(cpprun); cpprun's worker is always stopped",
     "[integration][torch][torch2]") {
   requireTorchPeer(torch2());
   Sandbox box;
@@ -476,9 +494,25 @@ TEST_CASE(
     const std::string ready = l == Launcher::kTorchrun ? "ready-0" : "[default0]:ready-0";
     INFO(nameOf(l));
     REQUIRE(run.waitForLine(ready, 60s).has_value());
+    // The signal lands as soon as the worker has spoken: the launcher may still be inside
+    // its own start-up code.
     run.signal(SIGTERM);
     CHECK(exitCode(run, l) == (l == Launcher::kTorchrun ? 1 : 128 + SIGTERM));
-    CHECK(allGone(processesWithEnvironment("TMPDIR=" + box.tmp)));
+    INFO(nameOf(l) << " output:\n" << run.output());
+    const bool gone = allGone(processesWithEnvironment("TMPDIR=" + box.tmp));
+    const std::vector<pid_t> left = processesWithEnvironment("TMPDIR=" + box.tmp);
+    INFO("still running:\n" << describeProcesses(left));
+    if (l == Launcher::kTorchrun && !gone) {
+      // torchrun 2.15 orphans its worker when SIGTERM arrives inside start_processes(),
+      // before it has stored the process context its shutdown path closes (about one run
+      // in three under ctest -j2). That is torchrun's race, not a contract: record it, end
+      // the orphan, and go on to the launcher this test is about.
+      WARN("torchrun 2.x left its worker running (SIGTERM during start_processes)");
+      for (pid_t pid : left) ::kill(pid, SIGKILL);
+      REQUIRE(allGone(left));
+      continue;
+    }
+    CHECK(gone);
   }
 }
 

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -227,8 +228,18 @@ std::optional<std::string> ChildProcess::waitForLine(const std::string& prefix,
 std::optional<int> ChildProcess::wait(std::chrono::milliseconds timeout) {
   if (status_) return status_;
   auto deadline = std::chrono::steady_clock::now() + timeout;
-  // Drain output until EOF (the child closed its end, normally by exiting), then reap.
-  while (!eof_ && remaining(deadline) > 0) readSome(std::chrono::milliseconds(remaining(deadline)));
+  // Drain output until EOF (the child closed its end, normally by exiting), then reap. A
+  // child that exited while a descendant it left behind still holds the pipe is reaped
+  // anyway: its buffered output is read and the wait ends, rather than at the deadline.
+  while (!eof_ && remaining(deadline) > 0) {
+    readSome(std::chrono::milliseconds(std::min(remaining(deadline), 100)));
+    int st = 0;
+    if (!eof_ && ::waitpid(pid_, &st, WNOHANG) == pid_) {
+      status_ = st;
+      readAvailable(std::chrono::milliseconds(20));
+      return status_;
+    }
+  }
   while (true) {
     int st = 0;
     pid_t r = ::waitpid(pid_, &st, WNOHANG);
