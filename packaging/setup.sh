@@ -21,7 +21,7 @@ esac
 build_packages=(
   build-essential cmake g++ pkg-config
   libboost-dev libboost-system-dev libboost-filesystem-dev nlohmann-json3-dev catch2 zlib1g-dev
-  libgloo-dev libopenblas-dev help2man
+  libgloo-dev libopenblas-dev help2man libssl-dev
 )
 packages=(
   # toolchain
@@ -43,6 +43,8 @@ packages=(
   gdb
   # the torch 2.x venv (below) is made with Debian's python3
   python3-venv
+  # etcd rendezvous: TLS by OpenSSL; its tests start real etcd clusters (etcdctl reads status)
+  libssl-dev etcd-server etcd-client
 )
 
 if [ "$build_only" = 1 ]; then packages=("${build_packages[@]}"); fi

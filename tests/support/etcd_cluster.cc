@@ -1,0 +1,1 @@
+#include "tests/support/etcd_cluster.h"
