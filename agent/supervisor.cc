@@ -6,13 +6,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <utility>
 
 #include "common/asio.h"
@@ -58,42 +55,6 @@ milliseconds sinceMs(SteadyClock::time_point t, SteadyClock::time_point now) {
   return std::chrono::duration_cast<milliseconds>(now - t);
 }
 
-// Up to `max_bytes` of `path` from `offset` ("" when it cannot be read).
-std::string readFileFrom(const std::string& path, uint64_t offset, size_t max_bytes) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return "";
-  in.seekg(static_cast<std::streamoff>(offset));
-  std::string text(max_bytes, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(max_bytes));
-  text.resize(static_cast<size_t>(in.gcount()));
-  return text;
-}
-
-uint64_t fileSize(const std::string& path) {
-  std::error_code ec;
-  auto size = std::filesystem::file_size(path, ec);
-  return ec ? 0 : static_cast<uint64_t>(size);
-}
-
-// The lines of a stack dump worth showing in a report: gdb's thread headers and frames, or
-// faulthandler's thread headers and "File ..." lines; at most `max_lines`.
-std::vector<std::string> stackLines(const std::string& text, size_t max_lines) {
-  std::vector<std::string> lines;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line) && lines.size() < max_lines) {
-    const size_t start = line.find_first_not_of(' ');
-    if (start == std::string::npos) continue;
-    const std::string body = line.substr(start);
-    if (body.rfind("Thread ", 0) == 0 || body.rfind("Current thread", 0) == 0 ||
-        body.rfind("File \"", 0) == 0 ||
-        (body[0] == '#' && body.size() > 1 && std::isdigit(static_cast<unsigned char>(body[1])))) {
-      lines.push_back(line);
-    }
-  }
-  return lines;
-}
-
 const char* stateName(int s) {
   static const char* const kNames[] = {"waiting", "running", "stopping", "draining", "done"};
   return kNames[s];
@@ -114,20 +75,6 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     bool exited_during_stop = false;
     std::unique_ptr<WorkerOutput> out;
     std::unique_ptr<WorkerOutput> err;
-    // Progress and stalls (stall detection, /status).
-    std::string rank_dir;
-    std::string progress_path;
-    std::string stack_path;
-    SteadyClock::time_point last_progress;
-    int64_t last_mtime_ns = -1;
-    std::optional<uint64_t> progress;
-    bool stalled = false;
-    SystemClock::time_point stall_time;
-    std::string stall_message;
-    uint64_t python_stack_offset = 0;
-    bool python_stack_requested = false;
-    std::string gdb_output_path;
-    std::vector<std::string> stack_excerpt;
   };
 
   Impl(asio::io_context& io, ProcessLauncher& launcher, SupervisorOptions options,
@@ -139,12 +86,14 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
         on_done_(std::move(on_done)),
         stop_timer_(io),
         drain_timer_(io),
-        progress_timer_(io),
         notice_timer_(io),
-        stack_timer_(io),
+        watchdog_(io, launcher, options_.stall, options_.track_progress, options_.event_log,
+                  {nullptr, [this](const std::vector<size_t>& stalled) { onStalled(stalled); }}),
         state_since_(SteadyClock::now()) {}
 
   void setState(State s) {
+    // Progress is checked only while the attempt runs.
+    if (state_ == State::kRunning && s != State::kRunning) watchdog_.stopChecks();
     const auto now = SteadyClock::now();
     state_seconds_[static_cast<int>(state_)] +=
         std::chrono::duration<double>(now - state_since_).count();
@@ -193,8 +142,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     workers_.resize(attempt.value().workers.size());
     setState(State::kRunning);
     attempt_failed_ = false;
-    collecting_stacks_ = false;
-    ++stall_generation_;
+    watchdog_.beginAttempt(restart_count_, workers_.size());
     peer_stopped_ = false;
     stop_signal_ = 0;
     for (size_t i = 0; i < workers_.size(); ++i) {
@@ -216,219 +164,21 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     const auto& last = workers_.back().spec;
     CPPRUN_LOG(kInfo) << "attempt " << restart_count_ << ": started " << workers_.size()
                       << " workers (ranks " << first.rank << ".." << last.rank << ")";
-    if (progressOn()) armProgressTimer();
+    watchdog_.startChecks();
   }
 
   static uint64_t outputBytes(const Worker& w) {
     return (w.out ? w.out->bytesRead() : 0) + (w.err ? w.err->bytesRead() : 0);
   }
 
-  // ---- progress and stalls ----
-
-  bool stallDetectionOn() const { return options_.stall.timeout.count() > 0; }
-  bool progressOn() const { return stallDetectionOn() || options_.track_progress; }
-
-  milliseconds progressInterval() const {
-    if (options_.stall.check_interval.count() > 0) return options_.stall.check_interval;
-    if (!stallDetectionOn()) return milliseconds(1000);
-    return std::clamp(options_.stall.timeout / 4, milliseconds(10), milliseconds(1000));
-  }
-
-  void armProgressTimer() {
-    progress_timer_.expires_after(progressInterval());
-    progress_timer_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
-      auto self = weak.lock();
-      if (!self || ec || self->state_ != State::kRunning) return;
-      self->checkProgress();
-      if (self->state_ == State::kRunning) self->armProgressTimer();
-    });
-  }
-
-  // Reads every running worker's progress file; a changed file is progress at `now`.
-  void refreshProgress(SteadyClock::time_point now) {
-    for (Worker& w : workers_) {
-      if (w.exited || w.pid <= 0 || w.stalled || w.progress_path.empty()) continue;
-      if (auto sample = readProgress(w.progress_path)) {
-        if (sample->mtime_ns != w.last_mtime_ns) {
-          w.last_mtime_ns = sample->mtime_ns;
-          w.last_progress = now;
-          if (sample->counter) w.progress = sample->counter;
-        }
-      }
-    }
-  }
-
-  void checkProgress() {
-    const auto now = SteadyClock::now();
-    refreshProgress(now);
-    std::vector<size_t> stalled;
-    for (size_t i = 0; i < workers_.size(); ++i) {
-      Worker& w = workers_[i];
-      if (w.exited || w.pid <= 0 || w.stalled || w.progress_path.empty()) continue;
-      if (stallDetectionOn() && !collecting_stacks_ &&
-          now - w.last_progress >= options_.stall.timeout) {
-        stalled.push_back(i);
-      }
-    }
-    if (!stalled.empty()) onStall(stalled, now);
-  }
-
-  std::string describeStall(const Worker& w, SteadyClock::time_point now) const {
-    std::string last = w.progress ? "last progress report: " + std::to_string(*w.progress)
-                       : w.last_mtime_ns >= 0 ? std::string("its reports carry no counter")
-                                              : std::string("it never reported progress");
-    return "stalled: no progress for " + formatWait(sinceMs(w.last_progress, now)) +
-           " (--stall-timeout " + formatWait(options_.stall.timeout) + "; " + last + ")";
-  }
-
-  void onStall(const std::vector<size_t>& indices, SteadyClock::time_point now) {
-    collecting_stacks_ = true;
-    ++stall_generation_;
-    stall_collection_pending_ = 0;
-    stall_indices_ = indices;
-    bool any_python = false;
-    for (size_t i : indices) {
-      Worker& w = workers_[i];
-      ++stalls_total_;
-      w.stalled = true;
-      w.stall_time = SystemClock::now();
-      w.stall_message = describeStall(w, now);
-      CPPRUN_LOG(kError) << "rank " << w.spec.rank << " (local_rank " << w.spec.local_rank
-                         << ", pid " << w.pid << ") is " << w.stall_message
-                         << "; collecting its stacks into " << w.rank_dir;
-      emitEvent(
-          options_.event_log, "stall_detected",
-          {{"attempt", restart_count_},
-           {"rank", w.spec.rank},
-           {"local_rank", w.spec.local_rank},
-           {"pid", w.pid},
-           {"seconds_since_progress", std::chrono::duration<double>(now - w.last_progress).count()},
-           {"progress", w.progress ? nlohmann::json(*w.progress) : nlohmann::json()}});
-      // Python stacks: only a worker whose helper registered faulthandler on SIGUSR1 (it
-      // created the stack file) gets the signal; to any other, SIGUSR1 may mean "stop".
-      if (!w.stack_path.empty() && std::filesystem::exists(w.stack_path)) {
-        w.python_stack_offset = fileSize(w.stack_path);
-        w.python_stack_requested = true;
-        Status sent = launcher_.signalProcess(w.pid, SIGUSR1);
-        if (sent.isOk()) {
-          any_python = true;
-        } else {
-          CPPRUN_LOG(kWarn) << sent.message();
-        }
-      }
-    }
-    if (options_.stall.gdb_path.empty()) {
-      CPPRUN_LOG(kWarn) << "gdb not found: no native stacks of the stalled ranks";
-    }
-    stack_timer_.expires_after(any_python ? options_.stall.faulthandler_grace : milliseconds(0));
-    stack_timer_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
-      auto self = weak.lock();
-      if (!self || ec || !self->collecting_stacks_) return;
-      self->startNativeStacks();
-    });
-  }
-
-  void startNativeStacks() {
-    if (!options_.stall.gdb_path.empty()) {
-      for (size_t i : stall_indices_) {
-        Worker& w = workers_[i];
-        if (w.exited || w.rank_dir.empty()) continue;
-        w.gdb_output_path = w.rank_dir + "/stacks_gdb.txt";
-        const int fd =
-            ::open(w.gdb_output_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd < 0) {
-          CPPRUN_LOG(kWarn) << "cannot write " << w.gdb_output_path << ": " << std::strerror(errno);
-          w.gdb_output_path.clear();
-          continue;
-        }
-        ProcessSpec gdb;
-        gdb.argv = {options_.stall.gdb_path,
-                    "-nx",
-                    "-batch",
-                    "-p",
-                    std::to_string(w.pid),
-                    "-ex",
-                    "set pagination off",
-                    "-ex",
-                    "thread apply all bt"};
-        gdb.stdout_fd = fd;
-        gdb.stderr_fd = fd;
-        auto pid = launcher_.spawn(gdb);
-        ::close(fd);
-        if (!pid.isOk()) {
-          CPPRUN_LOG(kWarn) << "cannot run gdb: " << pid.status().message();
-          continue;
-        }
-        ++stall_collection_pending_;
-        // A gdb of an earlier stall that exits late (killed with its attempt's leftovers)
-        // must not count for this one.
-        helpers_[pid.value()] = [weak = weak_from_this(), generation = stall_generation_](int) {
-          auto self = weak.lock();
-          if (!self || generation != self->stall_generation_) return;
-          if (--self->stall_collection_pending_ == 0) self->finishStall();
-        };
-      }
-    }
-    if (stall_collection_pending_ == 0) {
-      finishStall();
-      return;
-    }
-    // gdb gets a bound too: a worker in an uninterruptible state may hold it.
-    stack_timer_.expires_after(options_.stall.gdb_timeout);
-    stack_timer_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
-      auto self = weak.lock();
-      if (!self || ec || !self->collecting_stacks_) return;
-      CPPRUN_LOG(kWarn) << "gdb did not finish within "
-                        << formatWait(self->options_.stall.gdb_timeout) << "; killing it";
-      for (const auto& helper : self->helpers_) {
-        (void)self->launcher_.signalGroup(helper.first, SIGKILL);
-      }
-    });
-  }
-
-  // Every stack collection of the stall is over: report, then fail the attempt.
-  void finishStall() {
-    if (!collecting_stacks_) return;
-    collecting_stacks_ = false;
-    stack_timer_.cancel();
+  // The watchdog found ranks stalled and collected their stacks: fail the attempt, unless
+  // something else stopped it meanwhile.
+  void onStalled(const std::vector<size_t>& indices) {
+    if (state_ != State::kRunning) return;
     std::string ranks;
-    for (size_t i : stall_indices_) {
-      Worker& w = workers_[i];
-      ranks += (ranks.empty() ? "" : ", ") + std::to_string(w.spec.rank);
-      std::vector<std::string> files;
-      if (w.python_stack_requested) {
-        auto lines = stackLines(readFileFrom(w.stack_path, w.python_stack_offset, 256 * 1024), 60);
-        if (!lines.empty()) {
-          w.stack_excerpt.push_back("Python stacks (faulthandler, " + w.stack_path + "):");
-          w.stack_excerpt.insert(w.stack_excerpt.end(), lines.begin(), lines.end());
-          files.push_back(w.stack_path);
-        }
-      }
-      if (!w.gdb_output_path.empty()) {
-        auto lines = stackLines(readFileFrom(w.gdb_output_path, 0, 1024 * 1024), 80);
-        if (!lines.empty()) {
-          w.stack_excerpt.push_back("native stacks (gdb, " + w.gdb_output_path + "):");
-          w.stack_excerpt.insert(w.stack_excerpt.end(), lines.begin(), lines.end());
-        } else {
-          w.stack_excerpt.push_back("gdb gave no stack (see " + w.gdb_output_path +
-                                    "; ptrace may be forbidden here)");
-        }
-        files.push_back(w.gdb_output_path);
-      }
-      if (w.stack_excerpt.empty()) {
-        w.stack_excerpt.push_back(
-            "no stacks: gdb was not found and the worker registered no faulthandler "
-            "(examples/python/cpprun_progress.py)");
-      }
-      CPPRUN_LOG(kError) << "rank " << w.spec.rank << " stacks:";
-      for (const std::string& line : w.stack_excerpt) CPPRUN_LOG(kError) << "  " << line;
-      emitEvent(options_.event_log, "stall_stacks",
-                {{"attempt", restart_count_},
-                 {"rank", w.spec.rank},
-                 {"files", files},
-                 {"stacks", w.stack_excerpt}});
+    for (size_t i : indices) {
+      ranks += (ranks.empty() ? "" : ", ") + std::to_string(workers_[i].spec.rank);
     }
-    if (state_ != State::kRunning) return;  // something else stopped the attempt meanwhile
     attempt_failed_ = true;
     announce("rank(s) " + ranks + " stalled (no progress for " +
              formatWait(options_.stall.timeout) + ")");
@@ -465,12 +215,9 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     ProcessSpec spec;
     spec.argv = w.spec.argv;
     spec.env = w.spec.env;
-    w.rank_dir = rank_dir;
     if (!rank_dir.empty()) {
-      w.progress_path = rank_dir + "/progress";
-      w.stack_path = rank_dir + "/python_stacks.txt";
-      spec.env[kProgressFileVariable] = w.progress_path;
-      spec.env["CPPRUN_STACK_FILE"] = w.stack_path;
+      spec.env[kProgressFileVariable] = StallWatchdog::progressFile(rank_dir);
+      spec.env["CPPRUN_STACK_FILE"] = StallWatchdog::stackFile(rank_dir);
     }
     spec.stdout_fd = out_pipe[1];
     spec.stderr_fd = err_pipe[1];
@@ -484,7 +231,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
                     "rank " + std::to_string(w.spec.rank) + ": " + pid.status().message());
     }
     w.pid = pid.value();
-    w.last_progress = SteadyClock::now();
+    watchdog_.workerStarted(index, {w.spec.rank, w.spec.local_rank, w.pid, rank_dir});
     ++workers_started_;
     emitEvent(options_.event_log, "worker_started",
               {{"attempt", restart_count_},
@@ -500,15 +247,11 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
   }
 
   void onChildExit(pid_t pid, int status) {
-    if (auto helper = helpers_.find(pid); helper != helpers_.end()) {
-      auto done = std::move(helper->second);
-      helpers_.erase(helper);
-      done(status);
-      return;
-    }
+    if (watchdog_.onChildExit(pid, status)) return;  // a gdb collecting stacks
     Worker* w = find(pid);
     if (w == nullptr) return;  // an adopted orphan, or a worker of an attempt already over
     w->exited = true;
+    watchdog_.workerExited(static_cast<size_t>(w - workers_.data()));
     w->status = status;
     w->exit_time = SystemClock::now();
     w->exited_during_stop = state_ == State::kStopping;
@@ -816,7 +559,8 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
 
   std::vector<WorkerFailure> collectFailures() const {
     std::vector<WorkerFailure> failures;
-    for (const Worker& w : workers_) {
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      const Worker& w = workers_[i];
       if (!w.exited || w.pid <= 0 || succeeded(w.status)) continue;
       bool stopped_by_us = w.exited_during_stop && WIFSIGNALED(w.status) &&
                            (WTERMSIG(w.status) == stop_signal_ || WTERMSIG(w.status) == SIGKILL);
@@ -828,14 +572,14 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
       // Order by when the agent saw each exit (SIGCHLD, sub-millisecond), not by an error
       // file's whole-second timestamp, so the first failure really is the root cause.
       failures.back().time = w.exit_time;
-      if (w.stalled) {
+      if (const WorkerProgress& p = watchdog_.worker(i); p.stalled) {
         // The agent ended it, but the stall is the failure: the root cause, with its stacks.
         WorkerFailure& f = failures.back();
         f.teardown = false;
-        f.message = w.stall_message;
-        f.traceback = w.stall_message + "\n";
-        for (const std::string& line : w.stack_excerpt) f.traceback += line + "\n";
-        f.time = w.stall_time;
+        f.message = p.stall_message;
+        f.traceback = p.stall_message + "\n";
+        for (const std::string& line : p.stack_excerpt) f.traceback += line + "\n";
+        f.time = p.stall_time;
       }
     }
     return failures;
@@ -900,7 +644,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
 
   SupervisorSnapshot snapshot() {
     // Fresh progress for the reader (what the worker wrote a moment ago is in the answer).
-    if (state_ == State::kRunning) refreshProgress(SteadyClock::now());
+    if (state_ == State::kRunning) watchdog_.refresh();
     SupervisorSnapshot snap;
     snap.state = stateName(static_cast<int>(state_));
     snap.restart_count = restart_count_;
@@ -911,7 +655,9 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     snap.seconds_in_state[stateName(static_cast<int>(state_))] +=
         std::chrono::duration<double>(now - state_since_).count();
     snap.output_bytes_total = output_bytes_before_;
-    for (const Worker& w : workers_) {
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      const Worker& w = workers_[i];
+      const WorkerProgress& p = watchdog_.worker(i);
       WorkerSnapshot ws;
       ws.rank = w.spec.rank;
       ws.local_rank = w.spec.local_rank;
@@ -919,10 +665,10 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
       ws.alive = w.pid > 0 && !w.exited;
       if (w.exited && WIFSIGNALED(w.status)) ws.signal = WTERMSIG(w.status);
       if (w.exited && WIFEXITED(w.status)) ws.exit_code = WEXITSTATUS(w.status);
-      ws.progress = w.progress;
+      ws.progress = p.progress;
       ws.seconds_since_progress =
-          w.pid > 0 ? std::chrono::duration<double>(now - w.last_progress).count() : 0;
-      ws.stalled = w.stalled;
+          w.pid > 0 ? std::chrono::duration<double>(now - p.last_progress).count() : 0;
+      ws.stalled = p.stalled;
       ws.stdout_bytes = w.out ? w.out->bytesRead() : 0;
       ws.stderr_bytes = w.err ? w.err->bytesRead() : 0;
       snap.output_bytes_total += ws.stdout_bytes + ws.stderr_bytes;
@@ -930,7 +676,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     }
     snap.workers_started_total = workers_started_;
     snap.worker_failures_total = worker_failures_;
-    snap.stalls_total = stalls_total_;
+    snap.stalls_total = watchdog_.stallsTotal();
     return snap;
   }
 
@@ -955,24 +701,16 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
   OnDone on_done_;
   asio::steady_timer stop_timer_;
   asio::steady_timer drain_timer_;
-  asio::steady_timer progress_timer_;
   asio::steady_timer notice_timer_;
-  asio::steady_timer stack_timer_;
+  StallWatchdog watchdog_;
   SteadyClock::time_point state_since_;
   double state_seconds_[5] = {0, 0, 0, 0, 0};
   SteadyClock::time_point stop_began_;
   WaitNotice stop_notice_{SteadyClock::now()};
   bool sent_kill_ = false;
-  // Stall handling: stack collection in progress, its helper processes (gdb) by pid.
-  bool collecting_stacks_ = false;
-  int stall_collection_pending_ = 0;
-  uint64_t stall_generation_ = 0;  // one per stall: helpers of an older one are ignored
-  std::vector<size_t> stall_indices_;
-  std::map<pid_t, std::function<void(int)>> helpers_;
   uint64_t output_bytes_before_ = 0;
   uint64_t workers_started_ = 0;
   uint64_t worker_failures_ = 0;
-  uint64_t stalls_total_ = 0;
   State state_ = State::kIdle;
   int restart_count_ = 0;
   std::vector<Worker> workers_;

@@ -16,13 +16,11 @@
 // and output pipes are drained before the attempt's result is decided, so the last lines of a
 // failing rank are in the report.
 //
-// Stall detection (options.stall.timeout > 0): every worker gets CPPRUN_PROGRESS_FILE
-// (common/progress_file.h) and CPPRUN_STACK_FILE in its rank directory. A running worker whose
-// progress file has not changed for the timeout (counted from its start until its first report)
-// is stalled: its stacks are collected — Python stacks first, by SIGUSR1 to a worker whose
-// faulthandler helper created CPPRUN_STACK_FILE, then native stacks of every thread by gdb in
-// batch mode (when gdb was found), each bounded — into the rank directory, and the attempt fails
-// with the stalled ranks as its root cause: the usual teardown, then a restart or the end.
+// Stall detection (options.stall.timeout > 0) is the StallWatchdog's (agent/stall_watchdog.h):
+// the supervisor gives every worker CPPRUN_PROGRESS_FILE and CPPRUN_STACK_FILE in its rank
+// directory, tells the watchdog when workers start and exit, and runs its checks while the
+// attempt runs. When the watchdog has collected the stacks of stalled ranks, the attempt fails
+// with them as its root cause: the usual teardown, then a restart or the end.
 // While a teardown waits for workers to exit, a notice says which ranks and for how long.
 //
 // Thread safety: loop thread only; every entry point (start, onChildExit, onSignal) and every
@@ -43,6 +41,7 @@
 #include "agent/failure_report.h"
 #include "agent/job_coordinator.h"
 #include "agent/process_launcher.h"
+#include "agent/stall_watchdog.h"
 #include "agent/worker_output.h"
 #include "agent/worker_spec.h"
 #include "common/status.h"
@@ -57,18 +56,6 @@ namespace cpprun::agent {
 struct AttemptSpec {
   std::vector<WorkerSpec> workers;
   std::string attempt_dir;  // <log dir>/<run id>/attempt_<n>; per-rank dirs are made under it
-};
-
-struct StallOptions {
-  // 0: stall detection off.
-  std::chrono::milliseconds timeout{0};
-  // How often progress files are read; 0: a quarter of the timeout, at most 1 s (and 1 s when
-  // only /status reads progress).
-  std::chrono::milliseconds check_interval{0};
-  std::string gdb_path;  // empty: no native stacks
-  std::chrono::milliseconds gdb_timeout{std::chrono::seconds(30)};
-  // Between SIGUSR1 (faulthandler) and attaching gdb, so the Python stacks are written first.
-  std::chrono::milliseconds faulthandler_grace{std::chrono::milliseconds(250)};
 };
 
 struct SupervisorOptions {
