@@ -16,7 +16,7 @@
 //               host's own delays) and stops the attempt; an agent whose store requests go
 //               unanswered for the same bound stops its workers and ends with exit code 4
 //
-// Keys live under "cpprun/" (kept across attempts); docs/rendezvous.md lists them. The store
+// Keys live under "cpprun/" (kept across attempts); agent/job_keys.h lists them. The store
 // operations per agent per attempt are a constant number (join: 3, attempt: 2, report: 3),
 // whatever the number of agents.
 //
@@ -36,6 +36,9 @@
 
 namespace boost::asio {
 class io_context;
+}
+namespace cpprun::rendezvous {
+class Store;
 }
 
 namespace cpprun::agent {
@@ -117,10 +120,39 @@ class JobCoordinator {
   virtual RendezvousProgress progress() const = 0;
 };
 
+// The coordination seam: where the coordinator gets its connections to the job's store. The job
+// protocol speaks only rendezvous::Store operations, so any backend serves: cpprun's TCP store
+// (tcpStoreConnector), etcd, or one process's MemoryStore in tests.
+struct StoreConnector {
+  // Opens a new, independent connection (the coordinator holds two: one for its requests, one
+  // for its watcher). Throws rendezvous::StoreTimeout when none can be had within
+  // `connect_timeout`, rendezvous::StoreError for any other failure. Every request on the
+  // connection must answer within `request_timeout` (waits: their own timeout) or throw
+  // StoreTimeout; a connection that breaks throws StoreError. Called from the coordinator's
+  // threads, one call at a time.
+  std::function<std::unique_ptr<rendezvous::Store>(std::chrono::milliseconds connect_timeout,
+                                                   std::chrono::milliseconds request_timeout)>
+      connect;
+  // The store in messages: "the job's store at 10.0.0.1:29500 (served by the store host's
+  // agent)" ("lost <where>: ...").
+  std::string where;
+  // Who must be up before connecting succeeds: "the store host (node 0) at 10.0.0.1:29500"
+  // ("waiting for <server> to accept connections").
+  std::string server;
+};
+
+// cpprun's TCP store at host:port; `server_name` names the agent that serves it ("the store
+// host (node 0)"). Retries connecting every few milliseconds: agents usually start within
+// moments of each other.
+StoreConnector tcpStoreConnector(const std::string& host, int port, const std::string& server_name);
+
 struct StoreCoordinatorOptions {
-  std::string store_host;  // to connect to (the host agent connects to its own store)
+  // Where the job's store is. Empty `store.connect`: cpprun's TCP store at store_host:store_port
+  // (the host agent connects to its own store).
+  StoreConnector store;
+  std::string store_host;
   int store_port = 0;
-  bool is_host = false;  // this agent serves the store and decides for the job
+  bool is_host = false;  // this agent decides for the job (today: the one that serves the store)
   // Static: this agent's fixed rank and the fixed number of agents.
   int group_rank = 0;
   int group_world_size = 1;
@@ -151,9 +183,5 @@ std::unique_ptr<JobCoordinator> makeStoreCoordinator(boost::asio::io_context& io
                                                      JobCoordinator::HostPrepare host_prepare,
                                                      JobCoordinator::PeerStop on_peer_stop,
                                                      JobCoordinator::Lost on_lost);
-
-// JSON form of a failure as it crosses the store (time as epoch microseconds).
-nlohmann::json failureToJson(const WorkerFailure& failure);
-WorkerFailure failureFromJson(const nlohmann::json& doc);
 
 }  // namespace cpprun::agent

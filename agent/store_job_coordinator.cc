@@ -1,131 +1,43 @@
 // The store-backed JobCoordinator (job_coordinator.h): a control thread runs the requests of
-// the loop one at a time with its own client; a watcher thread waits on the current attempt's
-// stop key, bumps this agent's heartbeat and, on the host, watches the others' heartbeats.
+// the loop one at a time with its own store connection; a watcher thread waits on the current
+// attempt's stop key, bumps this agent's heartbeat and, on the host, watches the others'
+// heartbeats. The store comes from a StoreConnector (any rendezvous::Store backend); the key
+// scheme and records are job_keys.h's, the host's decision is job_decision.h's, heartbeats and
+// lost agents are liveness.h's.
 #include <algorithm>
 #include <atomic>
 #include <climits>
 #include <condition_variable>
-#include <cstdio>
 #include <deque>
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <tuple>
 
 #include "agent/job_coordinator.h"
+#include "agent/job_decision.h"
+#include "agent/job_keys.h"
+#include "agent/liveness.h"
 #include "common/asio.h"
 #include "common/logging.h"
 #include "common/wait_notice.h"
-#include "rendezvous/tcp_store_client.h"
+#include "rendezvous/store.h"
 
 namespace cpprun::agent {
 
 namespace asio = boost::asio;
 using nlohmann::json;
+using rendezvous::Store;
 using rendezvous::StoreError;
 using rendezvous::StoreTimeout;
-using rendezvous::TcpStoreClient;
 using rendezvous::toString;
 using SteadyClock = std::chrono::steady_clock;
 using SystemClock = std::chrono::system_clock;
 
-json failureToJson(const WorkerFailure& f) {
-  return {
-      {"local_rank", f.local_rank},
-      {"rank", f.rank},
-      {"pid", f.pid},
-      {"exit_code", f.exit_code},
-      {"signal", f.signal},
-      {"time_us",
-       std::chrono::duration_cast<std::chrono::microseconds>(f.time.time_since_epoch()).count()},
-      {"error_file", f.error_file},
-      {"message", f.message},
-      {"traceback", f.traceback},
-      {"stderr_tail", f.stderr_tail},
-      {"teardown", f.teardown},
-      {"collateral", f.collateral},
-      {"host", f.host},
-      {"error_document", f.error_document}};
-}
-
-WorkerFailure failureFromJson(const json& d) {
-  WorkerFailure f;
-  f.local_rank = d.value("local_rank", 0);
-  f.rank = d.value("rank", 0);
-  f.pid = d.value("pid", 0);
-  f.exit_code = d.value("exit_code", 0);
-  f.signal = d.value("signal", 0);
-  f.time = SystemClock::time_point(std::chrono::duration_cast<SystemClock::duration>(
-      std::chrono::microseconds(d.value("time_us", int64_t{0}))));
-  f.error_file = d.value("error_file", "");
-  f.message = d.value("message", "");
-  f.traceback = d.value("traceback", "");
-  f.stderr_tail = d.value("stderr_tail", std::vector<std::string>{});
-  f.teardown = d.value("teardown", false);
-  f.collateral = d.value("collateral", false);
-  f.host = d.value("host", "");
-  if (d.contains("error_document")) f.error_document = d["error_document"];
-  return f;
-}
-
 namespace {
-
-const char* reportKindName(AttemptReport::Kind k) {
-  switch (k) {
-    case AttemptReport::Kind::kSucceeded:
-      return "succeeded";
-    case AttemptReport::Kind::kFailed:
-      return "failed";
-    case AttemptReport::Kind::kStopped:
-      return "stopped";
-    case AttemptReport::Kind::kSignalled:
-      return "signalled";
-    case AttemptReport::Kind::kStartFailed:
-      return "start_failed";
-  }
-  return "failed";
-}
-
-const char* decisionKindName(JobDecision::Kind k) {
-  switch (k) {
-    case JobDecision::Kind::kRestart:
-      return "restart";
-    case JobDecision::Kind::kSucceeded:
-      return "succeeded";
-    case JobDecision::Kind::kFailed:
-      return "failed";
-    case JobDecision::Kind::kStopped:
-      return "stopped";
-  }
-  return "failed";
-}
-
-JobDecision::Kind decisionKindFromName(const std::string& s) {
-  if (s == "restart") return JobDecision::Kind::kRestart;
-  if (s == "succeeded") return JobDecision::Kind::kSucceeded;
-  if (s == "stopped") return JobDecision::Kind::kStopped;
-  return JobDecision::Kind::kFailed;
-}
-
-std::string attemptKey(int n, const std::string& what) {
-  return "cpprun/attempt/" + std::to_string(n) + "/" + what;
-}
-std::string nodeKey(int r) { return "cpprun/rdzv/node/" + std::to_string(r); }
-std::string heartbeatKey(const std::string& id) { return "cpprun/heartbeat/" + id; }
-std::string roundKey(int r, const std::string& what) {
-  return "cpprun/rdzv/round/" + std::to_string(r) + "/" + what;
-}
-
-std::string formatSeconds(SteadyClock::duration d) {
-  char buf[32];
-  std::snprintf(
-      buf, sizeof buf, "%.1f s",
-      static_cast<double>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()) /
-          1000.0);
-  return buf;
-}
 
 // Thrown inside the control thread when the job is over or the store is gone.
 struct Abandoned {
@@ -165,9 +77,9 @@ class StoreCoordinator : public JobCoordinator {
     enqueue([this, n, reason, signal] {
       Result<bool> claimed = guarded<bool>([&] {
         const int rank = myRank();
-        claimStop(*control_client_, n, rank,
-                  "node " + std::to_string(rank) + " (" + opts_.self.host + "): " + reason,
-                  signal == 0 ? "failure" : "signal", signal);
+        claimStop(*control_client_, n,
+                  {rank, "node " + std::to_string(rank) + " (" + opts_.self.host + "): " + reason,
+                   signal == 0 ? StopCause::kFailure : StopCause::kSignal, signal});
         return true;
       });
       if (!claimed.isOk()) {
@@ -217,34 +129,22 @@ class StoreCoordinator : public JobCoordinator {
     }
   }
 
-  std::string storeWhere() const {
-    return "the job's store at " + opts_.store_host + ":" + std::to_string(opts_.store_port) +
-           " (served by the store host's agent)";
-  }
+  const std::string& storeWhere() const { return opts_.store.where; }
 
   // How long the store (or an agent) may stay silent before it counts as lost: every store
   // request's reply timeout, and the heartbeat bound.
   std::chrono::milliseconds keepAliveBound() const {
-    return opts_.keep_alive_interval * opts_.keep_alive_max_attempt;
+    return agent::keepAliveBound(opts_.keep_alive_interval, opts_.keep_alive_max_attempt);
   }
 
-  std::unique_ptr<TcpStoreClient> connect(std::chrono::milliseconds connect_timeout,
-                                          std::chrono::milliseconds timeout) {
-    rendezvous::TcpStoreClientOptions o;
-    o.host = opts_.store_host;
-    o.port = static_cast<uint16_t>(opts_.store_port);
-    o.connect_timeout = connect_timeout;
-    o.timeout = timeout;
-    // Agents usually start within moments of each other: retry often, so node 0 coming up a
-    // little later costs milliseconds, not a second of backoff.
-    o.initial_backoff = std::chrono::milliseconds(5);
-    o.max_backoff = std::chrono::milliseconds(100);
-    return std::make_unique<TcpStoreClient>(o);
+  std::unique_ptr<Store> connect(std::chrono::milliseconds connect_timeout,
+                                 std::chrono::milliseconds timeout) {
+    return opts_.store.connect(connect_timeout, timeout);
   }
 
   // connect(), retried for the join timeout in notice-sized slices, saying what it waits for:
   // an agent started before the store host is a common, and otherwise silent, wait.
-  std::unique_ptr<TcpStoreClient> connectWithNotices() {
+  std::unique_ptr<Store> connectWithNotices() {
     const auto deadline = SteadyClock::now() + opts_.join_timeout;
     WaitAnnouncer announcer(*this, deadline);
     while (true) {
@@ -259,10 +159,8 @@ class StoreCoordinator : public JobCoordinator {
                        std::max(keepAliveBound(), opts_.keep_alive_interval * 2));
       } catch (const StoreTimeout&) {
         if (SteadyClock::now() >= deadline) throw;
-        announcer.maybeAnnounce([&] {
-          return "waiting for the store host (" + nodeNames({0}) + ") at " + opts_.store_host +
-                 ":" + std::to_string(opts_.store_port) + " to accept connections";
-        });
+        announcer.maybeAnnounce(
+            [&] { return "waiting for " + opts_.store.server + " to accept connections"; });
       }
     }
   }
@@ -379,7 +277,7 @@ class StoreCoordinator : public JobCoordinator {
 
   // Which of `keys` (one per node rank) are missing: "3 of 8 nodes (n4, n7, n8)". Only the
   // store host lists them (one check per node); the others count the joined key.
-  std::string describeMissing(TcpStoreClient& client, const std::vector<std::string>& keys,
+  std::string describeMissing(Store& client, const std::vector<std::string>& keys,
                               const std::string& what) {
     std::vector<int> missing;
     for (size_t r = 0; r < keys.size(); ++r) {
@@ -393,7 +291,7 @@ class StoreCoordinator : public JobCoordinator {
   // (WaitNotice) with how long the wait has lasted and how long it may still last, and shown
   // in /status. `on_slice` (optional) runs after every slice; it may throw, or return true to
   // end the wait as if the keys had come.
-  void waitKeys(TcpStoreClient& client, const std::vector<std::string>& keys,
+  void waitKeys(Store& client, const std::vector<std::string>& keys,
                 std::chrono::milliseconds total, const std::string& what,
                 const std::function<bool()>& on_slice = {},
                 const std::function<std::string()>& describe = {}) {
@@ -435,32 +333,13 @@ class StoreCoordinator : public JobCoordinator {
     return *membership_;
   }
 
-  json selfRecord(int previous_rank) const {
-    return {{"host", opts_.self.host},
-            {"nproc", opts_.self.nproc},
-            {"id", opts_.self.id},
-            {"scheduler_rank", opts_.self.scheduler_rank},
-            {"previous_rank", previous_rank}};
-  }
+  json selfRecord(int previous_rank) const { return agentRecord(opts_.self, previous_rank); }
 
-  static AgentInfo agentFromRecord(const json& doc, const std::string& where) {
-    if (!doc.is_object() || !doc.contains("nproc") || !doc["nproc"].is_number_integer()) {
-      throw Abandoned{internalError("rendezvous: " + where + " is malformed in the store")};
-    }
-    return AgentInfo{doc.value("host", ""), doc["nproc"].get<int>(), doc.value("id", ""),
-                     doc.value("scheduler_rank", -1)};
-  }
-
-  static Membership membershipOf(const std::vector<AgentInfo>& agents, int my_rank) {
-    Membership m;
-    m.group_rank = my_rank;
-    m.group_world_size = static_cast<int>(agents.size());
-    for (int r = 0; r < m.group_world_size; ++r) {
-      if (r < my_rank) m.base_rank += agents[static_cast<size_t>(r)].nproc;
-      m.world_size += agents[static_cast<size_t>(r)].nproc;
-    }
-    m.agents = agents;
-    return m;
+  // A record read from the store; a malformed one abandons the request.
+  static AgentInfo agentOf(const json& doc, const std::string& where) {
+    Result<AgentInfo> agent = agentFromRecord(doc, where);
+    if (!agent.isOk()) throw Abandoned{agent.status()};
+    return agent.value();
   }
 
   void logMembership(const Membership& m) {
@@ -473,10 +352,10 @@ class StoreCoordinator : public JobCoordinator {
   Membership joinStatic() {
     const int n = opts_.group_world_size;
     control_client_->set(nodeKey(opts_.group_rank), selfRecord(-1).dump());
-    control_client_->add(heartbeatKey(opts_.self.id), 1);
+    beat(*control_client_, opts_.self.id);
     std::vector<std::string> keys;
     for (int r = 0; r < n; ++r) keys.push_back(nodeKey(r));
-    const int64_t joined_now = control_client_->add("cpprun/rdzv/joined", 1);
+    const int64_t joined_now = control_client_->add(kStaticJoinedKey, 1);
     rendezvousStarted(0);
     CPPRUN_LOG(kInfo) << "rendezvous: node " << opts_.group_rank << " of " << n
                       << " joined; waiting for the others (join timeout "
@@ -485,7 +364,7 @@ class StoreCoordinator : public JobCoordinator {
     try {
       waitKeys(*control_client_, keys, opts_.join_timeout, "rendezvous", {}, [&] {
         if (isHost() || n <= 64) return describeMissing(*control_client_, keys, "to join");
-        const int64_t joined = control_client_->add("cpprun/rdzv/joined", 0);
+        const int64_t joined = control_client_->add(kStaticJoinedKey, 0);
         return "waiting for " + std::to_string(n - joined) + " of " + std::to_string(n) +
                " nodes to join";
       });
@@ -505,8 +384,8 @@ class StoreCoordinator : public JobCoordinator {
     std::vector<AgentInfo> agents;
     for (int r = 0; r < n; ++r) {
       agents.push_back(
-          agentFromRecord(json::parse(toString(values[static_cast<size_t>(r)]), nullptr, false),
-                          "node " + std::to_string(r) + "'s record"));
+          agentOf(json::parse(toString(values[static_cast<size_t>(r)]), nullptr, false),
+                  "node " + std::to_string(r) + "'s record"));
     }
     Membership m = membershipOf(agents, opts_.group_rank);
     logMembership(m);
@@ -534,7 +413,7 @@ class StoreCoordinator : public JobCoordinator {
     std::set<std::string> ids;
     for (size_t i = 0; i < present.size(); ++i) {
       json doc = json::parse(toString(values[i]), nullptr, false);
-      agentFromRecord(doc, present[i]);  // validates
+      agentOf(doc, present[i]);  // validates
       if (!ids.insert(doc.value("id", "")).second) continue;
       records.push_back({std::stoll(present[i].substr(present[i].rfind('/') + 1)), doc});
     }
@@ -582,7 +461,7 @@ class StoreCoordinator : public JobCoordinator {
       }
     }
     // Later joiners see the next round; this one is closing.
-    control_client_->set("cpprun/rdzv/round", std::to_string(r + 1));
+    control_client_->set(kRoundCounterKey, std::to_string(r + 1));
     const int64_t joined = joinedNow();
     // Slots taken a moment ago may not hold their record yet: give them one interval. Usually
     // all are written, and then no slot needs a check of its own.
@@ -652,14 +531,14 @@ class StoreCoordinator : public JobCoordinator {
   // sets `attempt` to the job's attempt number for it.
   Membership joinElastic(int* attempt) {
     if (nextRound() < 0) {
-      const int current = static_cast<int>(control_client_->add("cpprun/rdzv/round", 0));
+      const int current = static_cast<int>(control_client_->add(kRoundCounterKey, 0));
       std::lock_guard<std::mutex> lock(mu_);
       next_round_ = current;
     }
     while (true) {
       const int r = nextRound();
       const int64_t index = takeSlot(r, selfRecord(previous_rank_).dump());
-      control_client_->add(heartbeatKey(opts_.self.id), 1);
+      beat(*control_client_, opts_.self.id);
       rendezvousStarted(r);
       CPPRUN_LOG(kInfo) << "rendezvous round " << r << ": joined as number " << index
                         << "; waiting for " << opts_.min_nodes << ".." << opts_.max_nodes
@@ -694,7 +573,7 @@ class StoreCoordinator : public JobCoordinator {
       int my_rank = -1;
       for (const json& m : members["members"]) {
         if (m.value("id", "") == opts_.self.id) my_rank = static_cast<int>(agents.size());
-        agents.push_back(agentFromRecord(m, "a member record"));
+        agents.push_back(agentOf(m, "a member record"));
       }
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -802,26 +681,14 @@ class StoreCoordinator : public JobCoordinator {
     }
   }
 
-  // `by`: the claiming agent's rank; kByHost for the host speaking for a lost agent or joiners,
-  // kByNobody at the end of the job.
-  static constexpr int kByNobody = -1;
-  static void claimStop(TcpStoreClient& client, int n, int by, const std::string& reason,
-                        const std::string& cause = "failure", int signal = 0) {
-    json doc = {{"by", by}, {"reason", reason}, {"cause", cause}, {"signal", signal}};
-    client.compareSet(attemptKey(n, "stop"), {}, rendezvous::toBytes(doc.dump()));
+  // The first claim of attempt n's stop wins (compare-and-set: the store decides who was first).
+  static void claimStop(Store& client, int n, const StopClaim& stop) {
+    client.compareSet(attemptKey(n, "stop"), {}, rendezvous::toBytes(stopToJson(stop).dump()));
   }
 
   JobDecision doEndAttempt(int n, const AttemptReport& report) {
-    json doc = {{"kind", reportKindName(report.kind)},
-                {"signal", report.signal},
-                {"error", report.error},
-                {"failures", json::array()}};
-    for (const WorkerFailure& f : report.failures) {
-      WorkerFailure with_host = f;
-      with_host.host = opts_.self.host;
-      doc["failures"].push_back(failureToJson(with_host));
-    }
-    control_client_->set(attemptKey(n, "report/" + std::to_string(myRank())), doc.dump());
+    control_client_->set(attemptKey(n, "report/" + std::to_string(myRank())),
+                         reportToJson(report, opts_.self.host).dump());
     JobDecision decision;
     if (isHost()) {
       decision = decide(n);
@@ -831,15 +698,7 @@ class StoreCoordinator : public JobCoordinator {
         readers -= static_cast<int>(lost_agents_.size());
       }
       decision_readers_ = readers;
-      json d = {{"kind", decisionKindName(decision.kind)},
-                {"readers", readers},
-                {"signal", decision.signal},
-                {"summary", decision.summary},
-                {"restarts_used", decision.restarts_used},
-                {"membership_change", decision.membership_change},
-                {"failures", json::array()}};
-      for (const WorkerFailure& f : decision.failures) d["failures"].push_back(failureToJson(f));
-      control_client_->set(attemptKey(n, "decision"), d.dump());
+      control_client_->set(attemptKey(n, "decision"), decisionToJson(decision, readers).dump());
       next_attempt_ = n + 1;
     } else {
       // The decision comes when every node's workers have exited, however long the others
@@ -851,38 +710,33 @@ class StoreCoordinator : public JobCoordinator {
                         ": this node's workers are done; waiting for the other nodes' workers "
                         "(the job's outcome)";
                });
-      json d =
-          json::parse(toString(control_client_->get(attemptKey(n, "decision"))), nullptr, false);
-      if (!d.is_object()) throw Abandoned{internalError("malformed decision in the store")};
-      decision.kind = decisionKindFromName(d.value("kind", ""));
-      decision_readers_ = d.value("readers", worldSize());
-      decision.signal = d.value("signal", 0);
-      decision.summary = d.value("summary", "");
-      decision.restarts_used = d.value("restarts_used", 0);
-      decision.membership_change = d.value("membership_change", false);
-      for (const json& f : d.value("failures", json::array())) {
-        decision.failures.push_back(failureFromJson(f));
-      }
+      Result<DecisionRecord> record = decisionFromJson(
+          json::parse(toString(control_client_->get(attemptKey(n, "decision"))), nullptr, false),
+          worldSize());
+      if (!record.isOk()) throw Abandoned{record.status()};
+      decision = record.value().decision;
+      decision_readers_ = record.value().readers;
     }
     if (decision.kind != JobDecision::Kind::kRestart) finishJob(n, decision);
     return decision;
   }
 
-  // Host: every report (or a lost agent's stand-in), then one decision for the job.
+  // Host: every node's report (or a lost node's stand-in), then one decision for the job
+  // (decideJob).
   JobDecision decide(int n) {
     const Membership membership = currentMembership();
     const int world = membership.group_world_size;
-    std::map<int, json> reports;
+    std::map<int, NodeOutcome> outcomes;
     WaitAnnouncer announcer(*this);
-    while (static_cast<int>(reports.size()) < world) {
+    while (static_cast<int>(outcomes.size()) < world) {
       std::vector<std::string> missing;
       std::vector<int> missing_ranks;
       for (int r = 0; r < world; ++r) {
-        if (reports.count(r)) continue;
+        if (outcomes.count(r)) continue;
         std::lock_guard<std::mutex> lock(mu_);
         auto lost = lost_agents_.find(r);
         if (lost != lost_agents_.end()) {
-          reports[r] = {{"kind", "lost"}, {"error", lost->second}};
+          outcomes[r] = NodeOutcome{true, lost->second, {}};
           continue;
         }
         missing.push_back(attemptKey(n, "report/" + std::to_string(r)));
@@ -901,97 +755,22 @@ class StoreCoordinator : public JobCoordinator {
       }
       auto values = control_client_->multiGet(missing);
       for (size_t i = 0; i < missing.size(); ++i) {
-        json r = json::parse(toString(values[i]), nullptr, false);
-        reports[missing_ranks[i]] = r.is_object() ? r : json{{"kind", "failed"}};
+        outcomes[missing_ranks[i]] = NodeOutcome{
+            false, "", reportFromJson(json::parse(toString(values[i]), nullptr, false))};
       }
     }
-
-    int owner = kByNobody;
-    std::string stop_reason;
-    std::string stop_cause;
+    StopClaim stop;
     if (control_client_->check({attemptKey(n, "stop")})) {
-      json stop =
-          json::parse(toString(control_client_->get(attemptKey(n, "stop"))), nullptr, false);
-      if (stop.is_object()) {
-        owner = stop.value("by", kByNobody);
-        stop_reason = stop.value("reason", "");
-        stop_cause = stop.value("cause", "");
-      }
+      stop = stopFromJson(
+          json::parse(toString(control_client_->get(attemptKey(n, "stop"))), nullptr, false));
     }
-
-    JobDecision d;
-    d.restarts_used = restarts_used_;
-    std::vector<WorkerFailure> root_failures;
-    std::vector<WorkerFailure> other_failures;
-    bool any_failed = false;
-    int lost = 0;
-    std::string lost_error;
-    std::string start_error;
-    for (auto& [rank, report] : reports) {
-      const std::string kind = report.value("kind", "failed");
-      if (kind == "lost") {
-        ++lost;
-        if (lost_error.empty()) lost_error = report.value("error", "");
-        // The lost agent's workers died with it (parent-death signal) or are cut off; stand in
-        // for them so the report names the node.
-        WorkerFailure stand_in;
-        stand_in.host = membership.agents[static_cast<size_t>(rank)].host;
-        for (int r = 0; r < rank; ++r) {
-          stand_in.rank += membership.agents[static_cast<size_t>(r)].nproc;
-        }
-        stand_in.exit_code = 1;
-        stand_in.time = SystemClock::now();
-        stand_in.message = report.value("error", "");
-        root_failures.insert(root_failures.begin(), stand_in);
-        continue;
-      }
-      if (kind == "start_failed" && start_error.empty()) {
-        start_error = "node " + std::to_string(rank) + ": " + report.value("error", "");
-      }
-      if (kind == "signalled" && d.signal == 0) d.signal = report.value("signal", 0);
-      if (kind == "failed") any_failed = true;
-      for (const json& f : report.value("failures", json::array())) {
-        WorkerFailure wf = failureFromJson(f);
-        if (owner >= 0 && rank != owner) wf.collateral = !wf.teardown;
-        (rank == owner ? root_failures : other_failures).push_back(std::move(wf));
-      }
-    }
-    d.failures = std::move(root_failures);
-    d.failures.insert(d.failures.end(), other_failures.begin(), other_failures.end());
-    d.summary = stop_reason;
-    const int survivors = world - lost;
-    if (d.signal != 0) {
-      d.kind = JobDecision::Kind::kStopped;
-    } else if (!start_error.empty()) {
-      d.kind = JobDecision::Kind::kFailed;
-      d.summary = start_error;
-    } else if (lost > 0) {
-      // Static: the lost node cannot be replaced. Elastic: go on with the others while enough
-      // are left; a membership change does not use the restart budget.
-      d.summary = lost_error;
-      if (opts_.elastic && survivors >= opts_.min_nodes) {
-        d.kind = JobDecision::Kind::kRestart;
-        d.membership_change = true;
-      } else {
-        d.kind = JobDecision::Kind::kFailed;
-        if (opts_.elastic) {
-          d.summary += "; " + std::to_string(survivors) + " nodes left, fewer than the minimum " +
-                       std::to_string(opts_.min_nodes);
-        }
-      }
-    } else if (stop_cause == "join" && !any_failed) {
-      d.kind = JobDecision::Kind::kRestart;
-      d.membership_change = true;
-    } else if (any_failed || owner >= 0) {
-      if (restarts_used_ < opts_.max_restarts) {
-        d.kind = JobDecision::Kind::kRestart;
-        d.restarts_used = ++restarts_used_;
-      } else {
-        d.kind = JobDecision::Kind::kFailed;
-      }
-    } else {
-      d.kind = JobDecision::Kind::kSucceeded;
-    }
+    DecisionPolicy policy;
+    policy.max_restarts = opts_.max_restarts;
+    policy.elastic = opts_.elastic;
+    policy.min_nodes = opts_.min_nodes;
+    JobDecision d =
+        decideJob(membership, outcomes, stop, policy, restarts_used_, SystemClock::now());
+    restarts_used_ = d.restarts_used;
     return d;
   }
 
@@ -999,7 +778,7 @@ class StoreCoordinator : public JobCoordinator {
   // join that the job is over, count this agent out and, on the host, keep serving until
   // everyone has read the decision (bounded).
   void finishJob(int n, const JobDecision& decision) {
-    claimStop(*control_client_, n, kByNobody, "the job ended", "end");
+    claimStop(*control_client_, n, {kByNobody, "the job ended", StopCause::kEnd, 0});
     if (isHost() && opts_.elastic) {
       json over = {{"job_over", decisionKindName(decision.kind)}};
       control_client_->set(roundKey(nextRound(), "members"), over.dump());
@@ -1022,7 +801,7 @@ class StoreCoordinator : public JobCoordinator {
   // The watcher: this agent's heartbeat, the current attempt's stop key and, on the host,
   // everyone's heartbeats and (elastic) agents waiting to join.
   void watchLoop() {
-    std::unique_ptr<TcpStoreClient> client;
+    std::unique_ptr<Store> client;
     const auto bound = keepAliveBound();
     try {
       // A reply may be late by up to the whole bound: one slow reply (the store host's agent
@@ -1035,7 +814,7 @@ class StoreCoordinator : public JobCoordinator {
     }
     int handled_stop = -1;
     int beats_for = -1;
-    HeartbeatWatch beats;  // host only
+    HeartbeatWatch beats(opts_.keep_alive_interval, bound);  // host only
     while (true) {
       int n;
       {
@@ -1050,36 +829,33 @@ class StoreCoordinator : public JobCoordinator {
         }
       }
       if (n != beats_for) {  // a new attempt (elastic: maybe new members): start afresh
-        beats = HeartbeatWatch{};
+        beats = HeartbeatWatch(opts_.keep_alive_interval, bound);
         beats_for = n;
       }
       try {
         if (n != handled_stop && n >= 0) {
           try {
             client->wait({attemptKey(n, "stop")}, opts_.keep_alive_interval);
-            json stop = json::parse(toString(client->get(attemptKey(n, "stop"))), nullptr, false);
+            const StopClaim stop = stopFromJson(
+                json::parse(toString(client->get(attemptKey(n, "stop"))), nullptr, false));
             handled_stop = n;
-            const int by = stop.is_object() ? stop.value("by", kByNobody) : kByNobody;
-            const std::string cause = stop.is_object() ? stop.value("cause", "") : "";
-            if (by != myRank() && by != kByNobody) {
-              std::string reason = stop.is_object() ? stop.value("reason", "") : "";
-              const int signal = stop.is_object() ? stop.value("signal", 0) : 0;
-              post([this, n, reason, signal] { on_peer_stop_(n, reason, signal); });
-            } else if (by == myRank() && cause == "lost") {
+            if (stop.by != myRank() && stop.by != kByNobody) {
+              post([this, n, stop] { on_peer_stop_(n, stop.reason, stop.signal); });
+            } else if (stop.by == myRank() && stop.cause == StopCause::kLost) {
               // The host lost this agent's heartbeats (it was stopped, starved or cut off
               // for a while) and went on without it: its workers must stop too, or they run
               // on outside the job. It then reads the decision like everyone else (elastic:
               // it joins the next round).
               const std::string reason =
-                  "the store host declared this node lost (" + stop.value("reason", "") + ")";
+                  "the store host declared this node lost (" + stop.reason + ")";
               post([this, n, reason] { on_peer_stop_(n, reason, 0); });
             }
           } catch (const StoreTimeout&) {
           }
         }
-        client->add(heartbeatKey(opts_.self.id), 1);
+        beat(*client, opts_.self.id);
         if (isHost() && n >= 0) {
-          checkHeartbeats(*client, n, beats, bound);
+          checkHeartbeats(*client, n, beats);
           if (opts_.elastic) checkJoiners(*client, n);
         }
       } catch (const StoreError& e) {
@@ -1089,63 +865,25 @@ class StoreCoordinator : public JobCoordinator {
     }
   }
 
-  // The host's view of the other agents' heartbeats: each one's last value and when it changed.
-  struct HeartbeatWatch {
-    std::map<std::string, std::pair<int64_t, SteadyClock::time_point>> seen;  // id -> beat
-    SteadyClock::time_point last_check{};
-  };
-
-  void checkHeartbeats(TcpStoreClient& client, int n, HeartbeatWatch& watch,
-                       std::chrono::milliseconds bound) {
+  // Host: declares the members whose heartbeats stopped lost and stops the attempt for them.
+  void checkHeartbeats(Store& client, int n, HeartbeatWatch& watch) {
     const Membership m = currentMembership();
-    std::vector<std::string> keys;
-    std::vector<int> ranks;
-    for (int r = 0; r < m.group_world_size; ++r) {
-      if (r == m.group_rank) continue;
-      keys.push_back(heartbeatKey(m.agents[static_cast<size_t>(r)].id));
-      ranks.push_back(r);
-    }
-    if (keys.empty()) return;
-    auto values = client.multiGet(keys);
-    const auto now = SteadyClock::now();
-    // A check that comes late (the host's agent was stopped, descheduled or swapping, and the
-    // store it serves with it) finds the others' beats queued up behind it, unread. That
-    // silence is this host's: the delay beyond one interval does not count against them.
-    auto& seen = watch.seen;
-    if (watch.last_check != SteadyClock::time_point{}) {
-      const auto delay = now - watch.last_check - opts_.keep_alive_interval;
-      if (delay > opts_.keep_alive_interval) {
-        for (auto& entry : seen) entry.second.second = std::min(now, entry.second.second + delay);
-      }
-    }
-    watch.last_check = now;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      const int r = ranks[i];
-      const int64_t beat = std::atoll(toString(values[i]).c_str());
-      auto it = seen.find(keys[i]);
-      if (it == seen.end() || it->second.first != beat) {
-        seen[keys[i]] = {beat, now};
-        continue;
-      }
-      if (now - it->second.second < bound) continue;
-      std::string reason;
+    for (const HeartbeatWatch::Silent& silent : watch.check(client, m)) {
       {
         std::lock_guard<std::mutex> lock(mu_);
-        if (lost_agents_.count(r)) continue;
-        const AgentInfo& info = m.agents[static_cast<size_t>(r)];
-        reason = "the agent of node " + std::to_string(r) + " (" + info.host +
-                 ") stopped responding: no heartbeat for " + formatSeconds(now - it->second.second);
-        lost_agents_[r] = reason;
+        if (lost_agents_.count(silent.rank)) continue;
+        lost_agents_[silent.rank] = silent.reason;
       }
+      const std::string reason = silent.reason;
       CPPRUN_LOG(kError) << reason;
-      claimStop(client, n, r, reason, "lost");
+      claimStop(client, n, {silent.rank, reason, StopCause::kLost, 0});
       post([this, n, reason] { on_peer_stop_(n, reason, 0); });
     }
   }
 
   // Elastic host: agents that joined the next round while this one runs, and room for them:
   // stop the attempt so the group re-forms with them (no restart budget used).
-  void checkJoiners(TcpStoreClient& client, int n) {
+  void checkJoiners(Store& client, int n) {
     if (waiting_claimed_ || worldSize() >= opts_.max_nodes) return;
     const int64_t waiting = client.add(roundKey(nextRound(), "joined"), 0);
     if (waiting <= 0) return;
@@ -1153,7 +891,7 @@ class StoreCoordinator : public JobCoordinator {
     const std::string reason =
         std::to_string(waiting) + " node(s) waiting to join; re-forming the group";
     CPPRUN_LOG(kInfo) << reason;
-    claimStop(client, n, myRank(), reason, "join");
+    claimStop(client, n, {myRank(), reason, StopCause::kJoin, 0});
     post([this, n, reason] { on_peer_stop_(n, reason, 0); });
   }
 
@@ -1179,20 +917,20 @@ class StoreCoordinator : public JobCoordinator {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::function<void()>> tasks_;         // guarded by mu_
-  bool shutting_down_ = false;                      // guarded by mu_
-  bool job_over_ = false;                           // guarded by mu_
-  int watch_attempt_ = -1;                          // guarded by mu_; -2: watcher must leave
-  Status store_status_;                             // guarded by mu_
-  std::map<int, std::string> lost_agents_;          // guarded by mu_ (host); by group rank
-  std::optional<Membership> membership_;            // guarded by mu_
-  int next_round_ = -1;                             // guarded by mu_ (elastic)
-  std::atomic<bool> waiting_claimed_{false};        // host, elastic: joiners announced
-  std::unique_ptr<TcpStoreClient> control_client_;  // control thread only
-  int decision_readers_ = 0;                        // control thread only
-  int previous_rank_ = -1;                          // control thread only (elastic)
-  int next_attempt_ = 0;                            // control thread only (host)
-  int restarts_used_ = 0;                           // control thread only (host)
+  std::deque<std::function<void()>> tasks_;   // guarded by mu_
+  bool shutting_down_ = false;                // guarded by mu_
+  bool job_over_ = false;                     // guarded by mu_
+  int watch_attempt_ = -1;                    // guarded by mu_; -2: watcher must leave
+  Status store_status_;                       // guarded by mu_
+  std::map<int, std::string> lost_agents_;    // guarded by mu_ (host); by group rank
+  std::optional<Membership> membership_;      // guarded by mu_
+  int next_round_ = -1;                       // guarded by mu_ (elastic)
+  std::atomic<bool> waiting_claimed_{false};  // host, elastic: joiners announced
+  std::unique_ptr<Store> control_client_;     // control thread only
+  int decision_readers_ = 0;                  // control thread only
+  int previous_rank_ = -1;                    // control thread only (elastic)
+  int next_attempt_ = 0;                      // control thread only (host)
+  int restarts_used_ = 0;                     // control thread only (host)
   std::thread control_;
   std::thread watcher_;
   RendezvousProgress progress_;               // guarded by mu_
@@ -1206,6 +944,12 @@ std::unique_ptr<JobCoordinator> makeStoreCoordinator(asio::io_context& io,
                                                      JobCoordinator::HostPrepare host_prepare,
                                                      JobCoordinator::PeerStop on_peer_stop,
                                                      JobCoordinator::Lost on_lost) {
+  if (!options.store.connect) {
+    const std::string host_name =
+        options.expected_hosts.empty() ? "node 0" : options.expected_hosts.front();
+    options.store = tcpStoreConnector(options.store_host, options.store_port,
+                                      "the store host (" + host_name + ")");
+  }
   return std::make_unique<StoreCoordinator>(io, std::move(options), std::move(host_prepare),
                                             std::move(on_peer_stop), std::move(on_lost));
 }

@@ -1,0 +1,87 @@
+#include "agent/job_decision.h"
+
+#include <vector>
+
+namespace cpprun::agent {
+
+JobDecision decideJob(const Membership& membership, const std::map<int, NodeOutcome>& outcomes,
+                      const StopClaim& stop, const DecisionPolicy& policy, int restarts_used,
+                      std::chrono::system_clock::time_point now) {
+  const int world = membership.group_world_size;
+  const int owner = stop.by;
+  JobDecision d;
+  d.restarts_used = restarts_used;
+  std::vector<WorkerFailure> root_failures;
+  std::vector<WorkerFailure> other_failures;
+  bool any_failed = false;
+  int lost = 0;
+  std::string lost_error;
+  std::string start_error;
+  for (const auto& [rank, outcome] : outcomes) {
+    if (outcome.lost) {
+      ++lost;
+      if (lost_error.empty()) lost_error = outcome.lost_error;
+      // The lost agent's workers died with it (parent-death signal) or are cut off; stand in
+      // for them so the report names the node.
+      WorkerFailure stand_in;
+      stand_in.host = membership.agents[static_cast<size_t>(rank)].host;
+      for (int r = 0; r < rank; ++r) {
+        stand_in.rank += membership.agents[static_cast<size_t>(r)].nproc;
+      }
+      stand_in.exit_code = 1;
+      stand_in.time = now;
+      stand_in.message = outcome.lost_error;
+      root_failures.insert(root_failures.begin(), stand_in);
+      continue;
+    }
+    const AttemptReport& report = outcome.report;
+    if (report.kind == AttemptReport::Kind::kStartFailed && start_error.empty()) {
+      start_error = "node " + std::to_string(rank) + ": " + report.error;
+    }
+    if (report.kind == AttemptReport::Kind::kSignalled && d.signal == 0) d.signal = report.signal;
+    if (report.kind == AttemptReport::Kind::kFailed) any_failed = true;
+    for (WorkerFailure wf : report.failures) {
+      if (owner >= 0 && rank != owner) wf.collateral = !wf.teardown;
+      (rank == owner ? root_failures : other_failures).push_back(std::move(wf));
+    }
+  }
+  d.failures = std::move(root_failures);
+  d.failures.insert(d.failures.end(), other_failures.begin(), other_failures.end());
+  d.summary = stop.reason;
+  const int survivors = world - lost;
+  if (d.signal != 0) {
+    d.kind = JobDecision::Kind::kStopped;
+  } else if (!start_error.empty()) {
+    d.kind = JobDecision::Kind::kFailed;
+    d.summary = start_error;
+  } else if (lost > 0) {
+    // Static: the lost node cannot be replaced. Elastic: go on with the others while enough
+    // are left; a membership change does not use the restart budget.
+    d.summary = lost_error;
+    if (policy.elastic && survivors >= policy.min_nodes) {
+      d.kind = JobDecision::Kind::kRestart;
+      d.membership_change = true;
+    } else {
+      d.kind = JobDecision::Kind::kFailed;
+      if (policy.elastic) {
+        d.summary += "; " + std::to_string(survivors) + " nodes left, fewer than the minimum " +
+                     std::to_string(policy.min_nodes);
+      }
+    }
+  } else if (stop.cause == StopCause::kJoin && !any_failed) {
+    d.kind = JobDecision::Kind::kRestart;
+    d.membership_change = true;
+  } else if (any_failed || owner >= 0) {
+    if (restarts_used < policy.max_restarts) {
+      d.kind = JobDecision::Kind::kRestart;
+      d.restarts_used = restarts_used + 1;
+    } else {
+      d.kind = JobDecision::Kind::kFailed;
+    }
+  } else {
+    d.kind = JobDecision::Kind::kSucceeded;
+  }
+  return d;
+}
+
+}  // namespace cpprun::agent

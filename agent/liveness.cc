@@ -1,0 +1,72 @@
+#include "agent/liveness.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+#include "agent/job_keys.h"
+#include "rendezvous/store.h"
+
+namespace cpprun::agent {
+
+std::chrono::milliseconds keepAliveBound(std::chrono::milliseconds interval, int max_attempt) {
+  return interval * max_attempt;
+}
+
+void beat(rendezvous::Store& store, const std::string& agent_id) {
+  store.add(heartbeatKey(agent_id), 1);
+}
+
+std::string formatSeconds(std::chrono::steady_clock::duration d) {
+  char buf[32];
+  std::snprintf(
+      buf, sizeof buf, "%.1f s",
+      static_cast<double>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()) /
+          1000.0);
+  return buf;
+}
+
+std::vector<HeartbeatWatch::Silent> HeartbeatWatch::check(rendezvous::Store& store,
+                                                          const Membership& m) {
+  std::vector<std::string> keys;
+  std::vector<int> ranks;
+  for (int r = 0; r < m.group_world_size; ++r) {
+    if (r == m.group_rank) continue;
+    keys.push_back(heartbeatKey(m.agents[static_cast<size_t>(r)].id));
+    ranks.push_back(r);
+  }
+  if (keys.empty()) return {};
+  const auto values = store.multiGet(keys);
+  std::vector<std::pair<int, int64_t>> beats;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    beats.emplace_back(ranks[i], std::atoll(rendezvous::toString(values[i]).c_str()));
+  }
+  return observe(m, beats, Clock::now());
+}
+
+std::vector<HeartbeatWatch::Silent> HeartbeatWatch::observe(
+    const Membership& m, const std::vector<std::pair<int, int64_t>>& beats, Clock::time_point now) {
+  if (last_check_ != Clock::time_point{}) {
+    const auto delay = now - last_check_ - interval_;
+    if (delay > interval_) {
+      for (auto& entry : seen_) entry.second.second = std::min(now, entry.second.second + delay);
+    }
+  }
+  last_check_ = now;
+  std::vector<Silent> silent;
+  for (const auto& [r, beat] : beats) {
+    const AgentInfo& info = m.agents[static_cast<size_t>(r)];
+    auto it = seen_.find(info.id);
+    if (it == seen_.end() || it->second.first != beat) {
+      seen_[info.id] = {beat, now};
+      continue;
+    }
+    if (now - it->second.second < bound_) continue;
+    silent.push_back({r, "the agent of node " + std::to_string(r) + " (" + info.host +
+                             ") stopped responding: no heartbeat for " +
+                             formatSeconds(now - it->second.second)});
+  }
+  return silent;
+}
+
+}  // namespace cpprun::agent

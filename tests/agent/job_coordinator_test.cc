@@ -1,0 +1,395 @@
+// The job protocol (store_job_coordinator.cc) over the coordination seam with an in-process
+// backend: two or three coordinators in one process, each on its own io_context thread, each
+// connection a view of one shared MemoryStore with its own request timeout. A view can be cut
+// (every request then fails as a broken connection does), which is how an agent loses the store.
+// Every wait is bounded by a deadline; nothing sleeps to synchronise.
+#include "agent/job_coordinator.h"
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "common/asio.h"
+#include "rendezvous/memory_store.h"
+
+namespace {
+
+using namespace cpprun;
+using namespace cpprun::agent;
+using namespace std::chrono_literals;
+using rendezvous::Bytes;
+using rendezvous::MemoryStore;
+using rendezvous::StoreError;
+
+constexpr auto kDeadline = 20s;
+
+// One connection to the shared store: the store's data, this connection's timeout. Cut: every
+// request throws StoreError, as a TCP client's does once its connection is gone.
+class StoreView : public rendezvous::Store {
+ public:
+  using Store::set;
+  using Store::wait;
+
+  StoreView(MemoryStore& shared, std::shared_ptr<std::atomic<bool>> cut,
+            std::chrono::milliseconds timeout)
+      : shared_(shared), cut_(std::move(cut)) {
+    setTimeout(timeout);
+  }
+
+  void set(const std::string& key, const Bytes& value) override {
+    live();
+    shared_.set(key, value);
+  }
+  Bytes compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) override {
+    live();
+    return shared_.compareSet(key, expected, desired);
+  }
+  Bytes get(const std::string& key) override {
+    live();
+    shared_.wait({key}, timeout());
+    return shared_.get(key);
+  }
+  int64_t add(const std::string& key, int64_t delta) override {
+    live();
+    return shared_.add(key, delta);
+  }
+  bool deleteKey(const std::string& key) override {
+    live();
+    return shared_.deleteKey(key);
+  }
+  bool check(const std::vector<std::string>& keys) override {
+    live();
+    return shared_.check(keys);
+  }
+  int64_t numKeys() override {
+    live();
+    return shared_.numKeys();
+  }
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    live();
+    shared_.wait(keys, timeout);
+    live();
+  }
+  std::vector<Bytes> multiGet(const std::vector<std::string>& keys) override {
+    live();
+    shared_.wait(keys, timeout());
+    return shared_.multiGet(keys);
+  }
+  void multiSet(const std::vector<std::string>& keys, const std::vector<Bytes>& values) override {
+    live();
+    shared_.multiSet(keys, values);
+  }
+  void append(const std::string& key, const Bytes& value) override {
+    live();
+    shared_.append(key, value);
+  }
+
+ private:
+  void live() const {
+    if (cut_->load()) throw StoreError("connection reset by peer (test: cut)");
+  }
+
+  MemoryStore& shared_;
+  std::shared_ptr<std::atomic<bool>> cut_;
+};
+
+// Polls `condition` until it holds or the deadline passes.
+template <typename F>
+bool eventually(F condition, std::chrono::milliseconds within = kDeadline) {
+  const auto deadline = std::chrono::steady_clock::now() + within;
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(1ms);  // a poll's pace (the machine is shared), not a wait
+  }
+  return true;
+}
+
+template <typename T>
+T within(std::future<T>& f) {
+  REQUIRE(f.wait_for(kDeadline) == std::future_status::ready);
+  return f.get();
+}
+
+struct PeerStopSeen {
+  int attempt;
+  std::string reason;
+  int signal;
+};
+
+// One agent: a coordinator on its own loop thread, and what its callbacks received.
+class Agent {
+ public:
+  Agent(MemoryStore& store, int rank, int world, int max_restarts)
+      : work_(boost::asio::make_work_guard(io_)), cut_(std::make_shared<std::atomic<bool>>()) {
+    StoreCoordinatorOptions o;
+    o.store.where = "the test's memory store";
+    o.store.server = "the test's memory store";
+    o.store.connect = [&store, cut = cut_](std::chrono::milliseconds,
+                                           std::chrono::milliseconds request_timeout) {
+      return std::unique_ptr<rendezvous::Store>(
+          std::make_unique<StoreView>(store, cut, request_timeout));
+    };
+    o.is_host = rank == 0;
+    o.group_rank = rank;
+    o.group_world_size = world;
+    o.max_restarts = max_restarts;
+    o.self = AgentInfo{"h" + std::to_string(rank), 2, "agent-" + std::to_string(rank), -1};
+    o.join_timeout = 10s;
+    o.keep_alive_interval = 50ms;
+    o.keep_alive_max_attempt = 4;
+    o.final_linger = 5s;
+    coordinator_ = makeStoreCoordinator(
+        io_, o, [](int attempt) { return "nccl-id-" + std::to_string(attempt); },
+        [this](int n, const std::string& reason, int signal) {
+          std::lock_guard<std::mutex> lock(mu_);
+          peer_stops_.push_back({n, reason, signal});
+        },
+        [this](const Status& s) {
+          std::lock_guard<std::mutex> lock(mu_);
+          lost_ = s;
+        });
+    loop_ = std::thread([this] { io_.run(); });
+  }
+
+  ~Agent() {
+    io_.stop();
+    loop_.join();
+    coordinator_.reset();
+  }
+
+  std::future<Result<AttemptStart>> begin(int n) {
+    auto promise = std::make_shared<std::promise<Result<AttemptStart>>>();
+    auto future = promise->get_future();
+    boost::asio::post(io_, [this, n, promise] {
+      coordinator_->beginAttempt(n, [promise](Result<AttemptStart> r) { promise->set_value(r); });
+    });
+    return future;
+  }
+
+  std::future<Result<JobDecision>> end(int n, AttemptReport report) {
+    auto promise = std::make_shared<std::promise<Result<JobDecision>>>();
+    auto future = promise->get_future();
+    boost::asio::post(io_, [this, n, report, promise] {
+      coordinator_->endAttempt(n, report,
+                               [promise](Result<JobDecision> r) { promise->set_value(r); });
+    });
+    return future;
+  }
+
+  void announceStop(int n, const std::string& reason, int signal = 0) {
+    boost::asio::post(io_,
+                      [this, n, reason, signal] { coordinator_->announceStop(n, reason, signal); });
+  }
+
+  std::vector<PeerStopSeen> peerStops() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return peer_stops_;
+  }
+  std::optional<Status> lost() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return lost_;
+  }
+  void cutFromStore() { cut_->store(true); }
+  RendezvousProgress progress() const { return coordinator_->progress(); }
+
+ private:
+  boost::asio::io_context io_;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;
+  std::shared_ptr<std::atomic<bool>> cut_;
+  std::unique_ptr<JobCoordinator> coordinator_;
+  std::thread loop_;
+  std::mutex mu_;
+  std::vector<PeerStopSeen> peer_stops_;
+  std::optional<Status> lost_;
+};
+
+std::vector<std::unique_ptr<Agent>> agents(MemoryStore& store, int world, int max_restarts) {
+  std::vector<std::unique_ptr<Agent>> out;
+  for (int r = 0; r < world; ++r) {
+    out.push_back(std::make_unique<Agent>(store, r, world, max_restarts));
+  }
+  return out;
+}
+
+// Every agent begins attempt n, the host last (the others wait for its go, as agents started
+// before node 0 do); returns their starts in rank order.
+std::vector<AttemptStart> beginAll(std::vector<std::unique_ptr<Agent>>& all, int n) {
+  std::vector<std::future<Result<AttemptStart>>> futures(all.size());
+  for (size_t r = all.size(); r-- > 0;) futures[r] = all[r]->begin(n);
+  std::vector<AttemptStart> starts;
+  for (auto& f : futures) {
+    Result<AttemptStart> r = within(f);
+    REQUIRE(r.isOk());
+    starts.push_back(r.value());
+  }
+  return starts;
+}
+
+AttemptReport reportOf(AttemptReport::Kind kind, std::vector<WorkerFailure> failures = {}) {
+  AttemptReport r;
+  r.kind = kind;
+  r.failures = std::move(failures);
+  return r;
+}
+
+WorkerFailure workerFailure(int local_rank, int rank, int exit_code, bool teardown = false) {
+  WorkerFailure f;
+  f.local_rank = local_rank;
+  f.rank = rank;
+  f.exit_code = exit_code;
+  f.teardown = teardown;
+  f.time = std::chrono::system_clock::now();
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("coordinator: three agents join statically and start one attempt with the host's id",
+          "[unit]") {
+  MemoryStore store;
+  auto all = agents(store, 3, 0);
+  const std::vector<AttemptStart> starts = beginAll(all, 0);
+  for (int r = 0; r < 3; ++r) {
+    const AttemptStart& s = starts[static_cast<size_t>(r)];
+    CHECK(s.attempt == 0);
+    CHECK(s.nccl_unique_id_hex == "nccl-id-0");
+    CHECK(s.membership.group_rank == r);
+    CHECK(s.membership.group_world_size == 3);
+    CHECK(s.membership.base_rank == 2 * r);
+    CHECK(s.membership.world_size == 6);
+    REQUIRE(s.membership.agents.size() == 3);
+    CHECK(s.membership.agents[2].host == "h2");
+    CHECK(all[static_cast<size_t>(r)]->progress().rounds_completed == 1);
+  }
+  // Every agent succeeds: the host's decision reaches all, and nobody was told to stop.
+  std::vector<std::future<Result<JobDecision>>> decisions;
+  for (auto& a : all) decisions.push_back(a->end(0, reportOf(AttemptReport::Kind::kSucceeded)));
+  for (size_t r = 0; r < all.size(); ++r) {
+    Result<JobDecision> d = within(decisions[r]);
+    REQUIRE(d.isOk());
+    CHECK(d.value().kind == JobDecision::Kind::kSucceeded);
+    CHECK(all[r]->peerStops().empty());
+  }
+}
+
+TEST_CASE("coordinator: a failure one agent announces stops the others and restarts every node",
+          "[unit]") {
+  MemoryStore store;
+  auto all = agents(store, 3, /*max_restarts=*/1);
+  beginAll(all, 0);
+
+  all[1]->announceStop(0, "worker 3 exited 7");
+  for (size_t r : {size_t{0}, size_t{2}}) {
+    REQUIRE(eventually([&] { return !all[r]->peerStops().empty(); }));
+    const PeerStopSeen seen = all[r]->peerStops().front();
+    CHECK(seen.attempt == 0);
+    CHECK(seen.reason == "node 1 (h1): worker 3 exited 7");
+    CHECK(seen.signal == 0);
+  }
+  CHECK(all[1]->peerStops().empty());  // its own claim is not a peer's stop
+
+  std::vector<std::future<Result<JobDecision>>> decisions;
+  decisions.push_back(
+      all[0]->end(0, reportOf(AttemptReport::Kind::kStopped, {workerFailure(0, 0, 0, true)})));
+  decisions.push_back(
+      all[1]->end(0, reportOf(AttemptReport::Kind::kFailed, {workerFailure(1, 3, 7)})));
+  decisions.push_back(all[2]->end(0, reportOf(AttemptReport::Kind::kStopped)));
+  for (auto& f : decisions) {
+    Result<JobDecision> d = within(f);
+    REQUIRE(d.isOk());
+    CHECK(d.value().kind == JobDecision::Kind::kRestart);
+    CHECK(d.value().restarts_used == 1);
+    CHECK(d.value().summary == "node 1 (h1): worker 3 exited 7");
+  }
+
+  // Attempt 1 starts everywhere with a new id; this time the job succeeds.
+  for (const AttemptStart& s : beginAll(all, 1)) {
+    CHECK(s.attempt == 1);
+    CHECK(s.nccl_unique_id_hex == "nccl-id-1");
+  }
+  decisions.clear();
+  for (auto& a : all) decisions.push_back(a->end(1, reportOf(AttemptReport::Kind::kSucceeded)));
+  for (auto& f : decisions) {
+    Result<JobDecision> d = within(f);
+    REQUIRE(d.isOk());
+    CHECK(d.value().kind == JobDecision::Kind::kSucceeded);
+  }
+}
+
+TEST_CASE("coordinator: with no restart left every agent gets the failure with its root cause",
+          "[unit]") {
+  MemoryStore store;
+  auto all = agents(store, 2, /*max_restarts=*/0);
+  beginAll(all, 0);
+  all[1]->announceStop(0, "worker 2 exited 3", 0);
+  REQUIRE(eventually([&] { return !all[0]->peerStops().empty(); }));
+  auto host = all[0]->end(0, reportOf(AttemptReport::Kind::kStopped,
+                                      {workerFailure(0, 0, 134), workerFailure(1, 1, 0, true)}));
+  auto other = all[1]->end(0, reportOf(AttemptReport::Kind::kFailed, {workerFailure(0, 2, 3)}));
+  for (auto* f : {&host, &other}) {
+    Result<JobDecision> d = within(*f);
+    REQUIRE(d.isOk());
+    const JobDecision& decision = d.value();
+    CHECK(decision.kind == JobDecision::Kind::kFailed);
+    REQUIRE(decision.failures.size() == 3);
+    CHECK(decision.failures[0].host == "h1");  // the claimant's failure: the root cause
+    CHECK(decision.failures[0].rank == 2);
+    CHECK_FALSE(decision.failures[0].collateral);
+    CHECK(decision.failures[1].host == "h0");
+    CHECK(decision.failures[1].collateral);        // failed on its own after the stop
+    CHECK_FALSE(decision.failures[2].collateral);  // torn down
+  }
+}
+
+TEST_CASE("coordinator: a signal one agent forwards reaches the others with its number", "[unit]") {
+  MemoryStore store;
+  auto all = agents(store, 2, 3);
+  beginAll(all, 0);
+  all[0]->announceStop(0, "received SIGUSR1", 10);
+  REQUIRE(eventually([&] { return !all[1]->peerStops().empty(); }));
+  CHECK(all[1]->peerStops().front().signal == 10);
+  AttemptReport signalled = reportOf(AttemptReport::Kind::kSignalled);
+  signalled.signal = 10;
+  auto host = all[0]->end(0, signalled);
+  auto other = all[1]->end(0, signalled);
+  for (auto* f : {&host, &other}) {
+    Result<JobDecision> d = within(*f);
+    REQUIRE(d.isOk());
+    CHECK(d.value().kind == JobDecision::Kind::kStopped);
+    CHECK(d.value().signal == 10);
+    CHECK(d.value().restarts_used == 0);
+  }
+}
+
+TEST_CASE("coordinator: an agent cut from the store is lost to itself and to the host", "[unit]") {
+  MemoryStore store;
+  auto all = agents(store, 3, 5);
+  beginAll(all, 0);
+  all[2]->cutFromStore();
+  // The cut agent learns it within the keep-alive bound, naming the store.
+  REQUIRE(eventually([&] { return all[2]->lost().has_value(); }));
+  CHECK_THAT(all[2]->lost()->message(), Catch::Contains("lost the test's memory store"));
+  // The host stops hearing its heartbeat and stops the attempt for every live agent.
+  for (size_t r : {size_t{0}, size_t{1}}) {
+    REQUIRE(eventually([&] { return !all[r]->peerStops().empty(); }));
+    CHECK_THAT(all[r]->peerStops().front().reason,
+               Catch::Contains("the agent of node 2 (h2) stopped responding"));
+  }
+  // Static: a lost node cannot be replaced; the job fails without waiting for its report and
+  // without using the budget.
+  auto host = all[0]->end(0, reportOf(AttemptReport::Kind::kStopped));
+  auto other = all[1]->end(0, reportOf(AttemptReport::Kind::kStopped));
+  for (auto* f : {&host, &other}) {
+    Result<JobDecision> d = within(*f);
+    REQUIRE(d.isOk());
+    CHECK(d.value().kind == JobDecision::Kind::kFailed);
+    CHECK(d.value().restarts_used == 0);
+    REQUIRE_FALSE(d.value().failures.empty());
+    CHECK(d.value().failures[0].host == "h2");
+    CHECK(d.value().failures[0].rank == 4);
+  }
+}

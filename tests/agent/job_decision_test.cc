@@ -1,0 +1,252 @@
+// The host's decision for the job (job_decision.h) from hand-made reports, and the records'
+// JSON forms (job_keys.h) through a round trip. Pure: no store, no threads.
+#include "agent/job_decision.h"
+
+#include <catch2/catch.hpp>
+
+#include "agent/job_keys.h"
+
+namespace {
+
+using namespace cpprun;
+using namespace cpprun::agent;
+
+const auto kNow = std::chrono::system_clock::time_point(std::chrono::seconds(1'700'000'000));
+
+// Three nodes h0, h1, h2 with 2 workers each.
+Membership threeNodes() {
+  return membershipOf({{"h0", 2, "a0", -1}, {"h1", 2, "a1", -1}, {"h2", 2, "a2", -1}}, 0);
+}
+
+WorkerFailure failure(const std::string& host, int rank, int exit_code, bool teardown = false) {
+  WorkerFailure f;
+  f.host = host;
+  f.rank = rank;
+  f.exit_code = exit_code;
+  f.teardown = teardown;
+  f.time = kNow;
+  return f;
+}
+
+NodeOutcome reported(AttemptReport::Kind kind, std::vector<WorkerFailure> failures = {}) {
+  NodeOutcome o;
+  o.report.kind = kind;
+  o.report.failures = std::move(failures);
+  return o;
+}
+
+NodeOutcome lostNode(const std::string& why) {
+  NodeOutcome o;
+  o.lost = true;
+  o.lost_error = why;
+  return o;
+}
+
+std::map<int, NodeOutcome> allSucceeded() {
+  return {{0, reported(AttemptReport::Kind::kSucceeded)},
+          {1, reported(AttemptReport::Kind::kSucceeded)},
+          {2, reported(AttemptReport::Kind::kSucceeded)}};
+}
+
+// Node 2's worker (rank 5) failed and node 2 claimed the stop; nodes 0 and 1 tore theirs down,
+// and node 1's rank 2 failed on its own after the stop (an NCCL error once a peer is gone).
+std::map<int, NodeOutcome> nodeTwoFailed() {
+  return {{0, reported(AttemptReport::Kind::kStopped, {failure("h0", 0, 0, /*teardown=*/true)})},
+          {1, reported(AttemptReport::Kind::kStopped,
+                       {failure("h1", 2, 134), failure("h1", 3, 0, /*teardown=*/true)})},
+          {2, reported(AttemptReport::Kind::kFailed, {failure("h2", 5, 3)})}};
+}
+
+StopClaim claimBy(int rank, const std::string& reason, StopCause cause = StopCause::kFailure,
+                  int signal = 0) {
+  return StopClaim{rank, reason, cause, signal};
+}
+
+}  // namespace
+
+TEST_CASE("decide: every node succeeded and nobody claimed the stop: the job succeeded", "[unit]") {
+  const JobDecision d =
+      decideJob(threeNodes(), allSucceeded(), StopClaim{}, {2, false, 1}, 0, kNow);
+  CHECK(d.kind == JobDecision::Kind::kSucceeded);
+  CHECK(d.restarts_used == 0);
+  CHECK(d.failures.empty());
+  CHECK_FALSE(d.membership_change);
+}
+
+TEST_CASE("decide: a failure with budget left restarts and uses one restart", "[unit]") {
+  const JobDecision d = decideJob(threeNodes(), nodeTwoFailed(),
+                                  claimBy(2, "node 2 (h2): worker 5 exited 3"), {3, false, 1},
+                                  /*restarts_used=*/1, kNow);
+  CHECK(d.kind == JobDecision::Kind::kRestart);
+  CHECK(d.restarts_used == 2);
+  CHECK_FALSE(d.membership_change);
+  CHECK(d.summary == "node 2 (h2): worker 5 exited 3");
+}
+
+TEST_CASE("decide: with the budget spent the job fails, root cause first and collateral after",
+          "[unit]") {
+  const JobDecision d = decideJob(threeNodes(), nodeTwoFailed(),
+                                  claimBy(2, "node 2 (h2): worker 5 exited 3"), {1, false, 1},
+                                  /*restarts_used=*/1, kNow);
+  CHECK(d.kind == JobDecision::Kind::kFailed);
+  CHECK(d.restarts_used == 1);
+  CHECK(d.summary == "node 2 (h2): worker 5 exited 3");
+  REQUIRE(d.failures.size() == 4);
+  // The stop claimant's failure is the root cause, never collateral.
+  CHECK(d.failures[0].host == "h2");
+  CHECK(d.failures[0].rank == 5);
+  CHECK_FALSE(d.failures[0].collateral);
+  // The others follow in node order; a worker that failed on its own after the stop is
+  // collateral, one the agent tore down is not (it is teardown).
+  CHECK(d.failures[1].host == "h0");
+  CHECK_FALSE(d.failures[1].collateral);
+  CHECK(d.failures[2].host == "h1");
+  CHECK(d.failures[2].rank == 2);
+  CHECK(d.failures[2].collateral);
+  CHECK(d.failures[3].rank == 3);
+  CHECK_FALSE(d.failures[3].collateral);
+}
+
+TEST_CASE("decide: a failure report without a stop claim still uses the budget", "[unit]") {
+  auto outcomes = allSucceeded();
+  outcomes[1] = reported(AttemptReport::Kind::kFailed, {failure("h1", 2, 1)});
+  const JobDecision d = decideJob(threeNodes(), outcomes, StopClaim{}, {0, false, 1}, 0, kNow);
+  CHECK(d.kind == JobDecision::Kind::kFailed);
+  REQUIRE(d.failures.size() == 1);
+  CHECK_FALSE(d.failures[0].collateral);  // nobody claimed the stop: nothing is collateral
+}
+
+TEST_CASE("decide: a forwarded signal stops the job whatever else failed", "[unit]") {
+  auto outcomes = nodeTwoFailed();
+  outcomes[1].report.kind = AttemptReport::Kind::kSignalled;
+  outcomes[1].report.signal = 15;
+  const JobDecision d =
+      decideJob(threeNodes(), outcomes, claimBy(1, "node 1 (h1): SIGTERM", StopCause::kSignal, 15),
+                {5, false, 1}, 0, kNow);
+  CHECK(d.kind == JobDecision::Kind::kStopped);
+  CHECK(d.signal == 15);
+  CHECK(d.restarts_used == 0);
+  CHECK(d.summary == "node 1 (h1): SIGTERM");
+}
+
+TEST_CASE("decide: a node that could not start its workers fails the job, named", "[unit]") {
+  auto outcomes = allSucceeded();
+  outcomes[2].report.kind = AttemptReport::Kind::kStartFailed;
+  outcomes[2].report.error = "cannot run 'train.py'";
+  const JobDecision d = decideJob(threeNodes(), outcomes, StopClaim{}, {5, false, 1}, 0, kNow);
+  CHECK(d.kind == JobDecision::Kind::kFailed);
+  CHECK(d.summary == "node 2: cannot run 'train.py'");
+}
+
+TEST_CASE("decide: a lost node fails a static job and stands in first for its workers", "[unit]") {
+  auto outcomes = nodeTwoFailed();
+  outcomes[1] = lostNode("the agent of node 1 (h1) stopped responding");
+  const JobDecision d =
+      decideJob(threeNodes(), outcomes, claimBy(1, "x", StopCause::kLost), {5, false, 1}, 0, kNow);
+  CHECK(d.kind == JobDecision::Kind::kFailed);
+  CHECK(d.summary == "the agent of node 1 (h1) stopped responding");
+  CHECK(d.restarts_used == 0);
+  REQUIRE_FALSE(d.failures.empty());
+  CHECK(d.failures[0].host == "h1");
+  CHECK(d.failures[0].rank == 2);  // node 1's first global rank
+  CHECK(d.failures[0].exit_code == 1);
+  CHECK(d.failures[0].time == kNow);
+  CHECK(d.failures[0].message == "the agent of node 1 (h1) stopped responding");
+}
+
+TEST_CASE("decide: elastic, a lost node re-forms the group without using the budget", "[unit]") {
+  auto outcomes = allSucceeded();
+  outcomes[2] = lostNode("node 2 lost");
+  const JobDecision d = decideJob(threeNodes(), outcomes, claimBy(2, "x", StopCause::kLost),
+                                  {/*max_restarts=*/0, /*elastic=*/true, /*min_nodes=*/2}, 0, kNow);
+  CHECK(d.kind == JobDecision::Kind::kRestart);
+  CHECK(d.membership_change);
+  CHECK(d.restarts_used == 0);
+}
+
+TEST_CASE("decide: elastic, fewer than min_nodes left fails naming the minimum", "[unit]") {
+  auto outcomes = allSucceeded();
+  outcomes[1] = lostNode("node 1 lost");
+  outcomes[2] = lostNode("node 2 lost");
+  const JobDecision d = decideJob(threeNodes(), outcomes, StopClaim{}, {5, true, 2}, 0, kNow);
+  CHECK(d.kind == JobDecision::Kind::kFailed);
+  CHECK(d.summary == "node 1 lost; 1 nodes left, fewer than the minimum 2");
+  REQUIRE(d.failures.size() == 2);
+  CHECK(d.failures[0].host == "h2");  // stand-ins in front, the last found first
+  CHECK(d.failures[1].host == "h1");
+}
+
+TEST_CASE("decide: elastic, agents waiting to join re-form the group without using the budget",
+          "[unit]") {
+  auto outcomes = allSucceeded();
+  for (auto& [rank, o] : outcomes) o.report.kind = AttemptReport::Kind::kStopped;
+  const JobDecision d =
+      decideJob(threeNodes(), outcomes, claimBy(0, "1 node(s) waiting to join", StopCause::kJoin),
+                {0, true, 1}, 0, kNow);
+  CHECK(d.kind == JobDecision::Kind::kRestart);
+  CHECK(d.membership_change);
+  CHECK(d.restarts_used == 0);
+}
+
+TEST_CASE("decide: a failure during a join re-forming uses the budget", "[unit]") {
+  auto outcomes = allSucceeded();
+  outcomes[1] = reported(AttemptReport::Kind::kFailed, {failure("h1", 2, 1)});
+  const JobDecision d = decideJob(threeNodes(), outcomes, claimBy(0, "joiners", StopCause::kJoin),
+                                  {0, true, 1}, 0, kNow);
+  CHECK(d.kind == JobDecision::Kind::kFailed);
+  CHECK_FALSE(d.membership_change);
+}
+
+TEST_CASE("job records: report, decision and stop claim survive their JSON form", "[unit]") {
+  AttemptReport report;
+  report.kind = AttemptReport::Kind::kSignalled;
+  report.signal = 10;
+  report.failures = {failure("", 3, 7)};
+  const AttemptReport back = reportFromJson(reportToJson(report, "h9"));
+  CHECK(back.kind == AttemptReport::Kind::kSignalled);
+  CHECK(back.signal == 10);
+  REQUIRE(back.failures.size() == 1);
+  CHECK(back.failures[0].host == "h9");  // the reporting node's host is written in
+  CHECK(back.failures[0].rank == 3);
+  CHECK(back.failures[0].exit_code == 7);
+  CHECK(back.failures[0].time == kNow);
+
+  JobDecision decision;
+  decision.kind = JobDecision::Kind::kStopped;
+  decision.signal = 15;
+  decision.summary = "s";
+  decision.restarts_used = 2;
+  decision.membership_change = true;
+  decision.failures = {failure("h1", 1, 2)};
+  const Result<DecisionRecord> record = decisionFromJson(decisionToJson(decision, 3), 7);
+  REQUIRE(record.isOk());
+  CHECK(record.value().readers == 3);
+  CHECK(record.value().decision.kind == JobDecision::Kind::kStopped);
+  CHECK(record.value().decision.signal == 15);
+  CHECK(record.value().decision.summary == "s");
+  CHECK(record.value().decision.restarts_used == 2);
+  CHECK(record.value().decision.membership_change);
+  REQUIRE(record.value().decision.failures.size() == 1);
+  CHECK(record.value().decision.failures[0].host == "h1");
+  CHECK_FALSE(decisionFromJson(nlohmann::json("garbage"), 1).isOk());
+
+  const StopClaim stop = stopFromJson(stopToJson({2, "why", StopCause::kLost, 0}));
+  CHECK(stop.by == 2);
+  CHECK(stop.reason == "why");
+  CHECK(stop.cause == StopCause::kLost);
+  CHECK(stopFromJson(nlohmann::json()).by == kByNobody);
+
+  CHECK(reportFromJson(nlohmann::json("garbage")).kind == AttemptReport::Kind::kFailed);
+  CHECK_FALSE(agentFromRecord(nlohmann::json{{"host", "h"}}, "node 3's record").isOk());
+  CHECK_THAT(agentFromRecord(nlohmann::json{{"host", "h"}}, "node 3's record").status().message(),
+             Catch::Contains("node 3's record"));
+}
+
+TEST_CASE("membership: base rank and world size from the agents' worker counts", "[unit]") {
+  const Membership m =
+      membershipOf({{"h0", 2, "a", -1}, {"h1", 3, "b", -1}, {"h2", 1, "c", -1}}, 2);
+  CHECK(m.group_rank == 2);
+  CHECK(m.group_world_size == 3);
+  CHECK(m.base_rank == 5);
+  CHECK(m.world_size == 6);
+}
