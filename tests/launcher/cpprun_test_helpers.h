@@ -139,35 +139,4 @@ inline int runToEnd(const std::vector<std::string>& argv, std::chrono::seconds b
   return exitCodeOf(*status);
 }
 
-// A TCP port nobody listens on right now (multi-node jobs must know the store port in advance).
-// Taken below the kernel's ephemeral range, from an offset that differs per test process: a
-// port from bind(0) is free again the moment it is closed, and ctest -j2 once handed the same
-// one to two concurrent tests (the second store host exited 3, "port in use"); below the
-// ephemeral range no outgoing connection or gloo listener of another test can take it either.
-inline int freeTcpPort() {
-  int ephemeral_low = 32768;
-  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
-  range >> ephemeral_low;
-  const int low = 10000;
-  const int span = std::max(1000, ephemeral_low - low);
-  static int calls = 0;
-  const int start = static_cast<int>(
-      (static_cast<unsigned>(::getpid()) * 7919u + static_cast<unsigned>(calls++) * 101u) %
-      static_cast<unsigned>(span));
-  for (int i = 0; i < span; ++i) {
-    const int port = low + (start + i) % span;
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    REQUIRE(fd >= 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_ANY);
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-    ::close(fd);
-    if (free) return port;
-  }
-  FAIL("no free TCP port in " << low << ".." << low + span - 1);
-  return -1;
-}
-
 }  // namespace cpprun::testing

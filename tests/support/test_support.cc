@@ -12,9 +12,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <stdexcept>
 
 extern char** environ;
@@ -281,6 +283,33 @@ TempDir::TempDir() {
 TempDir::~TempDir() {
   std::error_code ec;
   std::filesystem::remove_all(path_, ec);
+}
+
+int freeTcpPort() {
+  int ephemeral_low = 32768;
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  range >> ephemeral_low;
+  const int low = 10000;
+  const int span = std::max(1000, ephemeral_low - low);
+  static std::atomic<unsigned> calls{0};
+  const int start =
+      static_cast<int>((static_cast<unsigned>(::getpid()) * 7919u + calls.fetch_add(1) * 101u) %
+                       static_cast<unsigned>(span));
+  for (int i = 0; i < span; ++i) {
+    const int port = low + (start + i) % span;
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+      throw std::runtime_error(std::string("freeTcpPort: socket: ") + std::strerror(errno));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    ::close(fd);
+    if (free) return port;
+  }
+  throw std::runtime_error("freeTcpPort: no free TCP port in " + std::to_string(low) + ".." +
+                           std::to_string(low + span - 1));
 }
 
 std::string sourcePath(const std::string& relative) {

@@ -109,6 +109,14 @@ class TempDir {
   std::string path_;
 };
 
+// A TCP port nobody listens on right now (multi-node jobs must know the store port in advance).
+// Taken below the kernel's ephemeral range, from an offset that differs per test process: a
+// port from bind(0) is free again the moment it is closed, and ctest -j2 once handed the same
+// one to two concurrent tests (the second store host exited 3, "port in use"); below the
+// ephemeral range no outgoing connection or gloo listener of another test can take it either.
+// Safe to call from several threads. Throws std::runtime_error if the whole range is taken.
+int freeTcpPort();
+
 // Path of a file in the source tree, e.g. sourcePath("tests/torch/store_client.py").
 std::string sourcePath(const std::string& relative);
 
