@@ -45,6 +45,8 @@ packages=(
   python3-venv
   # etcd rendezvous: TLS by OpenSSL; its tests start real etcd clusters (etcdctl reads status)
   libssl-dev etcd-server etcd-client
+  # the etcd tests make their CA and certificates with the openssl CLI
+  openssl
 )
 
 if [ "$build_only" = 1 ]; then packages=("${build_packages[@]}"); fi
