@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "common/asio.h"
@@ -123,7 +124,9 @@ struct PeerStopSeen {
 // One agent: a coordinator on its own loop thread, and what its callbacks received.
 class Agent {
  public:
-  Agent(MemoryStore& store, int rank, int world, int max_restarts)
+  // `adjust` (optional) changes the options before the coordinator is made.
+  Agent(MemoryStore& store, int rank, int world, int max_restarts,
+        const std::function<void(StoreCoordinatorOptions&)>& adjust = {})
       : work_(boost::asio::make_work_guard(io_)), cut_(std::make_shared<std::atomic<bool>>()) {
     StoreCoordinatorOptions o;
     o.store.where = "the test's memory store";
@@ -142,6 +145,7 @@ class Agent {
     o.keep_alive_interval = 50ms;
     o.keep_alive_max_attempt = 4;
     o.final_linger = 5s;
+    if (adjust) adjust(o);
     coordinator_ = makeStoreCoordinator(
         io_, o, [](int attempt) { return "nccl-id-" + std::to_string(attempt); },
         [this](int n, const std::string& reason, int signal) {
@@ -392,4 +396,58 @@ TEST_CASE("coordinator: an agent cut from the store is lost to itself and to the
     CHECK(d.value().failures[0].host == "h2");
     CHECK(d.value().failures[0].rank == 4);
   }
+}
+
+TEST_CASE("coordinator: elastic, an agent that comes late re-forms the running group with it",
+          "[unit]") {
+  MemoryStore store;
+  const auto elastic = [](StoreCoordinatorOptions& o) {
+    o.elastic = true;
+    o.min_nodes = 2;
+    o.max_nodes = 3;
+    o.last_call_timeout = 100ms;
+  };
+  std::vector<std::unique_ptr<Agent>> all;
+  for (int r = 0; r < 3; ++r) all.push_back(std::make_unique<Agent>(store, r, 1, 0, elastic));
+  // Round 0: two agents; the round closes after the last call without a third.
+  auto second = all[1]->begin(0);
+  auto first = all[0]->begin(0);
+  for (auto* f : {&first, &second}) {
+    Result<AttemptStart> s = within(*f);
+    REQUIRE(s.isOk());
+    CHECK(s.value().attempt == 0);
+    CHECK(s.value().membership.group_world_size == 2);
+  }
+  // The third joins the next round; the host stops the attempt to take it in, without using
+  // the restart budget (max_restarts is 0).
+  auto third = all[2]->begin(0);
+  for (size_t r : {size_t{0}, size_t{1}}) {
+    REQUIRE(eventually([&] { return !all[r]->peerStops().empty(); }));
+    CHECK_THAT(all[r]->peerStops().front().reason,
+               Catch::Contains("1 node(s) waiting to join; re-forming the group"));
+  }
+  auto d0 = all[0]->end(0, reportOf(AttemptReport::Kind::kStopped));
+  auto d1 = all[1]->end(0, reportOf(AttemptReport::Kind::kStopped));
+  for (auto* f : {&d0, &d1}) {
+    Result<JobDecision> d = within(*f);
+    REQUIRE(d.isOk());
+    CHECK(d.value().kind == JobDecision::Kind::kRestart);
+    CHECK(d.value().membership_change);
+    CHECK(d.value().restarts_used == 0);
+  }
+  // Round 1 closes at max_nodes with all three, as attempt 1.
+  auto b1 = all[1]->begin(1);
+  auto b0 = all[0]->begin(1);
+  std::set<int> ranks;
+  for (auto* f : {&b0, &b1, &third}) {
+    Result<AttemptStart> s = within(*f);
+    REQUIRE(s.isOk());
+    CHECK(s.value().attempt == 1);
+    CHECK(s.value().membership.group_world_size == 3);
+    CHECK(s.value().membership.world_size == 6);
+    ranks.insert(s.value().membership.group_rank);
+  }
+  CHECK(ranks == std::set<int>{0, 1, 2});
+  CHECK(all[2]->progress().rounds_completed == 1);
+  CHECK(all[0]->progress().rounds_completed == 2);
 }

@@ -1,0 +1,78 @@
+#include "agent/coordinator_waits.h"
+
+#include <algorithm>
+
+#include "common/logging.h"
+#include "rendezvous/store.h"
+
+namespace cpprun::agent {
+
+WaitAnnouncer::WaitAnnouncer(WaitContext& context, Clock::time_point deadline)
+    : context_(context), notice_(Clock::now()), deadline_(deadline) {}
+
+WaitAnnouncer::~WaitAnnouncer() { context_.setWaiting(""); }
+
+void WaitAnnouncer::maybeAnnounce(const std::function<std::string()>& describe) {
+  const auto now = Clock::now();
+  if (!notice_.due(now)) return;
+  const std::string text = describe();
+  context_.setWaiting(text);
+  std::string line = text + " for " + formatWait(notice_.elapsed(now));
+  if (deadline_ != Clock::time_point::max()) {
+    line += ", timeout in " +
+            formatWait(std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - now));
+  }
+  CPPRUN_LOG(kInfo) << line;
+}
+
+void waitKeys(WaitContext& context, rendezvous::Store& store, const std::vector<std::string>& keys,
+              std::chrono::milliseconds total, std::chrono::milliseconds slice,
+              const std::string& what, const std::function<bool()>& on_slice,
+              const std::function<std::string()>& describe) {
+  using Clock = WaitAnnouncer::Clock;
+  const auto deadline = Clock::now() + total;
+  WaitAnnouncer announcer(context, total < kNoDeadline ? deadline : Clock::time_point::max());
+  while (true) {
+    context.checkAbandoned();
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) {
+      throw Abandoned{
+          timeoutError(what + ": not done after " + std::to_string(total.count() / 1000.0) + " s")};
+    }
+    try {
+      store.wait(keys, std::min({left, slice, kNoticeSlice}));
+      return;
+    } catch (const rendezvous::StoreTimeout&) {
+      if (on_slice && on_slice()) return;
+      if (describe) announcer.maybeAnnounce(describe);
+    }
+  }
+}
+
+std::string nodeNames(const std::vector<std::string>& expected_hosts,
+                      const std::vector<int>& ranks) {
+  std::string out;
+  for (int r : ranks) {
+    out += out.empty() ? "" : ", ";
+    if (r >= 0 && r < static_cast<int>(expected_hosts.size())) {
+      out += expected_hosts[static_cast<size_t>(r)];
+    } else {
+      out += "node " + std::to_string(r);
+    }
+  }
+  return out;
+}
+
+std::string describeMissing(rendezvous::Store& store, const std::vector<std::string>& keys,
+                            const std::vector<std::string>& expected_hosts,
+                            const std::string& what) {
+  std::vector<int> missing;
+  for (size_t r = 0; r < keys.size(); ++r) {
+    if (!store.check({keys[r]})) missing.push_back(static_cast<int>(r));
+  }
+  return "waiting for " + std::to_string(missing.size()) + " of " + std::to_string(keys.size()) +
+         " nodes (" + nodeNames(expected_hosts, missing) + ") " + what;
+}
+
+}  // namespace cpprun::agent

@@ -1,0 +1,88 @@
+// Coordinator waits: how the job coordinator's parts (store_job_coordinator.cc,
+// rendezvous_rounds.h) wait for keys in the store. A wait runs in keep-alive-sized slices, so a
+// lost store, a lost agent or the end of the job is noticed within one interval, and it says
+// what it waits for every few seconds (WaitNotice) in the log and in /status.
+//
+// Inside the coordinator's threads a request that cannot go on throws Abandoned with the
+// Status its caller receives; the coordinator turns it (and StoreError) into a value at its
+// boundary.
+//
+// Thread safety: a WaitContext is called from the thread that waits and must be safe from
+// there; WaitAnnouncer belongs to one wait (one thread); the free functions touch only their
+// arguments.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/wait_notice.h"
+
+namespace cpprun::rendezvous {
+class Store;
+}
+
+namespace cpprun::agent {
+
+// Thrown inside the coordinator's threads when the job is over or the store is gone.
+struct Abandoned {
+  Status status;
+};
+
+// Ten years: a wait that only liveness (the store connection, heartbeats) ends.
+inline constexpr std::chrono::milliseconds kNoDeadline = std::chrono::hours(24 * 365 * 10);
+// A wait wakes at least this often, so its notices keep their schedule.
+inline constexpr std::chrono::milliseconds kNoticeSlice = std::chrono::seconds(5);
+
+// What every wait of one coordinator shares.
+class WaitContext {
+ public:
+  virtual ~WaitContext() = default;
+  // Throws Abandoned when waits must end (the store is lost, the agent is shutting down).
+  virtual void checkAbandoned() = 0;
+  // What the agent waits for now ("" when nothing), for /status.
+  virtual void setWaiting(const std::string& what) = 0;
+};
+
+// One wait's notices: when WaitNotice says one is due, logs what the wait is for, how long it
+// has lasted and (with a deadline) how long it may still last, and shows it in /status until
+// the wait ends.
+class WaitAnnouncer {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit WaitAnnouncer(WaitContext& context,
+                         Clock::time_point deadline = Clock::time_point::max());
+  ~WaitAnnouncer();
+  WaitAnnouncer(const WaitAnnouncer&) = delete;
+  WaitAnnouncer& operator=(const WaitAnnouncer&) = delete;
+
+  void maybeAnnounce(const std::function<std::string()>& describe);
+
+ private:
+  WaitContext& context_;
+  WaitNotice notice_;
+  Clock::time_point deadline_;
+};
+
+// Waits up to `total` for `keys` in slices of at most `slice` (and kNoticeSlice). `what` names
+// the wait in the timeout error (Abandoned, kTimeout). `on_slice` (optional) runs after every
+// slice; it may throw, or return true to end the wait as if the keys had come. `describe`
+// (optional) says what the wait is for (WaitAnnouncer). Throws what the store throws.
+void waitKeys(WaitContext& context, rendezvous::Store& store, const std::vector<std::string>& keys,
+              std::chrono::milliseconds total, std::chrono::milliseconds slice,
+              const std::string& what, const std::function<bool()>& on_slice = {},
+              const std::function<std::string()>& describe = {});
+
+// "node 4, 7" or, where the scheduler named the nodes (`expected_hosts`, by rank), "n4, n7".
+std::string nodeNames(const std::vector<std::string>& expected_hosts,
+                      const std::vector<int>& ranks);
+
+// Which of `keys` (one per node rank) are missing: "waiting for 3 of 8 nodes (n4, n7, n8)
+// <what>". One check per node. Throws what the store throws.
+std::string describeMissing(rendezvous::Store& store, const std::vector<std::string>& keys,
+                            const std::vector<std::string>& expected_hosts,
+                            const std::string& what);
+
+}  // namespace cpprun::agent

@@ -1,0 +1,325 @@
+#include "agent/rendezvous_rounds.h"
+
+#include <algorithm>
+#include <climits>
+#include <set>
+#include <tuple>
+
+#include "agent/job_keys.h"
+#include "agent/liveness.h"
+#include "common/logging.h"
+#include "rendezvous/store.h"
+
+namespace cpprun::agent {
+
+using nlohmann::json;
+using rendezvous::Store;
+using rendezvous::StoreTimeout;
+using rendezvous::toString;
+using SteadyClock = std::chrono::steady_clock;
+
+namespace {
+
+// A record read from the store; a malformed one abandons the request.
+AgentInfo agentOf(const json& doc, const std::string& where) {
+  Result<AgentInfo> agent = agentFromRecord(doc, where);
+  if (!agent.isOk()) throw Abandoned{agent.status()};
+  return agent.value();
+}
+
+}  // namespace
+
+int RendezvousRounds::nextRound() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return next_round_;
+}
+
+RendezvousProgress RendezvousRounds::progress() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return progress_;
+}
+
+void RendezvousRounds::started(int round) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    progress_.round = round;
+    round_began_ = SteadyClock::now();
+  }
+  emitEvent(opts_.event_log, "rendezvous_started",
+            {{"round", round},
+             {"backend", opts_.elastic ? "c10d" : "static"},
+             {"min_nodes", opts_.elastic ? opts_.min_nodes : opts_.group_world_size},
+             {"max_nodes", opts_.elastic ? opts_.max_nodes : opts_.group_world_size}});
+}
+
+void RendezvousRounds::completed(int round, const Membership& m) {
+  double seconds = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    seconds = std::chrono::duration<double>(SteadyClock::now() - round_began_).count();
+    ++progress_.rounds_completed;
+    progress_.last_duration_s = seconds;
+    progress_.nodes = m.group_world_size;
+    progress_.world_size = m.world_size;
+  }
+  json hosts = json::array();
+  for (const AgentInfo& a : m.agents) hosts.push_back(a.host);
+  emitEvent(opts_.event_log, "rendezvous_completed",
+            {{"round", round},
+             {"nodes", m.group_world_size},
+             {"world_size", m.world_size},
+             {"group_rank", m.group_rank},
+             {"base_rank", m.base_rank},
+             {"hosts", hosts},
+             {"duration_s", seconds}});
+}
+
+void RendezvousRounds::logMembership(const Membership& m) const {
+  CPPRUN_LOG(kInfo) << "rendezvous complete: " << m.group_world_size << " nodes, " << m.world_size
+                    << " workers; this node is node " << m.group_rank << " with ranks "
+                    << m.base_rank << ".." << m.base_rank + opts_.self.nproc - 1;
+}
+
+Membership RendezvousRounds::joinStatic(Store& store) {
+  const int n = opts_.group_world_size;
+  store.set(nodeKey(opts_.group_rank), agentRecord(opts_.self, -1).dump());
+  beat(store, opts_.self.id);
+  std::vector<std::string> keys;
+  for (int r = 0; r < n; ++r) keys.push_back(nodeKey(r));
+  store.add(kStaticJoinedKey, 1);
+  started(0);
+  CPPRUN_LOG(kInfo) << "rendezvous: node " << opts_.group_rank << " of " << n
+                    << " joined; waiting for the others (join timeout "
+                    << opts_.join_timeout.count() / 1000.0 << " s)";
+  try {
+    waitKeys(waits_, store, keys, opts_.join_timeout, opts_.keep_alive_interval, "rendezvous", {},
+             [&] {
+               if (opts_.is_host || n <= 64) {
+                 return describeMissing(store, keys, opts_.expected_hosts, "to join");
+               }
+               const int64_t joined = store.add(kStaticJoinedKey, 0);
+               return "waiting for " + std::to_string(n - joined) + " of " + std::to_string(n) +
+                      " nodes to join";
+             });
+  } catch (const Abandoned& a) {
+    if (a.status.code() != StatusCode::kTimeout) throw;
+    std::string missing;
+    for (int r = 0; r < n; ++r) {
+      if (!store.check({nodeKey(r)})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    throw Abandoned{timeoutError("rendezvous: nodes " + missing + " did not join within " +
+                                 std::to_string(opts_.join_timeout.count() / 1000.0) +
+                                 " s (--rdzv-conf join_timeout)")};
+  }
+  auto values = store.multiGet(keys);
+  std::vector<AgentInfo> agents;
+  for (int r = 0; r < n; ++r) {
+    agents.push_back(agentOf(json::parse(toString(values[static_cast<size_t>(r)]), nullptr, false),
+                             "node " + std::to_string(r) + "'s record"));
+  }
+  Membership m = membershipOf(agents, opts_.group_rank);
+  logMembership(m);
+  completed(0, m);
+  return m;
+}
+
+// The records written in round r's slots 1..joined, in slot order, one per agent. A slot can
+// be empty (its joiner died, or its reply was lost and it joined again with a new slot) or hold
+// a record already seen (that joiner's earlier slot): both are skipped. `all_written`: the
+// caller saw every slot written, so none needs checking.
+std::vector<RendezvousRounds::SlotRecord> RendezvousRounds::roundRecords(Store& store, int r,
+                                                                         int64_t joined,
+                                                                         bool all_written) {
+  std::vector<std::string> present;
+  for (int64_t i = 1; i <= joined; ++i) {
+    const std::string key = roundKey(r, "agent/" + std::to_string(i));
+    if (all_written || store.check({key})) present.push_back(key);
+  }
+  std::vector<SlotRecord> records;
+  if (present.empty()) return records;
+  auto values = store.multiGet(present);
+  std::set<std::string> ids;
+  for (size_t i = 0; i < present.size(); ++i) {
+    json doc = json::parse(toString(values[i]), nullptr, false);
+    agentOf(doc, present[i]);  // validates
+    if (!ids.insert(doc.value("id", "")).second) continue;
+    records.push_back({std::stoll(present[i].substr(present[i].rfind('/') + 1)), doc});
+  }
+  return records;
+}
+
+// Host: closes round r once max_nodes joined, or last_call_timeout after min_nodes did (the
+// whole wait bounded by join_timeout), and publishes its members in rank order. Returns the
+// members document.
+json RendezvousRounds::closeRound(Store& store, int r, int next_attempt) {
+  const auto joinedNow = [&] { return store.add(roundKey(r, "joined"), 0); };
+  try {
+    // Usually the min_nodes-th slot's record says enough have joined. A slot left empty would
+    // hold that up for the whole join timeout, so every slice also counts the records (only
+    // once enough slots are taken: one check per slot).
+    waitKeys(
+        waits_, store, {roundKey(r, "agent/" + std::to_string(opts_.min_nodes))},
+        opts_.join_timeout, opts_.keep_alive_interval, "rendezvous round " + std::to_string(r),
+        [&] {
+          const int64_t joined = joinedNow();
+          return joined >= opts_.min_nodes &&
+                 static_cast<int>(roundRecords(store, r, joined).size()) >= opts_.min_nodes;
+        },
+        [&] {
+          const int64_t joined = static_cast<int64_t>(roundRecords(store, r, joinedNow()).size());
+          return "rendezvous round " + std::to_string(r) + ": waiting for " +
+                 std::to_string(opts_.min_nodes - joined) + " more node(s) (" +
+                 std::to_string(joined) + " of at least " + std::to_string(opts_.min_nodes) +
+                 " joined)";
+        });
+  } catch (const Abandoned& a) {
+    const auto joined = roundRecords(store, r, joinedNow()).size();
+    json members = {{"error", "rendezvous: only " + std::to_string(joined) + " of at least " +
+                                  std::to_string(opts_.min_nodes) + " nodes joined within " +
+                                  formatSeconds(opts_.join_timeout) +
+                                  " (--rdzv-conf join_timeout)"}};
+    store.set(roundKey(r, "members"), members.dump());
+    throw Abandoned{timeoutError(members["error"].get<std::string>())};
+  }
+  if (opts_.max_nodes > opts_.min_nodes) {
+    try {  // last call: more may come, up to max_nodes
+      store.wait({roundKey(r, "agent/" + std::to_string(opts_.max_nodes))},
+                 opts_.last_call_timeout);
+    } catch (const StoreTimeout&) {
+    }
+  }
+  // Later joiners see the next round; this one is closing.
+  store.set(kRoundCounterKey, std::to_string(r + 1));
+  const int64_t joined = joinedNow();
+  // Slots taken a moment ago may not hold their record yet: give them one interval. Usually all
+  // are written, and then no slot needs a check of its own.
+  bool all_written = true;
+  {
+    std::vector<std::string> slots;
+    for (int64_t i = 1; i <= joined; ++i)
+      slots.push_back(roundKey(r, "agent/" + std::to_string(i)));
+    try {
+      store.wait(slots, opts_.keep_alive_interval);
+    } catch (const StoreTimeout&) {
+      all_written = false;
+    }
+  }
+  std::vector<SlotRecord> candidates = roundRecords(store, r, joined, all_written);
+  // The first max_nodes to join, and always this agent (it closes the round).
+  if (static_cast<int>(candidates.size()) > opts_.max_nodes) {
+    auto mine = std::find_if(candidates.begin(), candidates.end(), [&](const SlotRecord& c) {
+      return c.record.value("id", "") == opts_.self.id;
+    });
+    if (mine != candidates.end() && mine - candidates.begin() >= opts_.max_nodes) {
+      std::swap(*mine, candidates[static_cast<size_t>(opts_.max_nodes - 1)]);
+    }
+    candidates.resize(static_cast<size_t>(opts_.max_nodes));
+  }
+  // Stable order: the scheduler's rank, else the previous round's rank, else join order.
+  auto order_key = [](const SlotRecord& c) {
+    const int sched = c.record.value("scheduler_rank", -1);
+    const int previous = c.record.value("previous_rank", -1);
+    return std::make_tuple(sched >= 0 ? sched : INT_MAX, previous >= 0 ? previous : INT_MAX,
+                           c.index);
+  };
+  std::stable_sort(
+      candidates.begin(), candidates.end(),
+      [&](const SlotRecord& a, const SlotRecord& b) { return order_key(a) < order_key(b); });
+  json members = {{"attempt", next_attempt}, {"round", r}, {"members", json::array()}};
+  for (const SlotRecord& c : candidates) {
+    json m = c.record;
+    m["index"] = c.index;
+    members["members"].push_back(m);
+  }
+  store.set(roundKey(r, "members"), members.dump());
+  return members;
+}
+
+// Takes a slot in round r and writes this agent's record there; returns the slot. A request
+// that times out (a store host stopped or swapping for longer than the request timeout; the
+// connection is then closed, its reply lost) is retried with a new slot until the join timeout:
+// the old slot is left empty or holds a copy of this record, and the host skips both
+// (roundRecords).
+int64_t RendezvousRounds::takeSlot(Store& store, int r, const std::string& record) {
+  const auto deadline = SteadyClock::now() + opts_.join_timeout;
+  while (true) {
+    try {
+      const int64_t index = store.add(roundKey(r, "joined"), 1);
+      store.set(roundKey(r, "agent/" + std::to_string(index)), record);
+      return index;
+    } catch (const StoreTimeout& e) {
+      if (SteadyClock::now() >= deadline) throw;
+      CPPRUN_LOG(kWarn) << "rendezvous round " << r << ": " << e.what() << "; joining again";
+    }
+  }
+}
+
+Membership RendezvousRounds::joinElastic(Store& store, int next_attempt, int* attempt) {
+  if (nextRound() < 0) {
+    const int current = static_cast<int>(store.add(kRoundCounterKey, 0));
+    std::lock_guard<std::mutex> lock(mu_);
+    next_round_ = current;
+  }
+  while (true) {
+    const int r = nextRound();
+    const int64_t index = takeSlot(store, r, agentRecord(opts_.self, previous_rank_).dump());
+    beat(store, opts_.self.id);
+    started(r);
+    CPPRUN_LOG(kInfo) << "rendezvous round " << r << ": joined as number " << index
+                      << "; waiting for " << opts_.min_nodes << ".." << opts_.max_nodes
+                      << " nodes (join timeout " << formatSeconds(opts_.join_timeout)
+                      << ", last call " << formatSeconds(opts_.last_call_timeout) << ")";
+    json members;
+    if (opts_.is_host) {
+      members = closeRound(store, r, next_attempt);
+    } else {
+      waitKeys(waits_, store, {roundKey(r, "members")},
+               opts_.join_timeout + opts_.last_call_timeout, opts_.keep_alive_interval,
+               "rendezvous round " + std::to_string(r), {}, [&] {
+                 const int64_t joined = store.add(roundKey(r, "joined"), 0);
+                 return "rendezvous round " + std::to_string(r) +
+                        ": waiting for the store host to close it (" + std::to_string(joined) +
+                        " joined, " + std::to_string(opts_.min_nodes) + ".." +
+                        std::to_string(opts_.max_nodes) + " needed)";
+               });
+      members = json::parse(toString(store.get(roundKey(r, "members"))), nullptr, false);
+    }
+    if (!members.is_object()) throw Abandoned{internalError("malformed round in the store")};
+    if (members.contains("error")) {
+      throw Abandoned{unavailable(members["error"].get<std::string>())};
+    }
+    if (members.contains("job_over")) {
+      throw Abandoned{
+          Status(StatusCode::kAlreadyExists, "the job ended before this node could join it: " +
+                                                 members.value("job_over", std::string()))};
+    }
+    std::vector<AgentInfo> agents;
+    int my_rank = -1;
+    for (const json& m : members["members"]) {
+      if (m.value("id", "") == opts_.self.id) my_rank = static_cast<int>(agents.size());
+      agents.push_back(agentOf(m, "a member record"));
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      next_round_ = r + 1;
+    }
+    if (my_rank < 0) {
+      CPPRUN_LOG(kInfo) << "rendezvous round " << r << " closed with " << agents.size()
+                        << " nodes, this one not among them; waiting for the next round";
+      continue;
+    }
+    previous_rank_ = my_rank;
+    *attempt = members.value("attempt", 0);
+    Membership m = membershipOf(agents, my_rank);
+    logMembership(m);
+    completed(r, m);
+    return m;
+  }
+}
+
+void RendezvousRounds::endRounds(Store& store, const std::string& outcome) {
+  json over = {{"job_over", outcome}};
+  store.set(roundKey(nextRound(), "members"), over.dump());
+}
+
+}  // namespace cpprun::agent

@@ -1,0 +1,73 @@
+// RendezvousRounds: how the agents of a job agree on its members — the static join (a fixed
+// rank and number of agents: every agent publishes its record and reads everyone's) and the
+// elastic rounds (min_nodes..max_nodes agents take slots in round r; the host closes the round
+// at max_nodes, or last_call_timeout after min_nodes, and publishes the members in a stable
+// order: the scheduler's rank, else the previous round's rank, else join order). Keys:
+// job_keys.h. The coordinator (store_job_coordinator.cc) runs it on its control thread.
+//
+// Thread safety: join*, endRounds: the coordinator's control thread only. nextRound() and
+// progress(): any thread.
+#pragma once
+
+#include <chrono>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "agent/coordinator_waits.h"
+#include "agent/job_coordinator.h"
+
+namespace cpprun::rendezvous {
+class Store;
+}
+
+namespace cpprun::agent {
+
+class RendezvousRounds {
+ public:
+  // REQUIRES: `options` and `waits` outlive this object.
+  RendezvousRounds(const StoreCoordinatorOptions& options, WaitContext& waits)
+      : opts_(options), waits_(waits) {}
+
+  // Static: this agent's membership, once every agent joined (join_timeout; Abandoned with
+  // kTimeout naming the missing nodes).
+  Membership joinStatic(rendezvous::Store& store);
+
+  // Elastic: joins rounds until this agent is a member of one; returns its membership and sets
+  // `attempt` to the job's attempt number for it. `next_attempt` (host): the attempt number the
+  // round it closes starts.
+  Membership joinElastic(rendezvous::Store& store, int next_attempt, int* attempt);
+
+  // Host, elastic: tells agents still waiting to join that the job is over (`outcome`).
+  void endRounds(rendezvous::Store& store, const std::string& outcome);
+
+  // The round agents join next (elastic; -1 before the first).
+  int nextRound() const;
+  // What the rendezvous has done (waiting_for is the coordinator's).
+  RendezvousProgress progress() const;
+
+ private:
+  struct SlotRecord {
+    int64_t index;
+    nlohmann::json record;
+  };
+  std::vector<SlotRecord> roundRecords(rendezvous::Store& store, int r, int64_t joined,
+                                       bool all_written = false);
+  nlohmann::json closeRound(rendezvous::Store& store, int r, int next_attempt);
+  int64_t takeSlot(rendezvous::Store& store, int r, const std::string& record);
+  void started(int round);
+  void completed(int round, const Membership& m);
+  void logMembership(const Membership& m) const;
+
+  const StoreCoordinatorOptions& opts_;
+  WaitContext& waits_;
+  int previous_rank_ = -1;  // control thread only
+
+  mutable std::mutex mu_;
+  int next_round_ = -1;                                  // guarded by mu_
+  RendezvousProgress progress_;                          // guarded by mu_
+  std::chrono::steady_clock::time_point round_began_{};  // guarded by mu_
+};
+
+}  // namespace cpprun::agent
