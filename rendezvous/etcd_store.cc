@@ -1,2 +1,184 @@
-// Filled in by the etcd client work (issue 15).
 #include "rendezvous/etcd_store.h"
+
+#include "common/check.h"
+#include "rendezvous/wire.h"
+
+namespace cpprun::rendezvous {
+
+namespace {
+
+std::string str(const Bytes& b) { return std::string(b.begin(), b.end()); }
+Bytes bytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
+
+}  // namespace
+
+EtcdStore::EtcdStore(std::shared_ptr<EtcdClient> client, std::string prefix)
+    : client_(std::move(client)), prefix_(std::move(prefix)) {
+  CPPRUN_CHECK(client_ != nullptr);
+}
+
+void EtcdStore::fail(const char* op, const std::string& key, const Status& status) const {
+  throw StoreError(std::string("etcd store ") + op + (key.empty() ? "" : " '" + key + "'") +
+                   " (prefix '" + prefix_ + "'): " + status.toString());
+}
+
+void EtcdStore::set(const std::string& key, const Bytes& value) {
+  auto r = client_->put(full(key), str(value));
+  if (!r.isOk()) fail("set", key, r.status());
+}
+
+std::string EtcdStore::update(
+    const std::string& key, const char* op,
+    const std::function<std::string(const std::optional<std::string>&)>& change) {
+  const std::string k = full(key);
+  while (true) {
+    auto current = client_->get(k);
+    if (!current.isOk()) fail(op, key, current.status());
+    std::optional<std::string> value;
+    EtcdTxn txn;
+    if (current.value()) {
+      value = current.value()->value;
+      txn.compare.push_back(EtcdCompare::modRevisionIs(k, current.value()->mod_revision));
+    } else {
+      txn.compare.push_back(EtcdCompare::versionIs(k, 0));
+    }
+    std::string next = change(value);
+    txn.success.push_back(EtcdOp::put(k, next));
+    auto r = client_->txn(txn);
+    if (!r.isOk()) fail(op, key, r.status());
+    if (r.value().succeeded) return next;
+    // Someone else wrote in between: read again.
+  }
+}
+
+Bytes EtcdStore::compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) {
+  const std::string k = full(key);
+  const std::string want = str(expected);
+  while (true) {
+    auto current = client_->get(k);
+    if (!current.isOk()) fail("compareSet", key, current.status());
+    EtcdTxn txn;
+    if (!current.value()) {
+      // c10d: a missing key with a non-empty `expected` stays missing, and `expected` comes back.
+      if (!expected.empty()) return expected;
+      txn.compare.push_back(EtcdCompare::versionIs(k, 0));
+    } else {
+      if (current.value()->value != want) return bytes(current.value()->value);
+      txn.compare.push_back(EtcdCompare::modRevisionIs(k, current.value()->mod_revision));
+    }
+    txn.success.push_back(EtcdOp::put(k, str(desired)));
+    auto r = client_->txn(txn);
+    if (!r.isOk()) fail("compareSet", key, r.status());
+    if (r.value().succeeded) return desired;
+  }
+}
+
+Bytes EtcdStore::waitFor(const std::string& full_key, Clock::time_point deadline,
+                         std::chrono::milliseconds timeout) {
+  while (true) {
+    int64_t revision = 0;
+    auto current = client_->get(full_key, &revision);
+    if (!current.isOk()) fail("get", full_key.substr(prefix_.size()), current.status());
+    if (current.value()) return bytes(current.value()->value);
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) {
+      throw StoreTimeout("etcd store: wait for key '" + full_key.substr(prefix_.size()) +
+                         "' (prefix '" + prefix_ + "') timed out after " +
+                         std::to_string(timeout.count()) + " ms");
+    }
+    // Everything after the read: a put in between is not missed.
+    auto events = client_->watch(full_key, false, revision + 1, left);
+    if (!events.isOk()) fail("wait", full_key.substr(prefix_.size()), events.status());
+    for (const auto& e : events.value()) {
+      if (e.type == EtcdEvent::Type::kPut) return bytes(e.kv.value);
+    }
+    // A timeout (empty) or only deletes: read again, which also checks the deadline.
+  }
+}
+
+Bytes EtcdStore::get(const std::string& key) {
+  auto timeout = this->timeout();
+  return waitFor(full(key), Clock::now() + timeout, timeout);
+}
+
+int64_t EtcdStore::add(const std::string& key, int64_t delta) {
+  int64_t result = 0;
+  update(key, "add", [&](const std::optional<std::string>& value) {
+    int64_t current = 0;
+    if (value && !wire::parseCounter(bytes(*value), &current)) {
+      throw StoreError("etcd store add on key '" + key + "' whose value is not a decimal integer");
+    }
+    result = static_cast<int64_t>(static_cast<uint64_t>(current) + static_cast<uint64_t>(delta));
+    return str(wire::formatCounter(result));
+  });
+  return result;
+}
+
+void EtcdStore::append(const std::string& key, const Bytes& value) {
+  update(key, "append", [&](const std::optional<std::string>& current) {
+    return current.value_or("") + str(value);
+  });
+}
+
+bool EtcdStore::deleteKey(const std::string& key) {
+  auto r = client_->deleteKey(full(key));
+  if (!r.isOk()) fail("deleteKey", key, r.status());
+  return r.value() > 0;
+}
+
+bool EtcdStore::check(const std::vector<std::string>& keys) {
+  if (keys.empty()) return true;
+  EtcdTxn txn;
+  for (const auto& k : keys) txn.success.push_back(EtcdOp::range(full(k)));
+  auto r = client_->txn(txn);
+  if (!r.isOk()) fail("check", "", r.status());
+  for (const auto& resp : r.value().responses) {
+    if (resp.kvs.empty()) return false;
+  }
+  return true;
+}
+
+int64_t EtcdStore::numKeys() {
+  auto r = client_->countPrefix(prefix_);
+  if (!r.isOk()) fail("numKeys", "", r.status());
+  return r.value();
+}
+
+void EtcdStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  for (const auto& k : keys) waitFor(full(k), deadline, timeout);
+}
+
+std::vector<Bytes> EtcdStore::multiGet(const std::vector<std::string>& keys) {
+  auto timeout = this->timeout();
+  auto deadline = Clock::now() + timeout;
+  while (true) {
+    for (const auto& k : keys) waitFor(full(k), deadline, timeout);
+    // One snapshot of all of them.
+    EtcdTxn txn;
+    for (const auto& k : keys) txn.success.push_back(EtcdOp::range(full(k)));
+    auto r = client_->txn(txn);
+    if (!r.isOk()) fail("multiGet", "", r.status());
+    std::vector<Bytes> values;
+    for (const auto& resp : r.value().responses) {
+      if (resp.kvs.empty()) break;  // deleted since the wait: wait again
+      values.push_back(bytes(resp.kvs.front().value));
+    }
+    if (values.size() == keys.size()) return values;
+  }
+}
+
+void EtcdStore::multiSet(const std::vector<std::string>& keys, const std::vector<Bytes>& values) {
+  if (keys.size() != values.size()) {
+    throw StoreError("etcd store multiSet: " + std::to_string(keys.size()) + " keys but " +
+                     std::to_string(values.size()) + " values");
+  }
+  if (keys.empty()) return;
+  EtcdTxn txn;
+  for (size_t i = 0; i < keys.size(); ++i)
+    txn.success.push_back(EtcdOp::put(full(keys[i]), str(values[i])));
+  auto r = client_->txn(txn);
+  if (!r.isOk()) fail("multiSet", "", r.status());
+}
+
+}  // namespace cpprun::rendezvous
