@@ -1,5 +1,8 @@
 #include "rendezvous/etcd_store.h"
 
+#include <algorithm>
+#include <map>
+
 #include "common/check.h"
 #include "rendezvous/wire.h"
 
@@ -126,14 +129,27 @@ bool EtcdStore::deleteKey(const std::string& key) {
   return r.value() > 0;
 }
 
+std::vector<std::optional<std::string>> EtcdStore::readAll(const std::vector<std::string>& keys,
+                                                           const char* op) {
+  std::vector<std::optional<std::string>> out;
+  for (size_t start = 0; start < keys.size(); start += kMaxTxnOps) {
+    EtcdTxn txn;
+    for (size_t i = start; i < std::min(keys.size(), start + kMaxTxnOps); ++i) {
+      txn.success.push_back(EtcdOp::range(full(keys[i])));
+    }
+    auto r = client_->txn(txn);
+    if (!r.isOk()) fail(op, "", r.status());
+    for (const auto& resp : r.value().responses) {
+      out.push_back(resp.kvs.empty() ? std::nullopt
+                                     : std::optional<std::string>(resp.kvs.front().value));
+    }
+  }
+  return out;
+}
+
 bool EtcdStore::check(const std::vector<std::string>& keys) {
-  if (keys.empty()) return true;
-  EtcdTxn txn;
-  for (const auto& k : keys) txn.success.push_back(EtcdOp::range(full(k)));
-  auto r = client_->txn(txn);
-  if (!r.isOk()) fail("check", "", r.status());
-  for (const auto& resp : r.value().responses) {
-    if (resp.kvs.empty()) return false;
+  for (const auto& v : readAll(keys, "check")) {
+    if (!v) return false;
   }
   return true;
 }
@@ -154,15 +170,10 @@ std::vector<Bytes> EtcdStore::multiGet(const std::vector<std::string>& keys) {
   auto deadline = Clock::now() + timeout;
   while (true) {
     for (const auto& k : keys) waitFor(full(k), deadline, timeout);
-    // One snapshot of all of them.
-    EtcdTxn txn;
-    for (const auto& k : keys) txn.success.push_back(EtcdOp::range(full(k)));
-    auto r = client_->txn(txn);
-    if (!r.isOk()) fail("multiGet", "", r.status());
     std::vector<Bytes> values;
-    for (const auto& resp : r.value().responses) {
-      if (resp.kvs.empty()) break;  // deleted since the wait: wait again
-      values.push_back(bytes(resp.kvs.front().value));
+    for (const auto& v : readAll(keys, "multiGet")) {
+      if (!v) break;  // deleted since the wait: wait again
+      values.push_back(bytes(*v));
     }
     if (values.size() == keys.size()) return values;
   }
@@ -173,12 +184,21 @@ void EtcdStore::multiSet(const std::vector<std::string>& keys, const std::vector
     throw StoreError("etcd store multiSet: " + std::to_string(keys.size()) + " keys but " +
                      std::to_string(values.size()) + " values");
   }
-  if (keys.empty()) return;
-  EtcdTxn txn;
-  for (size_t i = 0; i < keys.size(); ++i)
-    txn.success.push_back(EtcdOp::put(full(keys[i]), str(values[i])));
-  auto r = client_->txn(txn);
-  if (!r.isOk()) fail("multiSet", "", r.status());
+  // etcd refuses a txn that puts one key twice; as in c10d, the last value wins.
+  std::map<std::string, size_t> last;
+  for (size_t i = 0; i < keys.size(); ++i) last[keys[i]] = i;
+  std::vector<EtcdOp> puts;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (last[keys[i]] == i) puts.push_back(EtcdOp::put(full(keys[i]), str(values[i])));
+  }
+  for (size_t start = 0; start < puts.size(); start += kMaxTxnOps) {
+    EtcdTxn txn;
+    txn.success.assign(
+        puts.begin() + static_cast<std::ptrdiff_t>(start),
+        puts.begin() + static_cast<std::ptrdiff_t>(std::min(puts.size(), start + kMaxTxnOps)));
+    auto r = client_->txn(txn);
+    if (!r.isOk()) fail("multiSet", "", r.status());
+  }
 }
 
 }  // namespace cpprun::rendezvous

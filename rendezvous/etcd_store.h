@@ -5,8 +5,9 @@
 // revision + 1 (no polling) until it appears or the timeout passes (StoreTimeout); add and
 // append -> a compare-and-swap txn on mod_revision (create when absent), retried on conflict;
 // compareSet with c10d's semantics (store.h); multiGet reads all keys in one txn, multiSet
-// writes them in one txn; numKeys counts the keys under the prefix (not the whole etcd).
-// Values are bytes. Client errors (Result/Status) become StoreError here, and only here.
+// writes them in one txn (up to 128 keys, etcd's default --max-txn-ops; more go in several,
+// so only that many are atomic together); numKeys counts the keys under the prefix (not the whole
+// etcd). Values are bytes. Client errors (Result/Status) become StoreError here, and only here.
 // Ownership: shares the client. Thread safety: every method may be called from several
 // threads (the client serialises requests; each waiting get holds its own watch connection).
 #pragma once
@@ -47,6 +48,8 @@ class EtcdStore : public Store {
 
  private:
   using Clock = std::chrono::steady_clock;
+  // etcd's default --max-txn-ops: larger multiGet/multiSet/check go in several txns.
+  static constexpr size_t kMaxTxnOps = 128;
 
   std::string full(const std::string& key) const { return prefix_ + key; }
   // Blocks until `key` (full name) exists or the deadline passes; returns its value.
@@ -56,6 +59,9 @@ class EtcdStore : public Store {
   // (nullopt: absent) to the new one. Returns the value stored.
   std::string update(const std::string& key, const char* op,
                      const std::function<std::string(const std::optional<std::string>&)>& change);
+  // The values of `keys` (nullopt: absent), read kMaxTxnOps keys per txn.
+  std::vector<std::optional<std::string>> readAll(const std::vector<std::string>& keys,
+                                                  const char* op);
   [[noreturn]] void fail(const char* op, const std::string& key, const Status& status) const;
 
   std::shared_ptr<EtcdClient> client_;

@@ -241,3 +241,29 @@ TEST_CASE("etcd store handles on different members of a 3-member cluster see eac
   CHECK(toString(b.compareSet("cas", {}, toBytes("a"))) == "a");
   CHECK(toString(a.compareSet("cas", toBytes("x"), toBytes("b"))) == "a");
 }
+
+TEST_CASE("etcd store multiSet and multiGet of more keys than one etcd txn holds", "[etcd]") {
+  EtcdCluster cluster(clusterOptions(1, false));
+  EtcdStore s(client(cluster.endpoints()), "/cpprun/many/");
+  s.setTimeout(10s);
+  std::vector<std::string> keys;
+  std::vector<Bytes> values;
+  for (int i = 0; i < 300; ++i) {  // etcd refuses more than 128 ops in one txn by default
+    keys.push_back("k" + std::to_string(i));
+    values.push_back(toBytes("v" + std::to_string(i)));
+  }
+  // A repeated key: the last value wins, as in c10d (etcd refuses one txn putting it twice).
+  keys.push_back("k7");
+  values.push_back(toBytes("last"));
+  s.multiSet(keys, values);
+  CHECK(s.numKeys() == 300);
+  keys.pop_back();
+  CHECK(s.check(keys));
+  auto got = s.multiGet(keys);
+  REQUIRE(got.size() == 300);
+  CHECK(toString(got[0]) == "v0");
+  CHECK(toString(got[7]) == "last");
+  CHECK(toString(got[299]) == "v299");
+  keys.push_back("absent");
+  CHECK_FALSE(s.check(keys));
+}
