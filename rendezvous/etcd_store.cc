@@ -89,8 +89,11 @@ Bytes EtcdStore::waitFor(const std::string& full_key, Clock::time_point deadline
                          "' (prefix '" + prefix_ + "') timed out after " +
                          std::to_string(timeout.count()) + " ms");
     }
-    // Everything after the read: a put in between is not missed.
-    auto events = client_->watch(full_key, false, revision + 1, left);
+    // Everything after the read: a put in between is not missed. A watch on a member that is
+    // cut off (alive but silent) would never end, so each watch lasts at most request_timeout;
+    // the read that follows fails over like every other request.
+    auto slice = std::min(left, client_->options().request_timeout);
+    auto events = client_->watch(full_key, false, revision + 1, slice);
     if (!events.isOk()) fail("wait", full_key.substr(prefix_.size()), events.status());
     for (const auto& e : events.value()) {
       if (e.type == EtcdEvent::Type::kPut) return bytes(e.kv.value);

@@ -2,7 +2,8 @@
 // so one etcd cluster can serve many jobs.
 //
 // set -> put; get/wait -> a range, and while a key is missing a watch from the range's
-// revision + 1 (no polling) until it appears or the timeout passes (StoreTimeout); add and
+// revision + 1 (no polling; re-armed after the client's request_timeout, so a member that went
+// silent does not hold a waiter) until it appears or the timeout passes (StoreTimeout); add and
 // append -> a compare-and-swap txn on mod_revision (create when absent), retried on conflict;
 // compareSet with c10d's semantics (store.h); multiGet reads all keys in one txn, multiSet
 // writes them in one txn (up to 128 keys, etcd's default --max-txn-ops; more go in several,

@@ -10,6 +10,7 @@
 
 #include "rendezvous/prefix_store.h"
 #include "tests/support/etcd_cluster.h"
+#include "tests/support/http_get.h"
 
 namespace {
 
@@ -266,4 +267,51 @@ TEST_CASE("etcd store multiSet and multiGet of more keys than one etcd txn holds
   CHECK(toString(got[299]) == "v299");
   keys.push_back("absent");
   CHECK_FALSE(s.check(keys));
+}
+
+TEST_CASE("etcd store blocking get survives the member of its watch going silent", "[etcd]") {
+  EtcdCluster cluster(clusterOptions(3, false));
+  EtcdClientOptions o;
+  o.endpoints = cluster.endpoints();  // member 0 first: the waiter's watch goes there
+  o.request_timeout = 1s;
+  auto waiter_client = EtcdClient::connect(o);
+  REQUIRE(waiter_client.isOk());
+  EtcdStore waiter(std::shared_ptr<EtcdClient>(std::move(waiter_client).value()), "/cpprun/cut/");
+  EtcdClientOptions w = o;
+  w.endpoints = {cluster.endpoint(1), cluster.endpoint(2)};
+  w.request_timeout = 2s;
+  auto writer_client = EtcdClient::connect(w);
+  REQUIRE(writer_client.isOk());
+  EtcdStore writer(std::shared_ptr<EtcdClient>(std::move(writer_client).value()), "/cpprun/cut/");
+  waiter.setTimeout(30s);
+  writer.setTimeout(30s);
+  REQUIRE(waiter.client().currentEndpoint() == cluster.endpoint(0));
+
+  std::thread setter([&] {
+    writer.wait({"waiter-started"}, 30s);
+    // The waiter's watch is on member 0 once that member counts a watcher (its metrics).
+    const int port = std::stoi(cluster.endpoint(0).substr(cluster.endpoint(0).rfind(':') + 1));
+    bool watching = false;
+    for (auto give_up = std::chrono::steady_clock::now() + 20s;
+         !watching && std::chrono::steady_clock::now() < give_up;) {
+      auto metrics = cpprun::testing::httpGetRaw(port, "/metrics", 2s);
+      watching = metrics &&
+                 metrics->find("\netcd_debugging_mvcc_watcher_total 0\n") == std::string::npos &&
+                 metrics->find("\netcd_debugging_mvcc_watcher_total ") != std::string::npos;
+    }
+    CHECK(watching);
+    cluster.pause(0);  // SIGSTOP: its connections stay open and say nothing
+    writer.set("key", std::string("through another member"));
+  });
+  waiter.set("waiter-started", std::string("1"));
+  auto start = std::chrono::steady_clock::now();
+  Bytes value;
+  CHECK_NOTHROW(value = waiter.get("key"));
+  auto took = std::chrono::steady_clock::now() - start;
+  setter.join();
+  cluster.resume(0);
+  CHECK(toString(value) == "through another member");
+  CHECK(took < 15s);  // well within the 30 s store timeout: the waiter moved on
+  WARN("get woke " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                   << " ms after it started, its watch's member paused meanwhile");
 }
