@@ -72,6 +72,7 @@ TEST_CASE("etcd endpoints parse and a bad entry is named", "[etcd][unit]") {
                                          {"host:", "'host:'", "no port"},
                                          {"host:abc", "'host:abc'", "not a number"},
                                          {"h:1,", "'h:1,'", "empty entry 2"},
+                                         {"h:p,", "'h:p'", "not a number"},
                                          {"h:1,,h:2", "'h:1,,h:2'", "empty entry 2"},
                                          {"h:1,nope", "'nope'", "no port"}}) {
     auto r = parseEtcdEndpoints(bad.text);
@@ -81,6 +82,10 @@ TEST_CASE("etcd endpoints parse and a bad entry is named", "[etcd][unit]") {
     CHECK(r.status().message().find(bad.named) != std::string::npos);
     CHECK(r.status().message().find(bad.why) != std::string::npos);
   }
+  EtcdClientOptions none;
+  auto no_endpoints = EtcdClient::connect(none);
+  REQUIRE_FALSE(no_endpoints.isOk());
+  CHECK(no_endpoints.status().message().find("no etcd endpoints") != std::string::npos);
   // The client refuses them too, before any network traffic.
   EtcdClientOptions o;
   o.endpoints = {"127.0.0.1:2379", "bad:0"};
