@@ -16,6 +16,10 @@
 //               host's own delays) and stops the attempt; an agent whose store requests go
 //               unanswered for the same bound stops its workers and ends with exit code 4
 //
+// With host_per_round (the etcd backend) no agent is special: "the host" above is the current
+// round's node 0, every agent may close a round and watches every member's heartbeat, and the
+// lowest-ranked live member decides when node 0 is lost (StoreCoordinatorOptions).
+//
 // Keys live under "cpprun/" (kept across attempts); agent/job_keys.h lists them. The store
 // operations per agent per attempt are a constant number (join: 3, attempt: 2, report: 3),
 // whatever the number of agents.
@@ -48,6 +52,9 @@ struct AgentInfo {
   int nproc = 0;
   std::string id;           // unique per agent process (host, pid, random)
   int scheduler_rank = -1;  // the scheduler's rank for this agent (SLURM_PROCID, ...), -1: none
+  // "host:port" of the workers' store this agent serves, when every agent serves one (the etcd
+  // backend: the round's node 0's becomes MASTER_ADDR:MASTER_PORT); empty otherwise.
+  std::string store_endpoint = {};
 };
 
 // The outcome of a rendezvous round: fixed for the whole job with the static rendezvous, new
@@ -153,6 +160,11 @@ struct StoreCoordinatorOptions {
   std::string store_host;
   int store_port = 0;
   bool is_host = false;  // this agent decides for the job (today: the one that serves the store)
+  // The etcd backend: no agent is special. Whoever waits closes a round (the first compareSet of
+  // its members wins), the decider of an attempt is its round's node 0 (is_host is ignored),
+  // every agent watches every member's heartbeats, and when node 0 is lost the lowest-ranked
+  // live member decides in its place (the first compareSet of the decision wins). Elastic only.
+  bool host_per_round = false;
   // Static: this agent's fixed rank and the fixed number of agents.
   int group_rank = 0;
   int group_world_size = 1;

@@ -203,11 +203,13 @@ StopClaim stopFromJson(const json& doc) {
 }
 
 json agentRecord(const AgentInfo& self, int previous_rank) {
-  return {{"host", self.host},
-          {"nproc", self.nproc},
-          {"id", self.id},
-          {"scheduler_rank", self.scheduler_rank},
-          {"previous_rank", previous_rank}};
+  json record = {{"host", self.host},
+                 {"nproc", self.nproc},
+                 {"id", self.id},
+                 {"scheduler_rank", self.scheduler_rank},
+                 {"previous_rank", previous_rank}};
+  if (!self.store_endpoint.empty()) record["store"] = self.store_endpoint;
+  return record;
 }
 
 Result<AgentInfo> agentFromRecord(const json& doc, const std::string& where) {
@@ -215,7 +217,7 @@ Result<AgentInfo> agentFromRecord(const json& doc, const std::string& where) {
     return internalError("rendezvous: " + where + " is malformed in the store");
   }
   return AgentInfo{doc.value("host", ""), doc["nproc"].get<int>(), doc.value("id", ""),
-                   doc.value("scheduler_rank", -1)};
+                   doc.value("scheduler_rank", -1), doc.value("store", "")};
 }
 
 Membership membershipOf(const std::vector<AgentInfo>& agents, int my_rank) {

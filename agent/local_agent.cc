@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <optional>
 #include <thread>
 
@@ -156,6 +157,13 @@ Result<JobOutcome> runLocalAgent(const LocalAgentOptions& options,
     co.store_host = is_store_host ? "127.0.0.1" : store_host;
     if (is_store_host && store_host.find(':') != std::string::npos) co.store_host = "::1";
     co.store_port = store_port;
+    // Every agent serves a store (the etcd backend): the others learn it from its join record
+    // and the round's node 0's is the workers' store.
+    if (co.host_per_round && store) {
+      co.self.store_endpoint =
+          (store_host.find(':') != std::string::npos ? "[" + store_host + "]" : store_host) + ":" +
+          std::to_string(store_port);
+    }
     co.max_restarts = options.supervisor.max_restarts;
     coordinator = makeStoreCoordinator(
         io, co, host_prepare,
@@ -178,6 +186,17 @@ Result<JobOutcome> runLocalAgent(const LocalAgentOptions& options,
       if (!start) return internalError("attempt prepared before the nodes agreed on it");
       context.membership = start->membership;
       context.nccl_unique_id_hex = start->nccl_unique_id_hex;
+      // The round's node 0 serves this attempt's workers' store when every agent serves one.
+      const std::string& endpoint = start->membership.agents.empty()
+                                        ? std::string()
+                                        : start->membership.agents.front().store_endpoint;
+      if (const size_t colon = endpoint.rfind(':'); colon != std::string::npos) {
+        context.store_host = endpoint.substr(0, colon);
+        if (context.store_host.size() > 1 && context.store_host.front() == '[') {
+          context.store_host = context.store_host.substr(1, context.store_host.size() - 2);
+        }
+        context.store_port = std::atoi(endpoint.c_str() + colon + 1);
+      }
       return make_attempt(context);
     }
     // One node: this agent is the host.

@@ -47,7 +47,9 @@ void RendezvousRounds::started(int round) {
   }
   emitEvent(opts_.event_log, "rendezvous_started",
             {{"round", round},
-             {"backend", opts_.elastic ? "c10d" : "static"},
+             {"backend", opts_.host_per_round ? "etcd"
+                         : opts_.elastic      ? "c10d"
+                                              : "static"},
              {"min_nodes", opts_.elastic ? opts_.min_nodes : opts_.group_world_size},
              {"max_nodes", opts_.elastic ? opts_.max_nodes : opts_.group_world_size}});
 }
@@ -153,6 +155,23 @@ std::vector<RendezvousRounds::SlotRecord> RendezvousRounds::roundRecords(Store& 
 // members document.
 json RendezvousRounds::closeRound(Store& store, int r, int next_attempt) {
   const auto joinedNow = [&] { return store.add(roundKey(r, "joined"), 0); };
+  // host_per_round: every waiting agent closes the round; the first to publish its members
+  // (compareSet on an absent key: the store decides) wins, and the others take those.
+  const auto publish = [&](const json& doc) {
+    if (!opts_.host_per_round) {
+      store.set(roundKey(r, "members"), doc.dump());
+      return doc;
+    }
+    const std::string stored =
+        toString(store.compareSet(roundKey(r, "members"), {}, rendezvous::toBytes(doc.dump())));
+    return json::parse(stored, nullptr, false);
+  };
+  const auto closedAlready = [&] {
+    return opts_.host_per_round && store.check({roundKey(r, "members")});
+  };
+  if (closedAlready()) {
+    return json::parse(toString(store.get(roundKey(r, "members"))), nullptr, false);
+  }
   try {
     // Usually the min_nodes-th slot's record says enough have joined. A slot left empty would
     // hold that up for the whole join timeout, so every slice also counts the records (only
@@ -161,6 +180,7 @@ json RendezvousRounds::closeRound(Store& store, int r, int next_attempt) {
         waits_, store, {roundKey(r, "agent/" + std::to_string(opts_.min_nodes))},
         opts_.join_timeout, opts_.keep_alive_interval, "rendezvous round " + std::to_string(r),
         [&] {
+          if (closedAlready()) return true;
           const int64_t joined = joinedNow();
           return joined >= opts_.min_nodes &&
                  static_cast<int>(roundRecords(store, r, joined).size()) >= opts_.min_nodes;
@@ -178,8 +198,14 @@ json RendezvousRounds::closeRound(Store& store, int r, int next_attempt) {
                                   std::to_string(opts_.min_nodes) + " nodes joined within " +
                                   formatSeconds(opts_.join_timeout) +
                                   " (--rdzv-conf join_timeout)"}};
-    store.set(roundKey(r, "members"), members.dump());
-    throw Abandoned{timeoutError(members["error"].get<std::string>())};
+    members = publish(members);
+    if (members.is_object() && members.contains("error")) {
+      throw Abandoned{timeoutError(members["error"].get<std::string>())};
+    }
+    return members;
+  }
+  if (closedAlready()) {
+    return json::parse(toString(store.get(roundKey(r, "members"))), nullptr, false);
   }
   if (opts_.max_nodes > opts_.min_nodes) {
     try {  // last call: more may come, up to max_nodes
@@ -231,8 +257,7 @@ json RendezvousRounds::closeRound(Store& store, int r, int next_attempt) {
     m["index"] = c.index;
     members["members"].push_back(m);
   }
-  store.set(roundKey(r, "members"), members.dump());
-  return members;
+  return publish(members);
 }
 
 // Takes a slot in round r and writes this agent's record there; returns the slot. A request
@@ -270,7 +295,7 @@ Membership RendezvousRounds::joinElastic(Store& store, int next_attempt, int* at
                       << " nodes (join timeout " << formatSeconds(opts_.join_timeout)
                       << ", last call " << formatSeconds(opts_.last_call_timeout) << ")";
     json members;
-    if (opts_.is_host) {
+    if (opts_.is_host || opts_.host_per_round) {
       members = closeRound(store, r, next_attempt);
     } else {
       waitKeys(waits_, store, {roundKey(r, "members")},

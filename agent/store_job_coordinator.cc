@@ -96,7 +96,47 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
   }
 
  private:
-  bool isHost() const { return opts_.is_host; }
+  // The decider of the job: the store host, or (host_per_round) the current round's node 0.
+  bool isHost() {
+    if (!opts_.host_per_round) return opts_.is_host;
+    std::lock_guard<std::mutex> lock(mu_);
+    return membership_ && membership_->group_rank == 0;
+  }
+
+  // host_per_round: node 0 (this attempt's decider) was lost and this agent is the
+  // lowest-ranked member still live, so it decides in node 0's place.
+  bool takesOverDecision() {
+    if (!opts_.host_per_round) return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!membership_ || !lost_agents_.count(0)) return false;
+    for (int r = 0; r < membership_->group_world_size; ++r) {
+      if (!lost_agents_.count(r)) return r == membership_->group_rank;
+    }
+    return false;
+  }
+
+  // Publishes the decision; host_per_round: the first decision written wins (a node 0 that
+  // was only slow and the member standing in for it may both decide). Returns the one stored.
+  JobDecision publishDecision(int n, const JobDecision& decision, int readers) {
+    const std::string doc = decisionToJson(decision, readers).dump();
+    if (!opts_.host_per_round) {
+      control_client_->set(attemptKey(n, "decision"), doc);
+      return decision;
+    }
+    const std::string stored = toString(
+        control_client_->compareSet(attemptKey(n, "decision"), {}, rendezvous::toBytes(doc)));
+    if (stored == doc) return decision;
+    return readDecision(n);
+  }
+
+  JobDecision readDecision(int n) {
+    Result<DecisionRecord> record = decisionFromJson(
+        json::parse(toString(control_client_->get(attemptKey(n, "decision"))), nullptr, false),
+        worldSize());
+    if (!record.isOk()) throw Abandoned{record.status()};
+    decision_readers_ = record.value().readers;
+    return record.value().decision;
+  }
 
   template <typename F>
   void post(F f) {
@@ -314,7 +354,32 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
     control_client_->set(attemptKey(n, "report/" + std::to_string(myRank())),
                          reportToJson(report, opts_.self.host).dump());
     JobDecision decision;
-    if (isHost()) {
+    bool decides = isHost();
+    if (!decides) {
+      // The decision comes when every node's workers have exited, however long the others
+      // train after this node's finished: no deadline. Liveness bounds the wait instead: a lost
+      // store host ends it (store_status_), a lost node makes the host decide without it, and
+      // (host_per_round) a lost node 0 makes the lowest live member decide.
+      waitKeys(
+          {attemptKey(n, "decision")}, kNoDeadline,
+          "attempt " + std::to_string(n) + ": waiting for the store host's decision",
+          [&] {
+            if (!takesOverDecision()) return false;
+            decides = true;
+            return true;
+          },
+          [&] {
+            return "attempt " + std::to_string(n) +
+                   ": this node's workers are done; waiting for the other nodes' workers "
+                   "(the job's outcome)";
+          });
+      if (decides && control_client_->check({attemptKey(n, "decision")})) decides = false;
+      if (decides) {
+        CPPRUN_LOG(kWarn) << "attempt " << n
+                          << ": node 0 was lost; this node decides for the job in its place";
+      }
+    }
+    if (decides) {
       decision = decide(n);
       int readers = worldSize();
       {
@@ -322,24 +387,13 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
         readers -= static_cast<int>(lost_agents_.size());
       }
       decision_readers_ = readers;
-      control_client_->set(attemptKey(n, "decision"), decisionToJson(decision, readers).dump());
+      decision = publishDecision(n, decision, readers);
+      restarts_used_ = decision.restarts_used;
       next_attempt_ = n + 1;
     } else {
-      // The decision comes when every node's workers have exited, however long the others
-      // train after this node's finished: no deadline. Liveness bounds the wait instead: a lost
-      // store host ends it (store_status_), a lost node makes the host decide without it.
-      waitKeys({attemptKey(n, "decision")}, kNoDeadline,
-               "attempt " + std::to_string(n) + ": waiting for the store host's decision", {}, [&] {
-                 return "attempt " + std::to_string(n) +
-                        ": this node's workers are done; waiting for the other nodes' workers "
-                        "(the job's outcome)";
-               });
-      Result<DecisionRecord> record = decisionFromJson(
-          json::parse(toString(control_client_->get(attemptKey(n, "decision"))), nullptr, false),
-          worldSize());
-      if (!record.isOk()) throw Abandoned{record.status()};
-      decision = record.value().decision;
-      decision_readers_ = record.value().readers;
+      decision = readDecision(n);
+      next_attempt_ = n + 1;
+      restarts_used_ = decision.restarts_used;
     }
     if (decision.kind != JobDecision::Kind::kRestart) finishJob(n, decision);
     return decision;
@@ -477,9 +531,11 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
           }
         }
         beat(*client, opts_.self.id);
-        if (isHost() && n >= 0) {
+        // host_per_round: every agent watches every member, so losing node 0 (the decider)
+        // is noticed by the others and is just one lost node.
+        if ((isHost() || opts_.host_per_round) && n >= 0) {
           checkHeartbeats(*client, n, beats);
-          if (opts_.elastic) checkJoiners(*client, n);
+          if (opts_.elastic && isHost()) checkJoiners(*client, n);
         }
       } catch (const StoreError& e) {
         reportLost(unavailable("lost " + storeWhere() + ": " + e.what()));

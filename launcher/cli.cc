@@ -146,8 +146,10 @@ Status applyNproc(LaunchConfig& c, const std::string& v, const std::string& sour
 }
 
 Status applyRdzvBackend(LaunchConfig& c, const std::string& v, const std::string& source) {
-  if (v != "static" && v != "c10d") {
-    return badValue(v, source, "static or c10d (cpprun has no etcd or custom rendezvous)");
+  // etcd and etcd-v2 (torchrun's names) are one backend in cpprun: etcd v3 through its own
+  // client (docs/rendezvous.md).
+  if (v != "static" && v != "c10d" && v != "etcd" && v != "etcd-v2") {
+    return badValue(v, source, "static, c10d, etcd or etcd-v2");
   }
   c.rdzv_backend = v;
   return Status::ok();
@@ -728,11 +730,14 @@ Launch
   --virtual-local-rank        Each worker sees only its own GPU and gets LOCAL_RANK=0. [env]
 
 Rendezvous
-  --rdzv-backend static|c10d  static: fixed node ranks, node 0 serves the store; c10d: nodes
+  --rdzv-backend static|c10d|etcd|etcd-v2
+                              static: fixed node ranks, node 0 serves the store; c10d: nodes
                               join in rounds at --rdzv-endpoint, re-forming when a node is
-                              lost or joins. Default static. [env]
+                              lost or joins; etcd, etcd-v2 (one backend): rounds in etcd v3 at
+                              --rdzv-endpoint, no node is special. Default static. [env]
   --rdzv-endpoint HOST[:PORT] Where the store is (IPv6 as [ADDR]:PORT; port default 29400 for
-                              c10d, else --master-port). Default none. [env]
+                              c10d, else --master-port); etcd: HOST[:PORT][,HOST[:PORT]...],
+                              port default 2379. Default none. [env]
   --rdzv-id ID                Job id shared by every node (TORCHELASTIC_RUN_ID). Default none;
                               one node, static, no --master-port: a random UUID4, as
                               torchrun 2.15 does. [env]
@@ -740,7 +745,8 @@ Rendezvous
                               last_call_timeout (30), keep_alive_interval (5),
                               keep_alive_max_attempt (3), close_timeout (10); is_host=BOOL;
                               store_legacy_numbering=1.13|2.1 (how the store reads clients
-                              without the torch >= 2.2 handshake). Default none. [env]
+                              without the torch >= 2.2 handshake); etcd: protocol=http|https,
+                              cacert, cert, key (PEM files). Default none. [env]
   --standalone                Single node: c10d on localhost:0 with a random job id; overrides
                               the options above. [env]
   --node-rank N               This node's rank, static backend only. Default 0. [env]

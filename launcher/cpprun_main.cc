@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/etcd_connector.h"
 #include "agent/failure_report.h"
 #include "agent/guardian.h"
 #include "agent/local_agent.h"
@@ -179,6 +180,33 @@ int runJob(const LaunchConfig& config, const RendezvousSettings& rdzv_settings,
       options.host_store = rdzv_settings.store_hosting == Hosting::kAlways;
       options.host_store_if_free =
           rdzv_settings.store_hosting == Hosting::kAuto && isLocalHost(rdzv_settings.store.host);
+    }
+    if (rdzv_settings.etcd) {
+      // The agents meet in etcd; every one serves a workers' store on a free port of its host
+      // (the round's node 0's is the workers'), reachable at --local-addr, else at this host's
+      // name (127.0.0.1 when etcd too runs only on this machine).
+      agent::EtcdConnectorOptions eo;
+      eo.endpoints = rdzv_settings.etcd_endpoints;
+      eo.tls = rdzv_settings.etcd_tls;
+      eo.ca_file = rdzv_settings.etcd_cacert;
+      eo.cert_file = rdzv_settings.etcd_cert;
+      eo.key_file = rdzv_settings.etcd_key;
+      eo.run_id = config.rdzv_id;
+      co.store = agent::etcdStoreConnector(eo);
+      co.host_per_round = true;
+      bool etcd_local = true;
+      for (const std::string& e : eo.endpoints) {
+        auto parsed = parseEndpoint(e, kDefaultEtcdPort);
+        etcd_local = etcd_local && parsed.isOk() && isLocalHost(parsed.value().host);
+      }
+      options.host_store = true;
+      options.host_store_if_free = false;
+      options.store_port = 0;
+      options.store_host = !config.local_addr.empty() ? config.local_addr
+                           : etcd_local               ? "127.0.0.1"
+                                                      : node.hostname;
+      options.store_bind_host =
+          options.store_host.find(':') != std::string::npos ? "::" : "0.0.0.0";
     }
     for (const std::string& key : rdzv_settings.ignored_conf_keys) {
       CPPRUN_LOG(kWarn) << "--rdzv-conf " << key << ": not a key cpprun uses; ignored";
@@ -402,7 +430,18 @@ int main(int argc, char** argv) {
         std::printf("  %-11s from %s\n", option.c_str(), source.c_str());
       }
     }
-    if (rdzv_settings.value().multi_node) {
+    if (rdzv_settings.value().etcd && rdzv_settings.value().multi_node) {
+      const RendezvousSettings& rs = rdzv_settings.value();
+      std::string endpoints;
+      for (const std::string& e : rs.etcd_endpoints)
+        endpoints += (endpoints.empty() ? "" : ",") + e;
+      std::printf("  rendezvous  %s: etcd v3 at %s://%s, keys under /cpprun/%s/, %d..%d nodes\n",
+                  config.rdzv_backend.c_str(), rs.etcd_tls ? "https" : "http", endpoints.c_str(),
+                  config.rdzv_id.c_str(), rs.min_nodes, rs.nnodes);
+      std::puts(
+          "  (ranks shown as if this node came first: every agent serves a workers' store on a "
+          "free port; each round's node 0's is MASTER_ADDR:MASTER_PORT)");
+    } else if (rdzv_settings.value().multi_node) {
       std::printf(
           "  (ranks shown as if this node came first: the rendezvous decides the base rank and "
           "the world size; node 0 serves the store on %s:%d)\n",

@@ -4,14 +4,18 @@
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <utility>
 #include <vector>
+
+#include "rendezvous/etcd_client.h"
 
 namespace cpprun::launcher {
 
@@ -32,6 +36,76 @@ Result<std::chrono::milliseconds> confSeconds(const LaunchConfig& config, const 
 }
 
 bool isIpv6Literal(const std::string& host) { return host.find(':') != std::string::npos; }
+
+// --rdzv-endpoint for etcd: "host[:port][,host[:port]...]", an entry without a port gets 2379.
+Result<std::vector<std::string>> etcdEndpoints(const std::string& text) {
+  if (text.empty()) {
+    return invalidArgument(
+        "--rdzv-endpoint: the etcd backend needs etcd's endpoints "
+        "(HOST[:PORT][,HOST[:PORT]...], port " +
+        std::to_string(kDefaultEtcdPort) + " by default)");
+  }
+  std::string with_ports;
+  size_t begin = 0;
+  while (true) {
+    const size_t comma = text.find(',', begin);
+    std::string entry = text.substr(begin, comma == std::string::npos ? comma : comma - begin);
+    std::string bare = entry;
+    for (const char* scheme : {"http://", "https://"}) {
+      if (bare.rfind(scheme, 0) == 0) bare = bare.substr(std::strlen(scheme));
+    }
+    while (!bare.empty() && bare.back() == '/') bare.pop_back();
+    const size_t bracket = bare.rfind(']');
+    const size_t colon = bare.rfind(':');
+    const bool has_port =
+        colon != std::string::npos &&
+        (bracket == std::string::npos ? bare.find(':') == colon : colon > bracket);
+    if (!bare.empty() && !has_port) entry = bare + ":" + std::to_string(kDefaultEtcdPort);
+    with_ports += (begin == 0 ? "" : ",") + entry;
+    if (comma == std::string::npos) break;
+    begin = comma + 1;
+  }
+  auto parsed = rendezvous::parseEtcdEndpoints(with_ports);
+  if (!parsed.isOk()) {
+    return invalidArgument("--rdzv-endpoint " + text + ": " + parsed.status().message());
+  }
+  return parsed.value();
+}
+
+// --rdzv-conf protocol, cacert, cert, key (the etcd backend).
+Status applyEtcdConf(const LaunchConfig& config, RendezvousSettings& s) {
+  const auto conf = [&](const char* key) {
+    auto it = config.rdzv_conf.find(key);
+    return it == config.rdzv_conf.end() ? std::string() : it->second;
+  };
+  const std::string protocol = conf("protocol");
+  if (!protocol.empty() && protocol != "http" && protocol != "https") {
+    return invalidArgument("--rdzv-conf protocol=" + protocol + ": expected http or https");
+  }
+  s.etcd_tls = protocol == "https";
+  s.etcd_cacert = conf("cacert");
+  s.etcd_cert = conf("cert");
+  s.etcd_key = conf("key");
+  for (const auto& [key, file] : {std::pair<const char*, std::string>{"cacert", s.etcd_cacert},
+                                  {"cert", s.etcd_cert},
+                                  {"key", s.etcd_key}}) {
+    if (file.empty()) continue;
+    if (!s.etcd_tls) {
+      return invalidArgument(std::string("--rdzv-conf ") + key + "=" + file +
+                             ": only used with protocol=https");
+    }
+    if (::access(file.c_str(), R_OK) != 0) {
+      return invalidArgument(std::string("--rdzv-conf ") + key + "=" + file + ": " +
+                             std::strerror(errno));
+    }
+  }
+  if (s.etcd_cert.empty() != s.etcd_key.empty()) {
+    return invalidArgument(s.etcd_cert.empty()
+                               ? "--rdzv-conf key=" + s.etcd_key + ": needs cert as well"
+                               : "--rdzv-conf cert=" + s.etcd_cert + ": needs key as well");
+  }
+  return Status::ok();
+}
 
 }  // namespace
 
@@ -118,7 +192,8 @@ Result<RendezvousSettings> resolveRendezvous(const LaunchConfig& config) {
   s.min_nodes = config.min_nodes;
   s.node_rank = config.node_rank;
   s.multi_node = config.max_nodes > 1;
-  s.elastic = s.multi_node && config.rdzv_backend == "c10d";
+  s.etcd = config.rdzv_backend == "etcd" || config.rdzv_backend == "etcd-v2";
+  s.elastic = s.multi_node && (config.rdzv_backend == "c10d" || s.etcd);
   if (s.multi_node && !s.elastic && config.min_nodes != config.max_nodes) {
     return invalidArgument("--nnodes " + std::to_string(config.min_nodes) + ":" +
                            std::to_string(config.max_nodes) +
@@ -133,7 +208,16 @@ Result<RendezvousSettings> resolveRendezvous(const LaunchConfig& config) {
                            : s.elastic              ? kDefaultC10dPort
                            : s.multi_node           ? kDefaultMasterPort
                                                     : 0;
-  if (!config.rdzv_endpoint.empty() && !config.standalone) {
+  if (s.etcd && s.multi_node) {
+    auto endpoints = etcdEndpoints(config.rdzv_endpoint);
+    if (!endpoints.isOk()) return endpoints.status();
+    s.etcd_endpoints = endpoints.value();
+    Status conf = applyEtcdConf(config, s);
+    if (!conf.isOk()) return conf;
+    // Every agent serves its workers' store on a free port of its own host.
+    s.store.host = config.master_addr;
+    s.store.port = 0;
+  } else if (!config.rdzv_endpoint.empty() && !config.standalone) {
     auto e = parseEndpoint(config.rdzv_endpoint, default_port);
     if (!e.isOk()) return invalidArgument("--rdzv-endpoint: " + e.status().message());
     s.store = e.value();
@@ -143,7 +227,7 @@ Result<RendezvousSettings> resolveRendezvous(const LaunchConfig& config) {
   }
   if (s.store.host == "localhost" && !s.multi_node) s.store.host = "127.0.0.1";
   if (s.multi_node) {
-    if (s.store.port == 0) {
+    if (s.store.port == 0 && !s.etcd) {
       return invalidArgument(
           "the store port is 0: the nodes of a multi-node job must know it "
           "in advance (--master-port or --rdzv-endpoint HOST:PORT)");
@@ -160,6 +244,7 @@ Result<RendezvousSettings> resolveRendezvous(const LaunchConfig& config) {
       {"heartbeat", &s.keep_alive_interval},
       {"keep_alive_interval", &s.keep_alive_interval}};
   std::vector<std::string> known = {"keep_alive_max_attempt", "is_host", "store_legacy_numbering"};
+  if (s.etcd) known.insert(known.end(), {"protocol", "cacert", "cert", "key"});
   for (const auto& [key, field] : durations) {
     auto value = confSeconds(config, key, *field);
     if (!value.isOk()) return value.status();

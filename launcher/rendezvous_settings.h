@@ -1,7 +1,9 @@
 // RendezvousSettings: where the job's store is and how long its agents wait for each other,
 // resolved from the LaunchConfig (after scheduler discovery): --rdzv-endpoint (host[:port],
 // IPv6 as [addr]:port) wins over --master-addr/--master-port; --rdzv-conf carries the bounds
-// (join_timeout, keep_alive_interval, keep_alive_max_attempt, torchrun's names; seconds).
+// (join_timeout, keep_alive_interval, keep_alive_max_attempt, torchrun's names; seconds); with
+// --rdzv-backend etcd/etcd-v2, --rdzv-endpoint lists etcd's endpoints and --rdzv-conf adds
+// protocol (http|https), cacert, cert and key.
 // Errors name the flag and the bad value (the caller exits 2).
 // Thread safety: pure functions on values.
 #pragma once
@@ -45,11 +47,19 @@ struct RendezvousSettings {
   // torch >= 2.2 handshake as torch 2.1 (default 1.13: see docs/protocol.md, torch 2.1 clients).
   bool store_torch21_numbering = false;
   std::vector<std::string> ignored_conf_keys;  // --rdzv-conf keys cpprun does not use
+  // --rdzv-backend etcd / etcd-v2: the agents meet in etcd (elastic rounds, min..max nodes;
+  // --nnodes N is a round of exactly N), every agent serves a workers' store, and each round's
+  // node 0's is MASTER_ADDR:MASTER_PORT. `store` is then unused.
+  bool etcd = false;
+  std::vector<std::string> etcd_endpoints;       // --rdzv-endpoint, "host:port" (default port 2379)
+  bool etcd_tls = false;                         // --rdzv-conf protocol=https
+  std::string etcd_cacert, etcd_cert, etcd_key;  // --rdzv-conf cacert, cert, key
 };
 
 // torchrun's default ports when a multi-node job names none: static, and c10d's endpoint.
 inline constexpr int kDefaultMasterPort = 29500;
 inline constexpr int kDefaultC10dPort = 29400;
+inline constexpr int kDefaultEtcdPort = 2379;
 
 // True when `host` names this machine: a loopback address, or an address of one of its
 // interfaces (after resolving a name).

@@ -40,7 +40,7 @@ _cpprun() {
     --nproc-per-node | --nproc_per_node)
       COMPREPLY=($(compgen -W "gpu cpu auto 1 2 4 8" -- "$cur")); return ;;
     --rdzv-backend | --rdzv_backend)
-      COMPREPLY=($(compgen -W "static c10d" -- "$cur")); return ;;
+      COMPREPLY=($(compgen -W "static c10d etcd etcd-v2" -- "$cur")); return ;;
     --start-method | --start_method)
       COMPREPLY=($(compgen -W "spawn fork forkserver" -- "$cur")); return ;;
     -r | --redirects | -t | --tee)

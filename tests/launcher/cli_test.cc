@@ -252,12 +252,13 @@ TEST_CASE("cli rdzv-conf parses key value pairs", "[unit]") {
         "invalid value 'a=1,' for --rdzv-conf: expected KEY=VALUE,KEY=VALUE (found an empty key)");
 }
 
-TEST_CASE("cli rdzv-backend accepts static and c10d", "[unit]") {
+TEST_CASE("cli rdzv-backend accepts static c10d etcd and etcd-v2", "[unit]") {
   CHECK(parseOk({"--rdzv-backend", "static", "t.py"}).rdzv_backend == "static");
   CHECK(parseOk({"--rdzv-backend", "c10d", "t.py"}).rdzv_backend == "c10d");
-  CHECK(parseError({"--rdzv-backend", "etcd", "t.py"}) ==
-        "invalid value 'etcd' for --rdzv-backend: expected static or c10d (cpprun has no etcd or "
-        "custom rendezvous)");
+  CHECK(parseOk({"--rdzv-backend", "etcd", "t.py"}).rdzv_backend == "etcd");
+  CHECK(parseOk({"--rdzv-backend", "etcd-v2", "t.py"}).rdzv_backend == "etcd-v2");
+  CHECK(parseError({"--rdzv-backend", "zookeeper", "t.py"}) ==
+        "invalid value 'zookeeper' for --rdzv-backend: expected static, c10d, etcd or etcd-v2");
 }
 
 TEST_CASE("cli redirects and tee take a mode or per-rank modes", "[unit]") {

@@ -128,3 +128,51 @@ TEST_CASE("local hosts: loopback and this machine's addresses, not others", "[un
   CHECK_FALSE(isLocalHost("192.0.2.1"));  // TEST-NET-1: never assigned here
   CHECK_FALSE(isLocalHost("no-such-host.invalid"));
 }
+
+TEST_CASE("etcd settings: endpoints with the default port and TLS keys, bad ones named", "[unit]") {
+  LaunchConfig c;
+  c.min_nodes = 2;
+  c.max_nodes = 3;
+  c.rdzv_backend = "etcd-v2";
+  c.rdzv_endpoint = "e1,e2:2380,http://e3:12/";
+  auto s = resolveRendezvous(c).value();
+  CHECK(s.etcd);
+  CHECK(s.elastic);
+  CHECK(s.min_nodes == 2);
+  CHECK(s.etcd_endpoints == std::vector<std::string>{"e1:2379", "e2:2380", "e3:12"});
+  CHECK_FALSE(s.etcd_tls);
+  c.rdzv_backend = "etcd";
+  c.min_nodes = 3;
+  CHECK(resolveRendezvous(c).value().elastic);  // --nnodes 3: rounds of exactly 3
+
+  c.rdzv_endpoint = "";
+  CHECK_THAT(resolveRendezvous(c).status().message(),
+             Catch::Contains("--rdzv-endpoint") && Catch::Contains("2379"));
+  c.rdzv_endpoint = "e1,,e2";
+  CHECK_THAT(resolveRendezvous(c).status().message(), Catch::Contains("--rdzv-endpoint e1,,e2"));
+  c.rdzv_endpoint = "e1:99999";
+  CHECK_THAT(resolveRendezvous(c).status().message(), Catch::Contains("e1:99999"));
+
+  c.rdzv_endpoint = "e1";
+  c.rdzv_conf = {{"protocol", "ftp"}};
+  CHECK_THAT(resolveRendezvous(c).status().message(),
+             Catch::Contains("--rdzv-conf protocol=ftp") && Catch::Contains("http or https"));
+  c.rdzv_conf = {{"protocol", "https"}, {"cacert", "/nonexistent/ca.pem"}};
+  CHECK_THAT(resolveRendezvous(c).status().message(),
+             Catch::Contains("--rdzv-conf cacert=/nonexistent/ca.pem"));
+  c.rdzv_conf = {{"cacert", "/etc/hostname"}};
+  CHECK_THAT(resolveRendezvous(c).status().message(), Catch::Contains("protocol=https"));
+  c.rdzv_conf = {{"protocol", "https"}, {"cert", "/etc/hostname"}};
+  CHECK_THAT(resolveRendezvous(c).status().message(),
+             Catch::Contains("cert=/etc/hostname") && Catch::Contains("needs key"));
+  c.rdzv_conf = {{"protocol", "https"},
+                 {"cacert", "/etc/hostname"},
+                 {"cert", "/etc/hostname"},
+                 {"key", "/etc/hostname"},
+                 {"join_timeout", "5"}};
+  s = resolveRendezvous(c).value();
+  CHECK(s.etcd_tls);
+  CHECK(s.etcd_cacert == "/etc/hostname");
+  CHECK(s.join_timeout == std::chrono::seconds(5));
+  CHECK(s.ignored_conf_keys.empty());
+}
