@@ -61,7 +61,7 @@ complete_words() {
     _cpprun; printf "%s\n" "${COMPREPLY[@]}"' _ "$prefix/share/bash-completion/completions/cpprun" "$@"
 }
 complete_words cpprun --nproc-per | grep -qx -- "--nproc-per-node" || fail "completion of --nproc-per"
-[ "$(complete_words cpprun --rdzv-backend "" | sort | tr '\n' ' ')" = "c10d static " ] ||
+[ "$(complete_words cpprun --rdzv-backend "" | sort | tr '\n' ' ')" = "c10d etcd etcd-v2 static " ] ||
   fail "completion of --rdzv-backend values"
 
 # The modulefile (Environment Modules' modulecmd; Lmod reads the same Tcl file): relocatable.
