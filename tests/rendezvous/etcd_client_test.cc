@@ -229,12 +229,15 @@ TEST_CASE("etcd client watch wakes on a put by another client", "[etcd]") {
   // The put is made only once etcd confirmed the watch, so the event must be pushed live.
   auto t0 = Clock::now();
   std::thread put_thread;
+  cpprun::Status put_status;  // Catch's assertions belong to the test's own thread
   auto events = ok(watcher->watch("/w/key", false, 0, 20s, [&] {
-    put_thread = std::thread([&] { ok(writer->put("/w/key", "hello")); });
+    put_thread = std::thread([&] { put_status = writer->put("/w/key", "hello").status(); });
   }));
   const double waited = msSince(t0);
   REQUIRE(put_thread.joinable());
   put_thread.join();
+  INFO(put_status.toString());
+  REQUIRE(put_status.isOk());
   REQUIRE(events.size() == 1);
   CHECK(events[0].type == EtcdEvent::Type::kPut);
   CHECK(events[0].kv.key == "/w/key");
@@ -439,14 +442,17 @@ TEST_CASE("etcd client median latencies on a 3-member loopback cluster", "[etcd]
   for (int i = 0; i < kRounds / 4; ++i) {
     Clock::time_point put_start;
     std::thread put_thread;
+    cpprun::Status put_status;
     auto events = ok(c->watch("/bench/w", false, 0, 10s, [&] {
       put_thread = std::thread([&] {
         put_start = Clock::now();
-        ok(writer->put("/bench/w", std::to_string(i)));
+        put_status = writer->put("/bench/w", std::to_string(i)).status();
       });
     }));
     const auto woke = Clock::now();
     put_thread.join();
+    INFO(put_status.toString());
+    REQUIRE(put_status.isOk());
     REQUIRE(events.size() == 1);
     wake_ms.push_back(std::chrono::duration<double, std::milli>(woke - put_start).count());
   }
