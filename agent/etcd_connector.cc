@@ -1,6 +1,10 @@
 // etcdStoreConnector (etcd_connector.h).
 #include "agent/etcd_connector.h"
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
 #include "rendezvous/etcd_client.h"
 #include "rendezvous/etcd_store.h"
 
@@ -21,15 +25,24 @@ StoreConnector etcdStoreConnector(const EtcdConnectorOptions& options) {
     o.tls_files = {options.ca_file, options.cert_file, options.key_file};
     o.connect_timeout = connect_timeout;
     o.request_timeout = request_timeout;
+    // Nothing answers (yet): try again, with a growing pause, until connect_timeout, as the
+    // TCP store's client does; a refused connection fails in microseconds and the caller would
+    // otherwise spin. Then StoreTimeout: the caller retries until its join timeout. A bad file
+    // or a refused certificate does not mend by waiting: StoreError at once.
+    const auto give_up = std::chrono::steady_clock::now() + connect_timeout;
+    auto pause = std::chrono::milliseconds(5);
     auto client = rendezvous::EtcdClient::connect(o);
-    if (!client.isOk()) {
+    while (!client.isOk()) {
       const Status& s = client.status();
-      // Nothing answers (yet): the caller retries until its join timeout. A bad file or a
-      // refused certificate does not mend by waiting.
-      if (s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kTimeout) {
-        throw rendezvous::StoreTimeout(s.message());
+      if (s.code() != StatusCode::kUnavailable && s.code() != StatusCode::kTimeout) {
+        throw rendezvous::StoreError(s.message());
       }
-      throw rendezvous::StoreError(s.message());
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          give_up - std::chrono::steady_clock::now());
+      if (left.count() <= 0) throw rendezvous::StoreTimeout(s.message());
+      std::this_thread::sleep_for(std::min(pause, left));
+      pause = std::min(pause * 2, std::chrono::milliseconds(100));
+      client = rendezvous::EtcdClient::connect(o);
     }
     auto store = std::make_unique<rendezvous::EtcdStore>(
         std::shared_ptr<rendezvous::EtcdClient>(std::move(client).value()),

@@ -2,9 +2,11 @@
 // for --rdzv-backend etcd / etcd-v2. Every connection is an EtcdStore (rendezvous/etcd_store.h)
 // with the job's keys under "/cpprun/<run id>/", so one etcd cluster serves many jobs.
 //
-// Connecting fails with StoreTimeout while no endpoint answers (the coordinator retries until
-// the join timeout, saying what it waits for), and with StoreError at once for what retrying
-// cannot mend (a TLS file that cannot be read, a refused certificate).
+// Connecting tries every endpoint, again and again with a growing pause (5 ms up to 100 ms),
+// until one answers or connect_timeout passes; then it fails with StoreTimeout (the coordinator
+// retries until the join timeout, saying what it waits for). It fails with StoreError at once
+// for what retrying cannot mend (a TLS file that cannot be read, a certificate every endpoint
+// refused).
 //
 // Thread safety: the returned connector's connect() may be called from any thread; each call
 // opens its own client.

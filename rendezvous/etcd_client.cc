@@ -702,6 +702,7 @@ class EtcdClient::Impl {
     // One round over the endpoints: the first that answers GET /version is used.
     std::lock_guard<std::mutex> lock(mutex_);
     std::string errors;
+    bool all_tls = true;  // every endpoint refused the handshake: waiting will not mend that
     for (size_t i = 0; i < endpoints_.size(); ++i) {
       current_ = i;
       ConnError error;
@@ -711,6 +712,7 @@ class EtcdClient::Impl {
           reply.value().body.find("etcdserver") != std::string::npos) {
         return Status::ok();
       }
+      if (reply.isOk() || error.kind != FailKind::kTls) all_tls = false;
       conn_.reset();
       std::string why = reply.isOk() ? "HTTP " + std::to_string(reply.value().status) +
                                            " from GET /version (not etcd?)"
@@ -719,7 +721,9 @@ class EtcdClient::Impl {
       errors += endpoints_[i].name + ": " + why;
     }
     current_ = 0;
-    return unavailable("cannot connect to etcd (" + tlsNote() + "): " + errors);
+    const std::string message = "cannot connect to etcd (" + tlsNote() + "): " + errors;
+    if (options_.tls && all_tls) return invalidArgument(message);
+    return unavailable(message);
   }
 
   // One request with failover. `idempotent`: may be sent again after its reply was lost.

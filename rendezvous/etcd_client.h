@@ -113,7 +113,10 @@ struct EtcdEvent {
 class EtcdClient {
  public:
   // Validates the options, loads the TLS files, and opens a connection to the first endpoint
-  // that answers (GET /version). The error names each endpoint tried and why it failed.
+  // that answers (GET /version). The error names each endpoint tried and why it failed:
+  // kInvalidArgument for bad options or files, and when every endpoint refused the TLS
+  // handshake (an untrusted client certificate, a server the CA did not sign: retrying cannot
+  // mend it); kUnavailable when no endpoint answered (yet).
   static Result<std::unique_ptr<EtcdClient>> connect(EtcdClientOptions options);
   ~EtcdClient();
   EtcdClient(const EtcdClient&) = delete;
