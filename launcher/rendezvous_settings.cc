@@ -191,8 +191,10 @@ Result<RendezvousSettings> resolveRendezvous(const LaunchConfig& config) {
   s.nnodes = config.max_nodes;
   s.min_nodes = config.min_nodes;
   s.node_rank = config.node_rank;
-  s.multi_node = config.max_nodes > 1;
   s.etcd = config.rdzv_backend == "etcd" || config.rdzv_backend == "etcd-v2";
+  // etcd: even a job of one node meets in etcd (as torchrun's does), rather than taking the
+  // endpoint list for its own store's address.
+  s.multi_node = config.max_nodes > 1 || s.etcd;
   s.elastic = s.multi_node && (config.rdzv_backend == "c10d" || s.etcd);
   if (s.multi_node && !s.elastic && config.min_nodes != config.max_nodes) {
     return invalidArgument("--nnodes " + std::to_string(config.min_nodes) + ":" +
