@@ -44,29 +44,15 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from rendezvous_bench import (PR_SET_CHILD_SUBREAPER, free_port, parse_list,  # noqa: E402
-                              spawn, wait_all)
+                              spawn, stop_failed_run, wait_all)
+from rendezvous_bench import reap_leftovers as shared_reap_leftovers  # noqa: E402
 
 KEEP = set()  # our own children that are not leftovers: the etcd members
 
 
 def reap_leftovers() -> int:
-    """Kills and reaps every process re-parented to us (not the etcd members); returns how many
-    there were."""
-    count = 0
-    try:
-        children = open(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read().split()
-    except OSError:
-        children = []
-    for pid in map(int, children):
-        if pid in KEEP:
-            continue
-        count += 1
-        try:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
-    return count
+    """Kills and reaps every process re-parented to us but the etcd members."""
+    return shared_reap_leftovers(KEEP)
 
 
 class EtcdCluster:
@@ -141,19 +127,7 @@ def one_run(kind, args, n, etcd_endpoints, rep):
         t_end = time.monotonic_ns()
         if len(codes) < n or any(c != 0 for c in codes.values()):
             ok = False
-            for pid, _ in procs:
-                if pid not in codes:
-                    os.kill(pid, signal.SIGTERM)
-            rest = wait_all([p for p in procs if p[0] not in codes], 5)
-            for pid, _ in procs:
-                if pid not in codes and pid not in rest:
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-            sys.stderr.write(f"{kind} n={n}: run failed ({len(codes)} of {n} exited, codes "
-                             f"{sorted(set(codes.values()))}); logs in {run_dir}\n")
-            for rank in range(min(n, 2)):
-                with open(os.path.join(run_dir, f"agent-{rank}.log"), "rb") as f:
-                    sys.stderr.write(f.read()[-2000:].decode(errors="replace"))
+            stop_failed_run(kind, n, procs, codes, run_dir, shown=2)
             reap_leftovers()
             return None
         starts = []

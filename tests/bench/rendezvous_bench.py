@@ -57,26 +57,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def reap_leftovers() -> int:
-    """Kills and reaps every process that was re-parented to us; returns how many there were."""
+def reap_leftovers(keep=frozenset()) -> int:
+    """Kills and reaps every process that was re-parented to us, except the pids in `keep` (our
+    own long-lived children, such as etcd members); returns how many there were."""
     count = 0
     try:
         children = open(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read().split()
     except OSError:
         children = []
     for pid in map(int, children):
+        if pid in keep:
+            continue
         count += 1
         try:
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
             pass
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            break
-        if pid == 0:
-            break
     return count
 
 
@@ -145,18 +142,7 @@ def one_run(kind, args, n):
         t_end = time.monotonic_ns()
         if len(codes) < n or any(c != 0 for c in codes.values()):
             ok = False
-            for pid, _ in procs:
-                if pid not in codes:
-                    os.kill(pid, signal.SIGTERM)
-            rest = wait_all([p for p in procs if p[0] not in codes], 5)
-            for pid, _ in procs:
-                if pid not in codes and pid not in rest:
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-            sys.stderr.write(f"{kind} n={n}: run failed; logs in {run_dir}\n")
-            for rank in range(min(n, 3)):
-                with open(os.path.join(run_dir, f"agent-{rank}.log"), "rb") as f:
-                    sys.stderr.write(f.read()[-2000:].decode(errors="replace"))
+            stop_failed_run(kind, n, procs, codes, run_dir, shown=3)
             return None
         starts = []
         for rank in range(n):
@@ -175,6 +161,24 @@ def one_run(kind, args, n):
             os.close(pfd)
         if ok:
             shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def stop_failed_run(kind, n, procs, codes, run_dir, shown):
+    """A run that timed out or failed: SIGTERM the agents still running, SIGKILL them after 5 s
+    (by PID), then print the tail of the first `shown` agents' logs."""
+    for pid, _ in procs:
+        if pid not in codes:
+            os.kill(pid, signal.SIGTERM)
+    rest = wait_all([p for p in procs if p[0] not in codes], 5)
+    for pid, _ in procs:
+        if pid not in codes and pid not in rest:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    sys.stderr.write(f"{kind} n={n}: run failed ({len(codes)} of {n} exited, codes "
+                     f"{sorted(set(codes.values()))}); logs in {run_dir}\n")
+    for rank in range(min(n, shown)):
+        with open(os.path.join(run_dir, f"agent-{rank}.log"), "rb") as f:
+            sys.stderr.write(f.read()[-2000:].decode(errors="replace"))
 
 
 def parse_list(text):
