@@ -77,15 +77,32 @@ if [ "$build_only" = 1 ]; then exit 0; fi
 requirements="$(cd "$(dirname "$0")" && pwd)/torch2-requirements.txt"
 venv="${CPPRUN_TORCH2_VENV:-/opt/cpprun/torch2}"
 pinned=$(sed -n 's/^torch==//p' "$requirements")
-installed=$("$venv/bin/python" -c \
-  'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true)
-if [ "$installed" = "$pinned" ]; then
-  echo "setup: torch $pinned present in $venv"
+# Every name==version line of the requirements, not only torch: a venv made before a pin was
+# added (python-etcd for torchrun's etcd backends) gets it on the next set-up. Prints the pins the
+# venv lacks; nothing when it holds them all.
+lacking=$("$venv/bin/python" - "$requirements" 2>/dev/null <<'PY' || echo "(no venv)"
+import importlib.metadata as m, re, sys
+lacking = []
+for line in open(sys.argv[1]):
+    pin = re.match(r"^([A-Za-z0-9_.-]+)==(\S+)", line)
+    if not pin:
+        continue
+    try:
+        have = m.version(pin[1])
+    except m.PackageNotFoundError:
+        have = None
+    if have != pin[2]:
+        lacking.append(f"{pin[1]}=={pin[2]}")
+print(" ".join(lacking))
+PY
+)
+if [ -z "$lacking" ]; then
+  echo "setup: torch $pinned and the other pins of $(basename "$requirements") present in $venv"
   exit 0
 fi
-echo "setup: installing torch $pinned from PyPI into $venv (once per machine, ~5.4 GiB)"
+echo "setup: installing $lacking from PyPI into $venv (torch: once per machine, ~5.4 GiB)"
 started=$(date +%s)
 $sudo mkdir -p "$(dirname "$venv")"
 $sudo /usr/bin/python3 -m venv "$venv"
 $sudo "$venv/bin/pip" install --quiet --disable-pip-version-check --no-input -r "$requirements"
-echo "setup: torch $pinned installed in $(( $(date +%s) - started )) s, $(du -sh "$venv" | cut -f1)"
+echo "setup: $lacking installed in $(( $(date +%s) - started )) s, $(du -sh "$venv" | cut -f1)"
