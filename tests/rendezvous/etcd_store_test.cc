@@ -1,14 +1,17 @@
-// EtcdStore against a real etcd: the same contract cases as tests/rendezvous/store_test.cc
-// (MemoryStore, PrefixStore, TcpStoreClient), run over EtcdStore and PrefixStore(EtcdStore),
-// each pair of handles on two separate clients; plus handles on different members of a
-// 3-member cluster.
+// EtcdStore against a real etcd: the Store contract (store_contract.h, the cases MemoryStore,
+// PrefixStore and TcpStoreClient pass in store_test.cc) over EtcdStore and PrefixStore(EtcdStore)
+// on a 3-member cluster, each handle with a client of its own whose first endpoint is the next
+// member (so the two handles of a case talk to different members); plus what only etcd has:
+// prefixes as given, handles on different members, more keys than one txn, a watch whose member
+// goes silent.
 #include "rendezvous/etcd_store.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
-#include <functional>
 #include <thread>
 
 #include "rendezvous/prefix_store.h"
+#include "tests/rendezvous/store_contract.h"
 #include "tests/support/etcd_cluster.h"
 #include "tests/support/http_get.h"
 
@@ -16,6 +19,8 @@ namespace {
 
 using namespace cpprun::rendezvous;
 using cpprun::testing::EtcdCluster;
+using cpprun::testing::NumKeysScope;
+using cpprun::testing::StoreKinds;
 using namespace std::chrono_literals;
 
 cpprun::testing::EtcdClusterOptions clusterOptions(int members, bool tls) {
@@ -34,99 +39,40 @@ std::shared_ptr<EtcdClient> client(const std::vector<std::string>& endpoints) {
   return std::shared_ptr<EtcdClient>(std::move(c).value());
 }
 
-struct Subject {
-  std::string name;
-  std::function<std::shared_ptr<Store>(const std::string& run_prefix)> open;
-};
-
-// Runs `body` once per store kind, each against fresh data under its own key prefix; the two
-// handles have separate clients (separate connections), as two agents would. One cluster for
-// both kinds, in one pass (no sections: Catch would start the test case, and a cluster, again
-// for each).
-void forEachStore(const std::function<void(Store&, Store&, const std::string&)>& body) {
-  EtcdCluster cluster(clusterOptions(1, false));
-  const auto endpoints = cluster.endpoints();
-  std::vector<Subject> subjects = {
-      {"EtcdStore",
-       [&](const std::string& run) { return std::make_shared<EtcdStore>(client(endpoints), run); }},
-      {"PrefixStore(EtcdStore)",
-       [&](const std::string& run) {
-         return std::make_shared<PrefixStore>("job",
-                                              std::make_shared<EtcdStore>(client(endpoints), run));
-       }},
+// One 3-member cluster per test case for both kinds. Every open() makes a new client whose
+// endpoint list starts at the next member. numKeys counts the EtcdStore's own prefix only, so
+// "elsewhere" is an EtcdStore under another run's prefix.
+StoreKinds etcdKinds() {
+  auto cluster = std::make_shared<EtcdCluster>(clusterOptions(3, false));
+  auto next_member = std::make_shared<int>(0);
+  auto etcd = [cluster, next_member](const std::string& run) {
+    return [cluster, next_member, run]() {
+      std::vector<std::string> endpoints = cluster->endpoints();
+      std::rotate(endpoints.begin(), endpoints.begin() + (*next_member)++ % cluster->members(),
+                  endpoints.end());
+      return std::make_shared<EtcdStore>(client(endpoints), run);
+    };
   };
-  int round = 0;
-  for (const auto& s : subjects) {
-    INFO("store: " << s.name);
-    const std::string run = "/cpprun/run" + std::to_string(round) + "/";
-    auto a = s.open(run);
-    auto b = s.open(run);
-    a->setTimeout(10s);
-    b->setTimeout(10s);
-    body(*a, *b, "/t" + std::to_string(round) + "/");
-    ++round;
-  }
+  auto elsewhere = [etcd]() -> std::shared_ptr<Store> { return etcd("/cpprun/elsewhere/")(); };
+  auto run0 = etcd("/cpprun/run0/");
+  auto run1 = etcd("/cpprun/run1/");
+  constexpr int kEtcdAddsPerThread = 50;
+  StoreKinds made;
+  made.servers = cluster;
+  made.kinds = {
+      {"EtcdStore", [run0]() -> std::shared_ptr<Store> { return run0(); }, elsewhere,
+       NumKeysScope::kOwnPrefix, kEtcdAddsPerThread},
+      {"PrefixStore(EtcdStore)",
+       [run1]() -> std::shared_ptr<Store> { return std::make_shared<PrefixStore>("job", run1()); },
+       elsewhere, NumKeysScope::kOwnPrefix, kEtcdAddsPerThread},
+  };
+  return made;
 }
+
+[[maybe_unused]] const bool kContractRegistered =
+    cpprun::testing::registerStoreContract("etcd store ", "[etcd]", &etcdKinds);
 
 }  // namespace
-
-TEST_CASE("etcd store set and get with binary and empty values", "[etcd]") {
-  forEachStore([](Store& s, Store& other, const std::string& p) {
-    s.set(p + "k", toBytes("v"));
-    CHECK(toString(other.get(p + "k")) == "v");
-    Bytes binary{0, 1, 255, 0};
-    s.set(p + "bin", binary);
-    CHECK(other.get(p + "bin") == binary);
-    s.set(p + "empty", Bytes{});
-    CHECK(other.get(p + "empty").empty());
-    Bytes big(1 << 20);
-    for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<uint8_t>(i * 7);
-    s.set(p + "big", big);
-    CHECK(other.get(p + "big") == big);
-    s.set(p + "k", std::string("overwritten"));
-    CHECK(toString(s.get(p + "k")) == "overwritten");
-    CHECK(toString(other.get(p + "k")) == "overwritten");
-  });
-}
-
-TEST_CASE("etcd store add counts in decimal text", "[etcd]") {
-  forEachStore([](Store& s, Store& other, const std::string& p) {
-    CHECK(s.add(p + "c", 5) == 5);
-    CHECK(other.add(p + "c", -2) == 3);
-    CHECK(s.add(p + "c", 0) == 3);
-    CHECK(toString(other.get(p + "c")) == "3");
-    s.set(p + "text", std::string("abc"));
-    CHECK_THROWS_AS(s.add(p + "text", 1), StoreError);
-  });
-}
-
-TEST_CASE("etcd store compareSet's four cases", "[etcd]") {
-  forEachStore([](Store& s, Store& other, const std::string& p) {
-    CHECK(toString(s.compareSet(p + "k", {}, toBytes("first"))) == "first");
-    CHECK(toString(s.compareSet(p + "missing", toBytes("x"), toBytes("y"))) == "x");
-    CHECK_FALSE(other.check({p + "missing"}));
-    CHECK(toString(s.compareSet(p + "k", toBytes("first"), toBytes("second"))) == "second");
-    CHECK(toString(s.compareSet(p + "k", toBytes("nomatch"), toBytes("third"))) == "second");
-    CHECK(toString(other.get(p + "k")) == "second");
-  });
-}
-
-TEST_CASE("etcd store check and deleteKey and numKeys", "[etcd]") {
-  forEachStore([](Store& s, Store& other, const std::string& p) {
-    int64_t before = s.numKeys();
-    CHECK_FALSE(s.check({p + "a"}));
-    s.set(p + "a", std::string("1"));
-    s.set(p + "b", std::string("2"));
-    CHECK(s.check({p + "a", p + "b"}));
-    CHECK(other.check({p + "a", p + "b"}));
-    CHECK_FALSE(other.check({p + "a", p + "nope"}));
-    CHECK(s.numKeys() == before + 2);
-    CHECK(other.deleteKey(p + "a"));
-    CHECK_FALSE(other.deleteKey(p + "a"));
-    CHECK(s.numKeys() == before + 1);
-    CHECK_FALSE(s.check({p + "a"}));
-  });
-}
 
 TEST_CASE("etcd store numKeys counts its own prefix only", "[etcd]") {
   EtcdCluster cluster(clusterOptions(1, false));
@@ -141,86 +87,6 @@ TEST_CASE("etcd store numKeys counts its own prefix only", "[etcd]") {
   CHECK(toString(two.get("a")) == "2");
   // The prefix is applied as given: the raw etcd key is prefix + key.
   CHECK(c->get("/cpprun/one/a").value().value().value == "1");
-}
-
-TEST_CASE("etcd store wait returns once another handle writes and times out otherwise", "[etcd]") {
-  forEachStore([](Store& s, Store& other, const std::string& p) {
-    std::thread writer([&] {
-      other.wait({p + "waiting"}, 10s);
-      other.set(p + "late", std::string("arrived"));
-    });
-    s.set(p + "waiting", std::string("1"));
-    s.wait({p + "late"}, 10s);
-    CHECK(toString(s.get(p + "late")) == "arrived");
-    writer.join();
-
-    auto start = std::chrono::steady_clock::now();
-    CHECK_THROWS_AS(s.wait({p + "never"}, 300ms), StoreTimeout);
-    auto took = std::chrono::steady_clock::now() - start;
-    CHECK(took >= 300ms);
-    CHECK(took < 5s);
-    s.set(p + "after", std::string("ok"));
-    CHECK(toString(s.get(p + "after")) == "ok");
-    CHECK(s.add(p + "n", 1) == 1);
-  });
-}
-
-TEST_CASE("etcd store blocking get is woken by another client's set", "[etcd]") {
-  forEachStore([](Store& s, Store& other, const std::string& p) {
-    std::thread writer([&] {
-      other.wait({p + "reader-started"}, 10s);
-      other.set(p + "value", std::string("pushed"));
-    });
-    s.set(p + "reader-started", std::string("1"));
-    auto start = std::chrono::steady_clock::now();
-    CHECK(toString(s.get(p + "value")) == "pushed");
-    CHECK(std::chrono::steady_clock::now() - start < 5s);
-    writer.join();
-  });
-}
-
-TEST_CASE("etcd store get times out on a key nobody writes", "[etcd]") {
-  forEachStore([](Store& s, Store&, const std::string& p) {
-    s.setTimeout(200ms);
-    auto start = std::chrono::steady_clock::now();
-    CHECK_THROWS_AS(s.get(p + "absent"), StoreTimeout);
-    CHECK(std::chrono::steady_clock::now() - start >= 200ms);
-    s.setTimeout(10s);
-    s.set(p + "present", std::string("x"));
-    CHECK(toString(s.get(p + "present")) == "x");
-  });
-}
-
-TEST_CASE("etcd store multiGet and multiSet and append", "[etcd]") {
-  forEachStore([](Store& s, Store& other, const std::string& p) {
-    s.multiSet({p + "x", p + "y"}, {toBytes("1"), toBytes("22")});
-    auto values = other.multiGet({p + "y", p + "x"});
-    REQUIRE(values.size() == 2);
-    CHECK(toString(values[0]) == "22");
-    CHECK(toString(values[1]) == "1");
-    s.append(p + "log", toBytes("a"));
-    CHECK(toString(s.get(p + "log")) == "a");
-    other.append(p + "log", toBytes("bc"));
-    CHECK(toString(s.get(p + "log")) == "abc");
-    CHECK_THROWS_AS(s.multiSet({p + "only-key"}, {}), StoreError);
-  });
-}
-
-TEST_CASE("etcd store concurrent adds from many threads are never lost", "[etcd]") {
-  forEachStore([](Store& s, Store& other, const std::string& p) {
-    constexpr int kThreads = 8;
-    constexpr int kAdds = 50;
-    std::vector<std::thread> threads;
-    for (int t = 0; t < kThreads; ++t) {
-      // Half the threads through the other handle: two clients racing on one counter.
-      Store& target = t % 2 == 0 ? s : other;
-      threads.emplace_back([&target, &p] {
-        for (int i = 0; i < kAdds; ++i) target.add(p + "counter", 1);
-      });
-    }
-    for (auto& t : threads) t.join();
-    CHECK(s.add(p + "counter", 0) == kThreads * kAdds);
-  });
 }
 
 TEST_CASE("etcd store handles on different members of a 3-member cluster see each other",
