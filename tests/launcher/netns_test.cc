@@ -12,6 +12,7 @@
 
 #include "agent/process_launcher.h"
 #include "tests/launcher/cpprun_test_helpers.h"
+#include "tests/support/netns_hosts.h"
 #include "tests/support/test_support.h"
 #include "tests/support/torch_peers.h"
 
@@ -19,106 +20,40 @@ namespace {
 
 using namespace cpprun::testing;
 
-// Runs a short command (ip ...) and returns its exit code; its output on failure.
-int runTool(const std::vector<std::string>& argv, std::string* output = nullptr) {
-  ChildProcess p(argv);
-  auto status = p.wait(30s);
-  if (output != nullptr) *output = p.output();
-  return status ? exitCodeOf(*status) : -1;
-}
-
-// Three hosts: namespaces <prefix>1..3 with eth0 = <subnet>.1..3/24, joined by a bridge in
-// namespace <prefix>sw. Names and subnet derive from the test process's pid, so concurrent
-// test processes never share them.
-class ThreeHosts {
+// Three hosts (tests/support/netns_hosts.h): namespaces with eth0 = <subnet>.1..3/24 on one
+// bridge, the root namespace guarded from the subnet; and the cpprun command lines these tests
+// run on them.
+class ThreeHosts : public NetnsHosts {
  public:
-  ThreeHosts() {
-    const int pid = static_cast<int>(::getpid());
-    prefix_ = "cpt" + std::to_string(pid % 100000) + "h";
-    subnet_ = "10." + std::to_string(200 + (pid >> 8) % 50) + "." + std::to_string(pid % 256);
-    REQUIRE(::access("/usr/sbin/ip", X_OK) == 0);
-    std::string out;
-    // The guard first: from here on, the root namespace cannot reach the test subnet.
-    const int rc =
-        runTool({"/usr/sbin/ip", "route", "add", "unreachable", subnet_ + ".0/24"}, &out);
-    INFO("ip route add unreachable " << subnet_ << ".0/24: " << out);
-    REQUIRE(rc == 0);
-    guarded_ = true;
-    ip({"netns", "add", sw()});
-    ip({"-n", sw(), "link", "add", "br0", "type", "bridge"});
-    ip({"-n", sw(), "link", "set", "br0", "up"});
-    for (int i = 1; i <= 3; ++i) {
-      const std::string h = host(i);
-      const std::string veth = prefix_ + "v" + std::to_string(i);
-      ip({"netns", "add", h});
-      ip({"link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", h});
-      ip({"link", "set", veth, "netns", sw()});
-      ip({"-n", sw(), "link", "set", veth, "master", "br0", "up"});
-      ip({"-n", h, "addr", "add", address(i) + "/24", "dev", "eth0"});
-      ip({"-n", h, "link", "set", "eth0", "up"});
-      ip({"-n", h, "link", "set", "lo", "up"});
-    }
-  }
+  ThreeHosts() : NetnsHosts(3) {}
 
-  ~ThreeHosts() {
-    for (int i = 1; i <= 3; ++i) runTool({"/usr/sbin/ip", "netns", "del", host(i)});
-    runTool({"/usr/sbin/ip", "netns", "del", sw()});  // the veths go with it
-    if (guarded_) runTool({"/usr/sbin/ip", "route", "del", "unreachable", subnet_ + ".0/24"});
-  }
-
-  std::string host(int i) const { return prefix_ + std::to_string(i); }
-  std::string address(int i) const { return subnet_ + "." + std::to_string(i); }
   // Cuts host i off the bridge (its own eth0 stays up: packets just vanish).
-  void cut(int i) { ip({"-n", sw(), "link", "set", prefix_ + "v" + std::to_string(i), "down"}); }
+  void cut(int i) { cutOff(i); }
 
   // An elastic cpprun (2 to 3 nodes) on host i; the endpoint is on host 1, whose agent serves
   // the store (the others find the address is not theirs).
   std::unique_ptr<ChildProcess> elasticAgent(int i, const std::vector<std::string>& args,
                                              const std::map<std::string, std::string>& env = {}) {
     std::vector<std::string> argv = {
-        "/usr/sbin/ip",
-        "netns",
-        "exec",
-        host(i),
-        CPPRUN_BINARY,
-        "--nnodes=2:3",
-        "--rdzv-backend=c10d",
+        CPPRUN_BINARY, "--nnodes=2:3", "--rdzv-backend=c10d",
         "--rdzv-endpoint=" + address(1) + ":29400",
         "--rdzv-conf=keep_alive_interval=0.5,last_call_timeout=1,join_timeout=60"};
     argv.insert(argv.end(), args.begin(), args.end());
-    return std::make_unique<ChildProcess>(argv, env);
+    return std::make_unique<ChildProcess>(onHost(i, argv), env);
   }
 
   // cpprun as node `node_rank` on host node_rank + 1, store on host 1.
   std::unique_ptr<ChildProcess> agent(int node_rank, const std::vector<std::string>& args,
                                       const std::map<std::string, std::string>& env = {}) {
-    std::vector<std::string> argv = {"/usr/sbin/ip",
-                                     "netns",
-                                     "exec",
-                                     host(node_rank + 1),
-                                     CPPRUN_BINARY,
+    std::vector<std::string> argv = {CPPRUN_BINARY,
                                      "--nnodes=3",
                                      "--node-rank=" + std::to_string(node_rank),
                                      "--master-addr=" + address(1),
                                      "--master-port=29500",
                                      "--rdzv-conf=keep_alive_interval=0.5,join_timeout=60"};
     argv.insert(argv.end(), args.begin(), args.end());
-    return std::make_unique<ChildProcess>(argv, env);
+    return std::make_unique<ChildProcess>(onHost(node_rank + 1, argv), env);
   }
-
- private:
-  std::string sw() const { return prefix_ + "sw"; }
-  void ip(std::vector<std::string> args) {
-    args.insert(args.begin(), "/usr/sbin/ip");
-    std::string out;
-    const int rc = runTool(args, &out);
-    INFO("ip command failed: " << out);
-    REQUIRE(rc == 0);
-  }
-
-  std::string prefix_;
-  std::string subnet_;
-  bool guarded_ = false;
 };
 
 int waitExit(ChildProcess& agent, std::chrono::milliseconds bound = 90s) {

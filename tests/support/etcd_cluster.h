@@ -5,6 +5,13 @@
 // openssl CLI). The test can kill, restart, pause (SIGSTOP: alive but silent) and resume members
 // and ask which one leads.
 //
+// On namespace hosts (options.hosts, tests/support/netns_hosts.h): member i runs inside host
+// i + 1 and listens on that host's address only (client URL <address>:2379, peer URL
+// <address>:2380), so the cluster spans the hosts and NetnsHosts::cutOff(i + 1) cuts member i
+// off the others and from its clients for real. etcdctl then runs inside a host namespace too
+// (the first host of the members asked that is not cut off), never in the root namespace,
+// which the hosts' guard route keeps off the test subnet.
+//
 // Lifetime: the constructor returns only when every member answers `etcdctl endpoint health`
 // (or throws std::runtime_error naming the member and quoting its log tail); the destructor
 // SIGKILLs and reaps every member and removes the directory. Members carry PR_SET_PDEATHSIG =
@@ -33,6 +40,7 @@
 
 namespace cpprun::testing {
 
+class NetnsHosts;
 class TempDir;
 
 // PEM file paths. An empty cert/key means "no client certificate"; an empty ca means "do not
@@ -45,6 +53,9 @@ struct EtcdClusterOptions {
   int members = 3;
   bool tls = false;  // https client URLs with --client-cert-auth (peers stay http)
   std::chrono::milliseconds start_timeout{30000};
+  // Not owned; must outlive the cluster. nullptr: every member on loopback, ports from
+  // freeTcpPort(). Else member i on host i + 1. REQUIRES: hosts->count() >= members.
+  const NetnsHosts* hosts = nullptr;
 };
 
 // What an etcdctl run gave back: stdout and stderr apart (etcdctl writes its values to stdout
@@ -68,16 +79,25 @@ class EtcdCluster {
 
   int members() const;
   bool tls() const { return options_.tls; }
-  std::string endpoint(int member) const;   // "127.0.0.1:PORT" (client URL host:port)
+  // "127.0.0.1:PORT", or "<host address>:2379" on namespace hosts (client URL host:port).
+  std::string endpoint(int member) const;
   std::string clientUrl(int member) const;  // "http://127.0.0.1:PORT" or "https://..."
   std::vector<std::string> endpoints() const;
   std::string endpointsFlag() const;  // comma-joined, for --rdzv-endpoint
-  // Index of the current leader, -1 if none: asks every running, unpaused member (etcdctl
-  // endpoint status) and believes the answer with the highest raft term. Bounded (~3 s).
+  // The namespace host member runs on (1-based, NetnsHosts numbering); 0 on loopback.
+  int hostOf(int member) const;
+  // Index of the current leader, -1 if none: asks every running, unpaused member whose host is
+  // not cut off (etcdctl endpoint status) and believes the answer with the highest raft term.
+  // Bounded (~3 s).
   int leader() const;
   // Polls leader() until it is >= 0 and != `not_this` (-1: any), up to `timeout`; returns the
   // leader or -1.
   int waitForLeader(std::chrono::milliseconds timeout, int not_this = -1) const;
+  // Makes `member` the leader (etcdctl move-leader, sent to the current leader) and waits until
+  // leader() says so, up to `timeout`; false if that did not happen.
+  bool moveLeader(int member, std::chrono::milliseconds timeout) const;
+  // Whether `member` alone answers `etcdctl endpoint health` (bounded, ~3 s).
+  bool healthy(int member) const;
   void kill(int member);     // SIGKILL, reaped. REQUIRES: running(member)
   void restart(int member);  // start a killed member again with its data dir; wait until healthy
   void pause(int member);    // SIGSTOP: alive but silent (a member cut off)
@@ -114,6 +134,8 @@ class EtcdCluster {
   void waitHealthy(const std::vector<int>& which, std::chrono::steady_clock::time_point deadline);
   void stopAll();
   void loadMemberIds();
+  int netnsFdFor(const std::vector<std::string>& urls) const;
+  std::string bindHost(int member) const;
   const Member& at(int member) const;
   Member& at(int member);
 
