@@ -6,7 +6,8 @@
 // until one answers or connect_timeout passes; then it fails with StoreTimeout (the coordinator
 // retries until the join timeout, saying what it waits for). It fails with StoreError at once
 // for what retrying cannot mend (a TLS file that cannot be read, a certificate every endpoint
-// refused).
+// refused). Its liveness is etcd's own (lease_liveness.h): a lease per agent and a watch of
+// their deletions, on a client of its own.
 //
 // Thread safety: the returned connector's connect() may be called from any thread; each call
 // opens its own client.

@@ -47,6 +47,9 @@ class Store;
 
 namespace cpprun::agent {
 
+class MemberLiveness;    // liveness.h
+struct LivenessOptions;  // liveness.h
+
 struct AgentInfo {
   std::string host;
   int nproc = 0;
@@ -146,6 +149,10 @@ struct StoreConnector {
   // Who must be up before connecting succeeds: "the store host (node 0) at 10.0.0.1:29500"
   // ("waiting for <server> to accept connections").
   std::string server;
+  // The backend's own way of telling live agents from lost ones (etcd: leases and watches);
+  // empty: heartbeat counters in the store (HeartbeatLiveness). Called once per agent, from
+  // the coordinator's control thread after its first connection; throws as connect() does.
+  std::function<std::unique_ptr<MemberLiveness>(const LivenessOptions& options)> liveness;
 };
 
 // cpprun's TCP store at host:port; `server_name` names the agent that serves it ("the store

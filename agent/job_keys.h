@@ -12,6 +12,7 @@
 //   cpprun/rdzv/round/<r>/agent/<slot>    elastic: an agent's record
 //   cpprun/rdzv/round/<r>/members         elastic: the round's members (or its error, or job_over)
 //   cpprun/heartbeat/<agent id>           a counter each agent bumps every keep-alive interval
+//   cpprun/alive/<agent id>               etcd: the agent's host, under its lease (LeaseLiveness)
 //   cpprun/attempt/<n>/ready/<rank>       static: the agent tore attempt n-1 down
 //   cpprun/attempt/<n>/go                 the host's NCCL id ("!<error>": the attempt failed)
 //   cpprun/attempt/<n>/stop               the first stop claim (compare-and-set)
@@ -34,6 +35,7 @@ namespace cpprun::agent {
 
 inline constexpr const char* kStaticJoinedKey = "cpprun/rdzv/joined";
 inline constexpr const char* kRoundCounterKey = "cpprun/rdzv/round";
+inline constexpr const char* kAliveKeyPrefix = "cpprun/alive/";
 
 std::string attemptKey(int attempt, const std::string& what);
 std::string nodeKey(int rank);

@@ -69,4 +69,34 @@ std::vector<HeartbeatWatch::Silent> HeartbeatWatch::observe(
   return silent;
 }
 
+HeartbeatLiveness::HeartbeatLiveness(const LivenessOptions& options)
+    : options_(options), watch_(options.interval, options.bound) {}
+
+bool HeartbeatLiveness::renew(rendezvous::Store& store) {
+  beat(store, options_.self.id);
+  return true;
+}
+
+void HeartbeatLiveness::watch(int attempt, const Membership& m) {
+  std::lock_guard<std::mutex> lock(mu_);
+  attempt_ = attempt;
+  watched_ = m;
+}
+
+std::vector<LostMember> HeartbeatLiveness::poll(rendezvous::Store& store) {
+  Membership m;
+  int attempt;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!watched_) return {};
+    m = *watched_;
+    attempt = attempt_;
+  }
+  if (attempt != polled_attempt_) {  // a new attempt (elastic: maybe new members): afresh
+    watch_ = HeartbeatWatch(options_.interval, options_.bound);
+    polled_attempt_ = attempt;
+  }
+  return watch_.check(store, m);
+}
+
 }  // namespace cpprun::agent

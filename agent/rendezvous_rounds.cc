@@ -82,10 +82,10 @@ void RendezvousRounds::logMembership(const Membership& m) const {
                     << m.base_rank << ".." << m.base_rank + opts_.self.nproc - 1;
 }
 
-Membership RendezvousRounds::joinStatic(Store& store) {
+Membership RendezvousRounds::joinStatic(Store& store, MemberLiveness& liveness) {
   const int n = opts_.group_world_size;
+  liveness.renew(store);
   store.set(nodeKey(opts_.group_rank), agentRecord(opts_.self, -1).dump());
-  beat(store, opts_.self.id);
   std::vector<std::string> keys;
   for (int r = 0; r < n; ++r) keys.push_back(nodeKey(r));
   store.add(kStaticJoinedKey, 1);
@@ -279,7 +279,8 @@ int64_t RendezvousRounds::takeSlot(Store& store, int r, const std::string& recor
   }
 }
 
-Membership RendezvousRounds::joinElastic(Store& store, int next_attempt, int* attempt) {
+Membership RendezvousRounds::joinElastic(Store& store, MemberLiveness& liveness, int next_attempt,
+                                         int* attempt) {
   if (nextRound() < 0) {
     const int current = static_cast<int>(store.add(kRoundCounterKey, 0));
     std::lock_guard<std::mutex> lock(mu_);
@@ -287,8 +288,8 @@ Membership RendezvousRounds::joinElastic(Store& store, int next_attempt, int* at
   }
   while (true) {
     const int r = nextRound();
+    liveness.renew(store);
     const int64_t index = takeSlot(store, r, agentRecord(opts_.self, previous_rank_).dump());
-    beat(store, opts_.self.id);
     started(r);
     CPPRUN_LOG(kInfo) << "rendezvous round " << r << ": joined as number " << index
                       << "; waiting for " << opts_.min_nodes << ".." << opts_.max_nodes

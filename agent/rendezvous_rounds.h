@@ -17,6 +17,7 @@
 
 #include "agent/coordinator_waits.h"
 #include "agent/job_coordinator.h"
+#include "agent/liveness.h"
 
 namespace cpprun::rendezvous {
 class Store;
@@ -32,12 +33,15 @@ class RendezvousRounds {
 
   // Static: this agent's membership, once every agent joined (join_timeout; Abandoned with
   // kTimeout naming the missing nodes).
-  Membership joinStatic(rendezvous::Store& store);
+  // `liveness` is renewed before this agent's record is written (its members must find it
+  // alive from the moment they can see it).
+  Membership joinStatic(rendezvous::Store& store, MemberLiveness& liveness);
 
   // Elastic: joins rounds until this agent is a member of one; returns its membership and sets
   // `attempt` to the job's attempt number for it. `next_attempt` (host): the attempt number the
   // round it closes starts.
-  Membership joinElastic(rendezvous::Store& store, int next_attempt, int* attempt);
+  Membership joinElastic(rendezvous::Store& store, MemberLiveness& liveness, int next_attempt,
+                         int* attempt);
 
   // Host, elastic: tells agents still waiting to join that the job is over (`outcome`).
   void endRounds(rendezvous::Store& store, const std::string& outcome);

@@ -62,8 +62,16 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
 
   void beginAttempt(int n, StartDone done) override {
     enqueue([this, n, done = std::move(done)] {
-      Result<AttemptStart> result = guarded<AttemptStart>([&] { return doBeginAttempt(n); });
+      std::vector<std::string> lost_before_start;
+      Result<AttemptStart> result =
+          guarded<AttemptStart>([&] { return doBeginAttempt(n, &lost_before_start); });
       post([done, result] { done(result); });
+      // Members lost between the round and the start: the attempt starts (every node got the
+      // go) and stops at once for them, after the start on the loop.
+      for (const std::string& reason : lost_before_start) {
+        const int attempt = result.value().attempt;
+        post([this, attempt, reason] { on_peer_stop_(attempt, reason, 0); });
+      }
     });
   }
 
@@ -257,24 +265,56 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
     return *membership_;
   }
 
-  AttemptStart doBeginAttempt(int n) {
+  // This agent's liveness: the backend's own (etcd: leases), else heartbeats in the store.
+  std::unique_ptr<MemberLiveness> makeLiveness() {
+    LivenessOptions o;
+    o.self = opts_.self;
+    o.interval = opts_.keep_alive_interval;
+    o.bound = keepAliveBound();
+    o.on_lost = [this](int attempt, const LostMember& lost) { memberLost(attempt, lost); };
+    if (opts_.store.liveness) return opts_.store.liveness(o);
+    return std::make_unique<HeartbeatLiveness>(o);
+  }
+
+  // Joins (elastic: a round; static: once) and starts watching the members' liveness for
+  // `*attempt`.
+  void join(int n, int* attempt) {
+    *attempt = n;
+    if (opts_.elastic) {
+      Membership m = rounds_.joinElastic(*control_client_, *liveness_, next_attempt_, attempt);
+      std::lock_guard<std::mutex> lock(mu_);
+      membership_ = m;
+      lost_agents_.clear();
+      unclaimed_losses_.clear();
+      waiting_claimed_ = false;
+    } else if (!membership_) {
+      Membership m = rounds_.joinStatic(*control_client_, *liveness_);
+      std::lock_guard<std::mutex> lock(mu_);
+      membership_ = m;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      liveness_attempt_ = *attempt;
+    }
+    liveness_->watch(*attempt, currentMembership());
+  }
+
+  // host_per_round, waiting for the go: node 0, which gives it, is lost.
+  bool deciderLostBeforeGo() {
+    if (!opts_.host_per_round) return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    return lost_agents_.count(0) > 0;
+  }
+
+  AttemptStart doBeginAttempt(int n, std::vector<std::string>* lost_before_start) {
     if (!control_client_) {
       // The first agents may start long before the store's host: keep trying for the join
       // timeout.
       control_client_ = connectWithNotices();
     }
+    if (!liveness_) liveness_ = makeLiveness();
     int attempt = n;
-    if (opts_.elastic) {
-      Membership m = rounds_.joinElastic(*control_client_, next_attempt_, &attempt);
-      std::lock_guard<std::mutex> lock(mu_);
-      membership_ = m;
-      lost_agents_.clear();
-      waiting_claimed_ = false;
-    } else if (!membership_) {
-      Membership m = rounds_.joinStatic(*control_client_);
-      std::lock_guard<std::mutex> lock(mu_);
-      membership_ = m;
-    }
+    join(n, &attempt);
     if (!watcher_.joinable()) watcher_ = std::thread([this] { watchLoop(); });
     const int world = worldSize();
     std::string go;
@@ -311,17 +351,35 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
       if (!opts_.elastic) {
         control_client_->set(attemptKey(attempt, "ready/" + std::to_string(myRank())), "1");
       }
-      waitKeys({attemptKey(attempt, "go")}, opts_.join_timeout,
-               "attempt " + std::to_string(attempt) + ": waiting for the store host's go", {}, [&] {
-                 return "attempt " + std::to_string(attempt) +
-                        ": waiting for the store host's go (every node ready)";
-               });
-      go = toString(control_client_->get(attemptKey(attempt, "go")));
+      while (true) {
+        waitKeys(
+            {attemptKey(attempt, "go")}, opts_.join_timeout,
+            "attempt " + std::to_string(attempt) + ": waiting for " + deciderName() + "'s go",
+            [&] { return deciderLostBeforeGo(); },
+            [&] {
+              return "attempt " + std::to_string(attempt) + ": waiting for " + deciderName() +
+                     "'s go (every node ready)";
+            });
+        if (control_client_->check({attemptKey(attempt, "go")}) || !deciderLostBeforeGo()) break;
+        // Node 0 closed the round and was lost before it started the attempt: nobody got the
+        // go, so every member meets again in the next round (no restart used).
+        CPPRUN_LOG(kWarn) << "attempt " << attempt << ": " << lostReason(0)
+                          << " before it started the attempt; joining the next round";
+        next_attempt_ = attempt + 1;
+        join(next_attempt_, &attempt);
+        if (isHost()) {
+          go = runOnLoop([this, attempt] { return host_prepare_(attempt); });
+          control_client_->set(attemptKey(attempt, "go"), go);
+          break;
+        }
+      }
+      if (go.empty()) go = toString(control_client_->get(attemptKey(attempt, "go")));
       if (!go.empty() && go[0] == '!') throw Abandoned{unavailable(go.substr(1))};
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
       watch_attempt_ = attempt;
+      for (const auto& [rank, reason] : lost_agents_) lost_before_start->push_back(reason);
     }
     cv_.notify_all();
     return AttemptStart{attempt, currentMembership(), go};
@@ -475,8 +533,9 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
     job_over_ = true;
   }
 
-  // The watcher: this agent's heartbeat, the current attempt's stop key and, on the host,
-  // everyone's heartbeats and (elastic) agents waiting to join.
+  // The watcher: this agent's liveness, the current attempt's stop key, the members' liveness
+  // where it is polled (heartbeats: on the host, or on every agent with host_per_round),
+  // the stop claims for lost members, and (elastic) agents waiting to join.
   void watchLoop() {
     std::unique_ptr<Store> client;
     const auto bound = keepAliveBound();
@@ -490,8 +549,6 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
       return;
     }
     int handled_stop = -1;
-    int beats_for = -1;
-    HeartbeatWatch beats(opts_.keep_alive_interval, bound);  // host only
     while (true) {
       int n;
       {
@@ -499,15 +556,14 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
         if (watch_attempt_ == -2 || job_over_) return;
         n = watch_attempt_;
         if (n == handled_stop) {
-          cv_.wait_for(lock, opts_.keep_alive_interval,
-                       [&] { return watch_attempt_ != handled_stop || shutting_down_; });
+          cv_.wait_for(lock, opts_.keep_alive_interval, [&] {
+            return watch_attempt_ != handled_stop || shutting_down_ ||
+                   std::any_of(unclaimed_losses_.begin(), unclaimed_losses_.end(),
+                               [&](const auto& loss) { return loss.first == watch_attempt_; });
+          });
           if (watch_attempt_ == -2 || job_over_) return;
           n = watch_attempt_;
         }
-      }
-      if (n != beats_for) {  // a new attempt (elastic: maybe new members): start afresh
-        beats = HeartbeatWatch(opts_.keep_alive_interval, bound);
-        beats_for = n;
       }
       try {
         if (n != handled_stop && n >= 0) {
@@ -519,24 +575,36 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
             if (stop.by != myRank() && stop.by != kByNobody) {
               post([this, n, stop] { on_peer_stop_(n, stop.reason, stop.signal); });
             } else if (stop.by == myRank() && stop.cause == StopCause::kLost) {
-              // The host lost this agent's heartbeats (it was stopped, starved or cut off
-              // for a while) and went on without it: its workers must stop too, or they run
-              // on outside the job. It then reads the decision like everyone else (elastic:
-              // it joins the next round).
+              // The others lost this agent (it was stopped, starved or cut off for a while)
+              // and went on without it: its workers must stop too, or they run on outside
+              // the job. It then reads the decision like everyone else (elastic: it joins the
+              // next round).
               const std::string reason =
-                  "the store host declared this node lost (" + stop.reason + ")";
+                  std::string(opts_.host_per_round ? "the other nodes" : "the store host") +
+                  " declared this node lost (" + stop.reason + ")";
               post([this, n, reason] { on_peer_stop_(n, reason, 0); });
             }
           } catch (const StoreTimeout&) {
           }
         }
-        beat(*client, opts_.self.id);
+        if (!liveness_->renew(*client) && n >= 0) {
+          const std::string reason =
+              "this node was silent for longer than its liveness bound and the others count it "
+              "as lost";
+          post([this, n, reason] { on_peer_stop_(n, reason, 0); });
+        }
+        bool polls;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          polls = n >= 0 && liveness_attempt_ == n;
+        }
         // host_per_round: every agent watches every member, so losing node 0 (the decider)
         // is noticed by the others and is just one lost node.
-        if ((isHost() || opts_.host_per_round) && n >= 0) {
-          checkHeartbeats(*client, n, beats);
-          if (opts_.elastic && isHost()) checkJoiners(*client, n);
+        if (polls && (isHost() || opts_.host_per_round)) {
+          for (const LostMember& lost : liveness_->poll(*client)) memberLost(n, lost);
         }
+        claimLosses(*client);
+        if (polls && opts_.elastic && (isHost() || takesOverDecision())) checkJoiners(*client, n);
       } catch (const StoreError& e) {
         reportLost(unavailable("lost " + storeWhere() + ": " + e.what()));
         return;
@@ -544,20 +612,54 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
     }
   }
 
-  // Host: declares the members whose heartbeats stopped lost and stops the attempt for them.
-  void checkHeartbeats(Store& client, int n, HeartbeatWatch& watch) {
-    const Membership m = currentMembership();
-    for (const HeartbeatWatch::Silent& silent : watch.check(client, m)) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (lost_agents_.count(silent.rank)) continue;
-        lost_agents_[silent.rank] = silent.reason;
-      }
-      const std::string reason = silent.reason;
-      CPPRUN_LOG(kError) << reason;
-      claimStop(client, n, {silent.rank, reason, StopCause::kLost, 0});
-      post([this, n, reason] { on_peer_stop_(n, reason, 0); });
+  // A member of `attempt`'s membership is lost (liveness: a poll on the watcher, or a
+  // backend's own thread): count it out of the attempt, stop this node's workers if the attempt
+  // runs (before it starts: doBeginAttempt does, or the round is joined again), and have the
+  // watcher claim the attempt's stop for it. Any thread.
+  void memberLost(int attempt, const LostMember& lost) {
+    bool started;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (attempt != liveness_attempt_ || job_over_ || shutting_down_) return;
+      if (!lost_agents_.emplace(lost.rank, lost.reason).second) return;
+      unclaimed_losses_.push_back({attempt, lost});
+      started = watch_attempt_ == attempt;
     }
+    CPPRUN_LOG(kError) << lost.reason;
+    cv_.notify_all();
+    if (started) {
+      const std::string reason = lost.reason;
+      post([this, attempt, reason] { on_peer_stop_(attempt, reason, 0); });
+    }
+  }
+
+  // Watcher: the stop claims of the members found lost in started attempts (the first claim of
+  // an attempt names its root cause on every node).
+  void claimLosses(Store& client) {
+    std::vector<std::pair<int, LostMember>> claims;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = unclaimed_losses_.begin();
+      while (it != unclaimed_losses_.end()) {
+        if (it->first != watch_attempt_) {
+          ++it;
+          continue;
+        }
+        claims.push_back(*it);
+        it = unclaimed_losses_.erase(it);
+      }
+    }
+    for (const auto& [n, lost] : claims) {
+      claimStop(client, n, {lost.rank, lost.reason, StopCause::kLost, 0});
+    }
+  }
+
+  std::string deciderName() const { return opts_.host_per_round ? "node 0" : "the store host"; }
+
+  std::string lostReason(int rank) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = lost_agents_.find(rank);
+    return it == lost_agents_.end() ? "" : it->second;
   }
 
   // Elastic host: agents that joined the next round while this one runs, and room for them:
@@ -591,14 +693,16 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::function<void()>> tasks_;   // guarded by mu_
-  bool shutting_down_ = false;                // guarded by mu_
-  bool job_over_ = false;                     // guarded by mu_
-  int watch_attempt_ = -1;                    // guarded by mu_; -2: watcher must leave
-  Status store_status_;                       // guarded by mu_
-  std::string waiting_for_;                   // guarded by mu_; what the control thread awaits
-  std::map<int, std::string> lost_agents_;    // guarded by mu_ (host); by group rank
-  std::optional<Membership> membership_;      // guarded by mu_
+  std::deque<std::function<void()>> tasks_;  // guarded by mu_
+  bool shutting_down_ = false;               // guarded by mu_
+  bool job_over_ = false;                    // guarded by mu_
+  int watch_attempt_ = -1;                   // guarded by mu_; -2: watcher must leave
+  Status store_status_;                      // guarded by mu_
+  std::string waiting_for_;                  // guarded by mu_; what the control thread awaits
+  std::map<int, std::string> lost_agents_;   // guarded by mu_; by group rank
+  int liveness_attempt_ = -1;                // guarded by mu_; the attempt liveness watches
+  std::vector<std::pair<int, LostMember>> unclaimed_losses_;  // guarded by mu_; (attempt, who)
+  std::optional<Membership> membership_;                      // guarded by mu_
   RendezvousRounds rounds_{opts_, *this};     // control thread; nextRound(), progress(): any
   std::atomic<bool> waiting_claimed_{false};  // host, elastic: joiners announced
   std::unique_ptr<Store> control_client_;     // control thread only
@@ -607,6 +711,10 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
   int restarts_used_ = 0;                     // control thread only (host)
   std::thread control_;
   std::thread watcher_;
+  // Last: destroyed first (after the threads are joined), so that a backend's liveness thread
+  // never reports into members already gone. Created by the control thread before the watcher
+  // starts; used by both.
+  std::unique_ptr<MemberLiveness> liveness_;
 };
 
 }  // namespace

@@ -798,12 +798,13 @@ class EtcdClient::Impl {
 
   Result<std::vector<EtcdEvent>> watch(const std::string& key, bool prefix, int64_t from_revision,
                                        std::chrono::milliseconds timeout,
-                                       const std::function<void()>& on_created) {
+                                       const std::function<void()>& on_created, bool deletes_only) {
     bool created_reported = false;
     const auto start = Clock::now();
     const auto deadline = start + timeout;
     json create = rangeRequest(key, prefix);
     if (from_revision > 0) create["start_revision"] = std::to_string(from_revision);
+    if (deletes_only) create["filters"] = json::array({"NOPUT"});
     const std::string payload = json{{"create_request", create}}.dump();
     size_t index;
     {
@@ -1026,7 +1027,7 @@ Result<EtcdTxnResult> EtcdClient::txn(const EtcdTxn& txn) {
   return out;
 }
 
-Result<int64_t> EtcdClient::grantLease(std::chrono::seconds ttl) {
+Result<int64_t> EtcdClient::grantLease(std::chrono::seconds ttl, std::chrono::seconds* granted) {
   if (ttl.count() <= 0) {
     return invalidArgument("etcd lease TTL must be positive, got " + std::to_string(ttl.count()));
   }
@@ -1038,6 +1039,7 @@ Result<int64_t> EtcdClient::grantLease(std::chrono::seconds ttl) {
   }
   int64_t id = int64Field(r.value(), "ID");
   if (id == 0) return Status(StatusCode::kProtocolError, "etcd lease grant: no lease ID in reply");
+  if (granted != nullptr) *granted = std::chrono::seconds(int64Field(r.value(), "TTL"));
   return id;
 }
 
@@ -1069,8 +1071,9 @@ Status EtcdClient::revokeLease(int64_t lease) {
 Result<std::vector<EtcdEvent>> EtcdClient::watch(const std::string& key, bool prefix,
                                                  int64_t from_revision,
                                                  std::chrono::milliseconds timeout,
-                                                 const std::function<void()>& on_created) {
-  return impl_->watch(key, prefix, from_revision, timeout, on_created);
+                                                 const std::function<void()>& on_created,
+                                                 bool deletes_only) {
+  return impl_->watch(key, prefix, from_revision, timeout, on_created, deletes_only);
 }
 
 }  // namespace cpprun::rendezvous

@@ -136,8 +136,9 @@ class EtcdClient {
   Result<int64_t> deleteKey(const std::string& key);
   Result<EtcdTxnResult> txn(const EtcdTxn& txn);
 
-  // Returns the new lease's id.
-  Result<int64_t> grantLease(std::chrono::seconds ttl);
+  // Returns the new lease's id; *granted (optional) gets the TTL etcd granted (it raises one
+  // below its minimum, 1.5 x its election timeout).
+  Result<int64_t> grantLease(std::chrono::seconds ttl, std::chrono::seconds* granted = nullptr);
   // Renews the lease once; returns its TTL. kNotFound when it expired or was revoked.
   Result<std::chrono::seconds> keepAlive(int64_t lease);
   Status revokeLease(int64_t lease);
@@ -147,10 +148,13 @@ class EtcdClient {
   // that carries any (empty on timeout). A real watch: one streamed POST /v3/watch on its own
   // connection, closed on return. kNotFound when from_revision was compacted away.
   // `on_created` (optional) runs once, on the calling thread, when etcd has confirmed the watch:
-  // any change made after it starts is seen even with from_revision 0.
+  // any change made after it starts is seen even with from_revision 0. `deletes_only`: etcd
+  // leaves the puts out (its NOPUT filter), so a watch of many keys' deaths is not woken by
+  // their writes.
   Result<std::vector<EtcdEvent>> watch(const std::string& key, bool prefix, int64_t from_revision,
                                        std::chrono::milliseconds timeout,
-                                       const std::function<void()>& on_created = {});
+                                       const std::function<void()>& on_created = {},
+                                       bool deletes_only = false);
 
   // The endpoint the next request goes to ("host:port").
   std::string currentEndpoint() const;

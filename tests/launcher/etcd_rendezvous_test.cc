@@ -131,7 +131,19 @@ TEST_CASE(
     if (firstNodeNumber(agents[i]->output()) == 0) victim = i;
   }
   REQUIRE(victim < agents.size());
+  const auto killed = std::chrono::steady_clock::now();
   killAgentOf(*agents[victim]);
+  // Liveness by etcd leases: the survivors hear of the loss from etcd within the lease's TTL
+  // (keep_alive_interval 0.3 s x 3 rounds up to 1 s, etcd's minimum with the fixture's 500 ms
+  // election timeout) plus 1 s, the bound; nobody polls anybody.
+  for (size_t i = 0; i < agents.size(); ++i) {
+    if (i == victim) continue;
+    REQUIRE(agents[i]->waitForText("was lost: its etcd lease", 10s));
+    const double detected =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+    WARN("node 0 killed: agent " << i << " declared it lost after " << detected << " s");
+    CHECK(detected < 1.0 + 1.0);
+  }
   for (size_t i = 0; i < agents.size(); ++i) {
     if (i == victim) continue;
     ChildProcess& a = *agents[i];
@@ -139,13 +151,13 @@ TEST_CASE(
     INFO(a.output());
     if (elastic) {
       CHECK(code == 0);
-      CHECK_THAT(a.output(), Catch::Contains("stopped responding") &&
+      CHECK_THAT(a.output(), Catch::Contains("was lost: its etcd lease (TTL 1 s) expired") &&
                                  Catch::Contains("rendezvous complete: 2 nodes") &&
                                  Catch::Contains("all 2 workers of 2 nodes succeeded"));
     } else {
       CHECK(code == 1);
       CHECK_THAT(a.output(),
-                 Catch::Contains("the agent of node 0") && Catch::Contains("stopped responding"));
+                 Catch::Contains("the agent of node 0") && Catch::Contains("its etcd lease"));
     }
   }
   waitExit(*agents[victim]);
@@ -238,9 +250,9 @@ double requireCleanSuccess(std::vector<std::unique_ptr<ChildProcess>>& agents, i
                Catch::Contains("rendezvous complete: " + std::to_string(nodes) + " nodes") &&
                    Catch::Contains("all " + std::to_string(nodes) + " workers of " +
                                    std::to_string(nodes) + " nodes succeeded"));
-    CHECK_THAT(a->output(), !Catch::Contains("stopped responding") &&
-                                !Catch::Contains("declared this node lost") &&
-                                !Catch::Contains("lost etcd"));
+    CHECK_THAT(a->output(),
+               !Catch::Contains("stopped responding") && !Catch::Contains("its etcd lease") &&
+                   !Catch::Contains("declared this node lost") && !Catch::Contains("lost etcd"));
   }
   return secondsSince(began);
 }

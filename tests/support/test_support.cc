@@ -227,6 +227,16 @@ std::optional<std::string> ChildProcess::waitForLine(const std::string& prefix,
   }
 }
 
+bool ChildProcess::waitForText(const std::string& text, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (output_.find(text) == std::string::npos) {
+    int left = remaining(deadline);
+    if (left == 0 || eof_) return false;
+    readSome(std::chrono::milliseconds(left));
+  }
+  return true;
+}
+
 std::optional<int> ChildProcess::wait(std::chrono::milliseconds timeout) {
   if (status_) return status_;
   auto deadline = std::chrono::steady_clock::now() + timeout;

@@ -74,6 +74,9 @@ class ChildProcess {
   // newline) or nullopt on timeout / EOF.
   std::optional<std::string> waitForLine(const std::string& prefix,
                                          std::chrono::milliseconds timeout);
+  // Reads output until it contains `text` anywhere (not only at a line start); returns whether
+  // it did within the timeout.
+  bool waitForText(const std::string& text, std::chrono::milliseconds timeout);
   // Waits for exit, reading the rest of the output. Returns the wait status, or nullopt if it
   // did not exit within the timeout.
   std::optional<int> wait(std::chrono::milliseconds timeout);
