@@ -14,6 +14,8 @@
 #include <set>
 #include <thread>
 
+#include "agent/job_keys.h"
+#include "agent/liveness.h"
 #include "common/asio.h"
 #include "rendezvous/memory_store.h"
 
@@ -450,4 +452,74 @@ TEST_CASE("coordinator: elastic, an agent that comes late re-forms the running g
   CHECK(ranks == std::set<int>{0, 1, 2});
   CHECK(all[2]->progress().rounds_completed == 1);
   CHECK(all[0]->progress().rounds_completed == 2);
+}
+
+namespace {
+
+// A liveness whose verdicts the test writes: every member whose id is in `dead` is reported lost
+// as soon as its attempt is watched (as LeaseLiveness does for a member whose lease is gone).
+class ScriptedLiveness : public MemberLiveness {
+ public:
+  ScriptedLiveness(LivenessOptions options, std::set<std::string> dead)
+      : options_(std::move(options)), dead_(std::move(dead)) {}
+  bool renew(rendezvous::Store&) override { return true; }
+  void watch(int attempt, const Membership& m) override {
+    for (int r = 0; r < m.group_world_size; ++r) {
+      const AgentInfo& a = m.agents[static_cast<size_t>(r)];
+      if (dead_.count(a.id)) options_.on_lost(attempt, {r, "the agent of " + a.host + " was lost"});
+    }
+  }
+  std::vector<LostMember> poll(rendezvous::Store&) override { return {}; }
+
+ private:
+  LivenessOptions options_;
+  std::set<std::string> dead_;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "coordinator: host per round - node 0 lost between its round and its go: the others meet "
+    "again in the next round",
+    "[unit]") {
+  MemoryStore store;
+  // Node 0 of round 0 joins (its record in a slot, scheduler rank 0 orders it first) and dies
+  // before it gives the go: nobody else could start attempt 0.
+  const AgentInfo dead{"h-dead", 2, "agent-dead", 0};
+  const int64_t slot = store.add(roundKey(0, "joined"), 1);
+  store.set(roundKey(0, "agent/" + std::to_string(slot)), agentRecord(dead, -1).dump());
+  const auto etcd_like = [&](StoreCoordinatorOptions& o) {
+    o.elastic = true;
+    o.host_per_round = true;
+    o.min_nodes = 2;
+    o.max_nodes = 3;
+    o.last_call_timeout = 100ms;
+    o.self.scheduler_rank = o.group_rank;  // 1, 2: after the dead node
+    o.store.liveness = [id = dead.id](const LivenessOptions& lo) {
+      return std::unique_ptr<MemberLiveness>(
+          std::make_unique<ScriptedLiveness>(lo, std::set<std::string>{id}));
+    };
+  };
+  std::vector<std::unique_ptr<Agent>> all;
+  for (int r = 1; r <= 2; ++r) all.push_back(std::make_unique<Agent>(store, r, 1, 0, etcd_like));
+  auto b1 = all[0]->begin(0);
+  auto b2 = all[1]->begin(0);
+  std::set<int> ranks;
+  for (auto* f : {&b1, &b2}) {
+    Result<AttemptStart> s = within(*f);
+    REQUIRE(s.isOk());
+    // Round 0 closed with the dead node as node 0; round 1 without it starts attempt 1.
+    CHECK(s.value().attempt == 1);
+    CHECK(s.value().membership.group_world_size == 2);
+    CHECK(s.value().nccl_unique_id_hex == "nccl-id-1");
+    for (const AgentInfo& a : s.value().membership.agents) CHECK(a.id != dead.id);
+    ranks.insert(s.value().membership.group_rank);
+  }
+  CHECK(ranks == std::set<int>{0, 1});
+  CHECK(store.check({roundKey(0, "members")}));
+  CHECK_FALSE(store.check({attemptKey(0, "go")}));
+  for (auto& a : all) {
+    CHECK(a->progress().rounds_completed == 2);
+    CHECK(a->peerStops().empty());  // attempt 0 never started; attempt 1 has no one lost
+  }
 }
