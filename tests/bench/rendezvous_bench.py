@@ -5,7 +5,8 @@ one run.
     /usr/bin/python3 tests/bench/rendezvous_bench.py --cpprun build/cpprun \\
         --worker build/tests/bench/cpprun_bench_worker [--agents 1,2,4,...,256] \\
         [--torch2-agents 1,2,4,8,16] [--torch-agents 1,2,4,8,16] [--runs 3] [--timeout 180] \\
-        [--torchrun /opt/cpprun/torch2/bin/torchrun]
+        [--torchrun /opt/cpprun/torch2/bin/torchrun] [--cpprun-backend static|c10d] \\
+        [--baseline OLD_CPPRUN]
 
 Every agent is a separate process on this machine, as on N nodes, with one trivial worker
 (cpprun_bench_worker started DIR: it writes its CLOCK_MONOTONIC start time and exits).
@@ -16,6 +17,11 @@ ${CPPRUN_TORCH2_VENV:-/opt/cpprun/torch2}/bin/torchrun) with its default setting
 `torchrun --nnodes=N --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:P
 --rdzv-id=bench --no-python WORKER started DIR` (the first agent to bind the endpoint hosts the
 store). This is the anchor: the unsuffixed RESULT lines compare with it.
+--cpprun-backend c10d: cpprun agents meet through `--rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:P
+--rdzv-id=bench` instead (the first agent to bind the endpoint serves the store).
+--baseline OLD_CPPRUN: a second cpprun binary (an older build), run like cpprun at every
+--agents N and alternating with it; RESULT rdzv_<figure>_n<N>_baseline <cpprun ms> ms
+peer=<baseline ms> ratio=<cpprun/baseline> (> 1: this build is slower).
 torch (1.13): tests/bench/torch_elastic_launch.py --nnodes N --rdzv-backend c10d (what 1.13's
 torchrun --nnodes N --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:P calls) with monitor_interval
 0.1 s (2.x torchrun's default; favours 1.13). RESULT lines with the suffix _t113.
@@ -78,8 +84,13 @@ def reap_leftovers(keep=frozenset()) -> int:
 
 
 def agent_command(kind, args, n, rank, port, run_dir):
-    if kind == "cpprun":
-        return [args.cpprun, f"--nnodes={n}", f"--node-rank={rank}", "--nproc-per-node=1",
+    if kind in ("cpprun", "baseline"):
+        binary = args.cpprun if kind == "cpprun" else args.baseline
+        if args.cpprun_backend == "c10d":
+            return [binary, f"--nnodes={n}", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                    f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=bench", "--no-python",
+                    args.worker, "started", run_dir]
+        return [binary, f"--nnodes={n}", f"--node-rank={rank}", "--nproc-per-node=1",
                 "--master-addr=127.0.0.1", f"--master-port={port}", "--no-python", args.worker,
                 "started", run_dir]
     if kind == "torchrun2":
@@ -195,6 +206,9 @@ def main() -> int:
     parser.add_argument("--agents", default="1,2,4,8,16,32,64,128,256")
     parser.add_argument("--torch-agents", default="1,2,4,8,16")
     parser.add_argument("--torch2-agents", default="1,2,4,8,16")
+    parser.add_argument("--baseline", default="",
+                        help="a second cpprun binary (an older build) run at every --agents N")
+    parser.add_argument("--cpprun-backend", choices=("static", "c10d"), default="static")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=180)
     args = parser.parse_args()
@@ -215,8 +229,8 @@ def main() -> int:
     failed = False
     rows = []
     for n in sorted(agents | torch_agents | torch2_agents):
-        kinds = [k for k, ns in (("cpprun", agents), ("torchrun2", torch2_agents),
-                                 ("torch", torch_agents)) if n in ns]
+        kinds = [k for k, ns in (("cpprun", agents), ("baseline", agents if args.baseline else ()),
+                                 ("torchrun2", torch2_agents), ("torch", torch_agents)) if n in ns]
         results = {k: [] for k in kinds}
         for rep in range(args.runs):
             order = kinds[rep % len(kinds):] + kinds[:rep % len(kinds)]
@@ -235,7 +249,8 @@ def main() -> int:
         line = f"n={n:4d}"
         if c:
             line += f"  cpprun ready {c[0]:8.1f} ms total {c[1]:8.1f} ms spawn {c[2]:7.1f} ms ({c[3]} runs)"
-        for kind, label in (("torchrun2", "torchrun2"), ("torch", "t1.13")):
+        for kind, label in (("baseline", "baseline"), ("torchrun2", "torchrun2"),
+                            ("torch", "t1.13")):
             t = med.get(kind)
             if t:
                 line += f"  {label} ready {t[0]:8.1f} ms total {t[1]:8.1f} ms ({t[3]} runs)"
@@ -244,6 +259,11 @@ def main() -> int:
     print()
     for n, med in rows:
         c = med.get("cpprun")
+        b = med.get("baseline")
+        for i, name in ((0, "ready"), (1, "total")):
+            if c and b:  # this build against the older one: ratio new/old (> 1: slower now)
+                print(f"RESULT rdzv_{name}_n{n}_baseline {c[i]:.1f} ms peer={b[i]:.1f} "
+                      f"ratio={c[i] / b[i]:.2f}")
         for kind, suffix in (("torchrun2", ""), ("torch", "_t113")):
             t = med.get(kind)
             for i, name in ((0, "ready"), (1, "total")):
@@ -252,7 +272,7 @@ def main() -> int:
                           f"ratio={t[i] / c[i]:.1f}")
                 elif t:
                     print(f"RESULT rdzv_{name}_n{n}{suffix}_torch_only {t[i]:.1f} ms")
-        if c and not any(k in med for k in ("torchrun2", "torch")):
+        if c and not any(k in med for k in ("baseline", "torchrun2", "torch")):
             for i, name in ((0, "ready"), (1, "total")):
                 print(f"RESULT rdzv_{name}_n{n} {c[i]:.1f} ms")
     big = [med["cpprun"][0] for n, med in rows if n == 256 and "cpprun" in med]
