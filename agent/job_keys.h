@@ -6,9 +6,9 @@
 //
 // Keys live under "cpprun/" and are kept across attempts:
 //   cpprun/rdzv/node/<rank>               static: an agent's record
-//   cpprun/rdzv/joined                    static: a counter of joined agents (for notices)
+//   cpprun/rdzv/joined                    static: tickets of joined agents (Store::takeTicket)
 //   cpprun/rdzv/round                     elastic: the round agents join now
-//   cpprun/rdzv/round/<r>/joined          elastic: slots taken in round r
+//   cpprun/rdzv/round/<r>/joined          elastic: slots taken in round r (tickets)
 //   cpprun/rdzv/round/<r>/agent/<slot>    elastic: an agent's record
 //   cpprun/rdzv/round/<r>/members         elastic: the round's members (or its error, or job_over)
 //   cpprun/heartbeat/<agent id>           a counter each agent bumps every keep-alive interval
@@ -18,7 +18,7 @@
 //   cpprun/attempt/<n>/stop               the first stop claim (compare-and-set)
 //   cpprun/attempt/<n>/report/<rank>      how an agent's workers ended
 //   cpprun/attempt/<n>/decision           the host's decision for the job
-//   cpprun/attempt/<n>/done, all_done     agents that read the final decision
+//   cpprun/attempt/<n>/done, all_done     agents that read the final decision (done: tickets)
 //
 // Thread safety: free functions on values; safe from any thread.
 #pragma once

@@ -88,7 +88,7 @@ Membership RendezvousRounds::joinStatic(Store& store, MemberLiveness& liveness) 
   store.set(nodeKey(opts_.group_rank), agentRecord(opts_.self, -1).dump());
   std::vector<std::string> keys;
   for (int r = 0; r < n; ++r) keys.push_back(nodeKey(r));
-  store.add(kStaticJoinedKey, 1);
+  store.takeTicket(kStaticJoinedKey);
   started(0);
   CPPRUN_LOG(kInfo) << "rendezvous: node " << opts_.group_rank << " of " << n
                     << " joined; waiting for the others (join timeout "
@@ -99,7 +99,7 @@ Membership RendezvousRounds::joinStatic(Store& store, MemberLiveness& liveness) 
                if (opts_.is_host || n <= 64) {
                  return describeMissing(store, keys, opts_.expected_hosts, "to join");
                }
-               const int64_t joined = store.add(kStaticJoinedKey, 0);
+               const int64_t joined = store.tickets(kStaticJoinedKey);
                return "waiting for " + std::to_string(n - joined) + " of " + std::to_string(n) +
                       " nodes to join";
              });
@@ -153,8 +153,8 @@ std::vector<RendezvousRounds::SlotRecord> RendezvousRounds::roundRecords(Store& 
 // Host: closes round r once max_nodes joined, or last_call_timeout after min_nodes did (the
 // whole wait bounded by join_timeout), and publishes its members in rank order. Returns the
 // members document.
-json RendezvousRounds::closeRound(Store& store, int r, int next_attempt) {
-  const auto joinedNow = [&] { return store.add(roundKey(r, "joined"), 0); };
+json RendezvousRounds::closeRound(Store& store, int r, int64_t my_slot, int next_attempt) {
+  const auto joinedNow = [&] { return store.tickets(roundKey(r, "joined")); };
   // host_per_round: every waiting agent closes the round; the first to publish its members
   // (compareSet on an absent key: the store decides) wins, and the others take those.
   const auto publish = [&](const json& doc) {
@@ -206,6 +206,24 @@ json RendezvousRounds::closeRound(Store& store, int r, int next_attempt) {
   }
   if (closedAlready()) {
     return json::parse(toString(store.get(roundKey(r, "members"))), nullptr, false);
+  }
+  // host_per_round: the agent in slot min_nodes closes the round (it takes the last call); the
+  // others wait for its members and close in its place only if they do not come (it was lost).
+  // Reading every record is then one agent's work, not every agent's: N agents make O(N)
+  // requests, not O(N^2).
+  if (opts_.host_per_round && my_slot != opts_.min_nodes) {
+    const auto grace = keepAliveBound(opts_.keep_alive_interval, opts_.keep_alive_max_attempt) +
+                       opts_.keep_alive_interval;
+    try {
+      store.wait({roundKey(r, "members")},
+                 (opts_.max_nodes > opts_.min_nodes ? opts_.last_call_timeout
+                                                    : std::chrono::milliseconds(0)) +
+                     grace);
+      return json::parse(toString(store.get(roundKey(r, "members"))), nullptr, false);
+    } catch (const StoreTimeout&) {
+      CPPRUN_LOG(kWarn) << "rendezvous round " << r << ": the agent that joined as number "
+                        << opts_.min_nodes << " did not close it; closing it in its place";
+    }
   }
   if (opts_.max_nodes > opts_.min_nodes) {
     try {  // last call: more may come, up to max_nodes
@@ -269,7 +287,7 @@ int64_t RendezvousRounds::takeSlot(Store& store, int r, const std::string& recor
   const auto deadline = SteadyClock::now() + opts_.join_timeout;
   while (true) {
     try {
-      const int64_t index = store.add(roundKey(r, "joined"), 1);
+      const int64_t index = store.takeTicket(roundKey(r, "joined"));
       store.set(roundKey(r, "agent/" + std::to_string(index)), record);
       return index;
     } catch (const StoreTimeout& e) {
@@ -297,12 +315,12 @@ Membership RendezvousRounds::joinElastic(Store& store, MemberLiveness& liveness,
                       << ", last call " << formatSeconds(opts_.last_call_timeout) << ")";
     json members;
     if (opts_.is_host || opts_.host_per_round) {
-      members = closeRound(store, r, next_attempt);
+      members = closeRound(store, r, index, next_attempt);
     } else {
       waitKeys(waits_, store, {roundKey(r, "members")},
                opts_.join_timeout + opts_.last_call_timeout, opts_.keep_alive_interval,
                "rendezvous round " + std::to_string(r), {}, [&] {
-                 const int64_t joined = store.add(roundKey(r, "joined"), 0);
+                 const int64_t joined = store.tickets(roundKey(r, "joined"));
                  return "rendezvous round " + std::to_string(r) +
                         ": waiting for the store host to close it (" + std::to_string(joined) +
                         " joined, " + std::to_string(opts_.min_nodes) + ".." +

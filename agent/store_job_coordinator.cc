@@ -519,7 +519,7 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
       rounds_.endRounds(*control_client_, decisionKindName(decision.kind));
     }
     // Lost agents never read it: the host counts only the live ones in ("readers").
-    const int64_t out = control_client_->add(attemptKey(n, "done"), 1);
+    const int64_t out = control_client_->takeTicket(attemptKey(n, "done"));
     if (out >= decision_readers_) control_client_->set(attemptKey(n, "all_done"), "1");
     if (isHost()) {
       try {
@@ -666,7 +666,7 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
   // stop the attempt so the group re-forms with them (no restart budget used).
   void checkJoiners(Store& client, int n) {
     if (waiting_claimed_ || worldSize() >= opts_.max_nodes) return;
-    const int64_t waiting = client.add(roundKey(rounds_.nextRound(), "joined"), 0);
+    const int64_t waiting = client.tickets(roundKey(rounds_.nextRound(), "joined"));
     if (waiting <= 0) return;
     waiting_claimed_ = true;
     const std::string reason =

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <map>
+#include <random>
+#include <thread>
 
 #include "common/check.h"
 #include "rendezvous/wire.h"
@@ -34,23 +36,40 @@ std::string EtcdStore::update(
     const std::string& key, const char* op,
     const std::function<std::string(const std::optional<std::string>&)>& change) {
   const std::string k = full(key);
+  auto read = client_->get(k);
+  if (!read.isOk()) fail(op, key, read.status());
+  std::optional<EtcdKeyValue> current = read.value();
+  // Many agents bumping one counter at once (a round's slots) lose most compare-and-swaps:
+  // a conflict's txn hands back the value it lost to (no second read), and the next try waits
+  // a random pause that doubles per conflict (1 ms up to 64 ms), so that contenders spread out
+  // instead of colliding again in step.
+  std::chrono::microseconds pause_cap(1000);
+  thread_local std::minstd_rand random(
+      static_cast<unsigned>(std::hash<std::thread::id>()(std::this_thread::get_id()) ^
+                            static_cast<size_t>(Clock::now().time_since_epoch().count())));
   while (true) {
-    auto current = client_->get(k);
-    if (!current.isOk()) fail(op, key, current.status());
     std::optional<std::string> value;
     EtcdTxn txn;
-    if (current.value()) {
-      value = current.value()->value;
-      txn.compare.push_back(EtcdCompare::modRevisionIs(k, current.value()->mod_revision));
+    if (current) {
+      value = current->value;
+      txn.compare.push_back(EtcdCompare::modRevisionIs(k, current->mod_revision));
     } else {
       txn.compare.push_back(EtcdCompare::versionIs(k, 0));
     }
     std::string next = change(value);
     txn.success.push_back(EtcdOp::put(k, next));
+    txn.failure.push_back(EtcdOp::range(k));
     auto r = client_->txn(txn);
     if (!r.isOk()) fail(op, key, r.status());
     if (r.value().succeeded) return next;
-    // Someone else wrote in between: read again.
+    // Someone else wrote in between: the failure branch read what they wrote.
+    current.reset();
+    if (!r.value().responses.empty() && !r.value().responses.front().kvs.empty()) {
+      current = r.value().responses.front().kvs.front();
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(
+        std::uniform_int_distribution<int64_t>(0, pause_cap.count())(random)));
+    pause_cap = std::min(pause_cap * 2, std::chrono::microseconds(64000));
   }
 }
 
@@ -108,6 +127,18 @@ Bytes EtcdStore::get(const std::string& key) {
 }
 
 int64_t EtcdStore::add(const std::string& key, int64_t delta) {
+  if (delta == 0) {  // a read (c10d's way to read a counter): no write unless it must create it
+    auto current = client_->get(full(key));
+    if (!current.isOk()) fail("add", key, current.status());
+    int64_t value = 0;
+    if (current.value()) {
+      if (!wire::parseCounter(bytes(current.value()->value), &value)) {
+        throw StoreError("etcd store add on key '" + key +
+                         "' whose value is not a decimal integer");
+      }
+      return value;
+    }
+  }
   int64_t result = 0;
   update(key, "add", [&](const std::optional<std::string>& value) {
     int64_t current = 0;
@@ -118,6 +149,25 @@ int64_t EtcdStore::add(const std::string& key, int64_t delta) {
     return str(wire::formatCounter(result));
   });
   return result;
+}
+
+int64_t EtcdStore::takeTicket(const std::string& key) {
+  const std::string k = full(key);
+  EtcdTxn txn;
+  txn.success.push_back(EtcdOp::put(k, ""));
+  txn.success.push_back(EtcdOp::range(k));
+  auto r = client_->txn(txn);
+  if (!r.isOk()) fail("takeTicket", key, r.status());
+  if (r.value().responses.size() != 2 || r.value().responses[1].kvs.empty()) {
+    throw StoreError("etcd store takeTicket on key '" + key + "': the txn read nothing back");
+  }
+  return r.value().responses[1].kvs.front().version;
+}
+
+int64_t EtcdStore::tickets(const std::string& key) {
+  auto current = client_->get(full(key));
+  if (!current.isOk()) fail("tickets", key, current.status());
+  return current.value() ? current.value()->version : 0;
 }
 
 void EtcdStore::append(const std::string& key, const Bytes& value) {

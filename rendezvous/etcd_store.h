@@ -4,7 +4,9 @@
 // set -> put; get/wait -> a range, and while a key is missing a watch from the range's
 // revision + 1 (no polling; re-armed after the client's request_timeout, so a member that went
 // silent does not hold a waiter) until it appears or the timeout passes (StoreTimeout); add and
-// append -> a compare-and-swap txn on mod_revision (create when absent), retried on conflict;
+// append -> a compare-and-swap txn on mod_revision (create when absent), retried on conflict
+// after a random pause that doubles per conflict (the lost txn reads the winner's value back);
+// add(key, 0) on an existing key is one read;
 // compareSet with c10d's semantics (store.h); multiGet reads all keys in one txn, multiSet
 // writes them in one txn (up to 128 keys, etcd's default --max-txn-ops; more go in several,
 // so only that many are atomic together); numKeys counts the keys under the prefix (not the whole
@@ -43,6 +45,11 @@ class EtcdStore : public Store {
   std::vector<Bytes> multiGet(const std::vector<std::string>& keys) override;
   void multiSet(const std::vector<std::string>& keys, const std::vector<Bytes>& values) override;
   void append(const std::string& key, const Bytes& value) override;
+  // One txn [put(key, ""), range(key)] that no other caller can make fail: the ticket is the
+  // key's version after the put (etcd counts every put of a key from 1). tickets(): the
+  // version now (a read; 0 when absent).
+  int64_t takeTicket(const std::string& key) override;
+  int64_t tickets(const std::string& key) override;
 
   const std::string& prefix() const { return prefix_; }
   EtcdClient& client() { return *client_; }

@@ -33,6 +33,10 @@ int64_t PrefixStore::add(const std::string& key, int64_t delta) {
   return inner_->add(join(key), delta);
 }
 
+int64_t PrefixStore::takeTicket(const std::string& key) { return inner_->takeTicket(join(key)); }
+
+int64_t PrefixStore::tickets(const std::string& key) { return inner_->tickets(join(key)); }
+
 bool PrefixStore::deleteKey(const std::string& key) { return inner_->deleteKey(join(key)); }
 
 bool PrefixStore::check(const std::vector<std::string>& keys) { return inner_->check(join(keys)); }

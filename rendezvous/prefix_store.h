@@ -21,6 +21,8 @@ class PrefixStore : public Store {
   Bytes compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) override;
   Bytes get(const std::string& key) override;
   int64_t add(const std::string& key, int64_t delta) override;
+  int64_t takeTicket(const std::string& key) override;
+  int64_t tickets(const std::string& key) override;
   bool deleteKey(const std::string& key) override;
   bool check(const std::vector<std::string>& keys) override;
   int64_t numKeys() override;

@@ -64,6 +64,13 @@ class Store {
   virtual void multiSet(const std::vector<std::string>& keys, const std::vector<Bytes>& values) = 0;
   // Appends to the value, creating it when absent.
   virtual void append(const std::string& key, const Bytes& value) = 0;
+  // A ticket counter (not c10d's; cpprun's job protocol): takeTicket() gives its callers 1, 2,
+  // 3, ... in the order the store serialises them, each number once, and tickets() says how many
+  // were taken. By default add(key, 1) and add(key, 0); a backend whose add() must retry under
+  // contention (etcd: compare-and-swap, one raft commit per try) hands each caller its number in
+  // one write instead. A key used as a ticket counter is used only through these two.
+  virtual int64_t takeTicket(const std::string& key) { return add(key, 1); }
+  virtual int64_t tickets(const std::string& key) { return add(key, 0); }
 
   // Convenience for text values.
   void set(const std::string& key, const std::string& value) { set(key, toBytes(value)); }

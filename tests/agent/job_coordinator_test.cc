@@ -486,7 +486,7 @@ TEST_CASE(
   // Node 0 of round 0 joins (its record in a slot, scheduler rank 0 orders it first) and dies
   // before it gives the go: nobody else could start attempt 0.
   const AgentInfo dead{"h-dead", 2, "agent-dead", 0};
-  const int64_t slot = store.add(roundKey(0, "joined"), 1);
+  const int64_t slot = store.takeTicket(roundKey(0, "joined"));
   store.set(roundKey(0, "agent/" + std::to_string(slot)), agentRecord(dead, -1).dump());
   const auto etcd_like = [&](StoreCoordinatorOptions& o) {
     o.elastic = true;

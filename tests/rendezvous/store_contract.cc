@@ -1,6 +1,7 @@
 // The Store contract's cases and their registration with Catch (see store_contract.h).
 #include "tests/rendezvous/store_contract.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <thread>
 #include <utility>
@@ -164,6 +165,30 @@ void concurrentAddsNeverLost(Store& s, Store& other, const std::string& p, const
   CHECK(s.add(p + "counter", 0) == kThreads * adds);
 }
 
+// Tickets (Store::takeTicket): from many threads over both handles, every number 1..N once and
+// tickets() == N.
+void ticketsAreDenseAndUnique(Store& s, Store& other, const std::string& p, const StoreKind& kind) {
+  constexpr int kThreads = 8;
+  const int takes = kind.adds_per_thread;
+  CHECK(s.tickets(p + "tickets") == 0);
+  std::vector<std::vector<int64_t>> got(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    Store& target = t % 2 == 0 ? s : other;
+    threads.emplace_back([&target, &p, &mine = got[static_cast<size_t>(t)], takes] {
+      for (int i = 0; i < takes; ++i) mine.push_back(target.takeTicket(p + "tickets"));
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<int64_t> all;
+  for (const auto& mine : got) all.insert(all.end(), mine.begin(), mine.end());
+  std::sort(all.begin(), all.end());
+  std::vector<int64_t> expected(static_cast<size_t>(kThreads * takes));
+  for (size_t i = 0; i < expected.size(); ++i) expected[i] = static_cast<int64_t>(i) + 1;
+  CHECK(all == expected);
+  CHECK(other.tickets(p + "tickets") == kThreads * takes);
+}
+
 // The case names are the test names CI and the docs know; keep them stable.
 const std::vector<ContractCase>& contractCases() {
   static const std::vector<ContractCase> cases = {
@@ -177,6 +202,8 @@ const std::vector<ContractCase>& contractCases() {
       {"get times out on a key nobody writes", __LINE__, &getTimesOut},
       {"multiGet and multiSet and append", __LINE__, &multiGetMultiSetAppend},
       {"concurrent adds from many threads are never lost", __LINE__, &concurrentAddsNeverLost},
+      {"tickets from many threads are dense and each taken once", __LINE__,
+       &ticketsAreDenseAndUnique},
   };
   return cases;
 }
