@@ -11,14 +11,18 @@
 //               restart (one restart budget for the job), succeeded, failed (the root cause is
 //               the stop key's owner's first failure; the rest are listed as collateral) or
 //               stopped by a signal — and every agent acts on that one decision
-//   liveness    every agent bumps a heartbeat key each keep-alive interval; the host declares an
-//               agent lost after keep_alive_max_attempt silent intervals (not counting the
-//               host's own delays) and stops the attempt; an agent whose store requests go
-//               unanswered for the same bound stops its workers and ends with exit code 4
+//   liveness    (liveness.h) by default every agent bumps a heartbeat key each keep-alive
+//               interval and the host declares an agent lost after keep_alive_max_attempt
+//               silent intervals (not counting the host's own delays); a backend may bring its
+//               own (etcd: leases and a watch of their expiry, on every agent). A lost member
+//               stops the attempt; an agent whose store requests go unanswered for the same
+//               bound stops its workers and ends with exit code 4
 //
 // With host_per_round (the etcd backend) no agent is special: "the host" above is the current
-// round's node 0, every agent may close a round and watches every member's heartbeat, and the
-// lowest-ranked live member decides when node 0 is lost (StoreCoordinatorOptions).
+// round's node 0, the agent in the round's slot min_nodes closes it (any other in its place if
+// it is lost), every agent watches every member's liveness, the lowest-ranked live member
+// decides when node 0 is lost, and node 0 lost before its go sends every member to the next
+// round (StoreCoordinatorOptions).
 //
 // Keys live under "cpprun/" (kept across attempts); agent/job_keys.h lists them. The store
 // operations per agent per attempt are a constant number (join: 3, attempt: 2, report: 3),
@@ -167,10 +171,11 @@ struct StoreCoordinatorOptions {
   std::string store_host;
   int store_port = 0;
   bool is_host = false;  // this agent decides for the job (today: the one that serves the store)
-  // The etcd backend: no agent is special. Whoever waits closes a round (the first compareSet of
-  // its members wins), the decider of an attempt is its round's node 0 (is_host is ignored),
-  // every agent watches every member's heartbeats, and when node 0 is lost the lowest-ranked
-  // live member decides in its place (the first compareSet of the decision wins). Elastic only.
+  // The etcd backend: no agent is special. The agent in slot min_nodes closes a round, any
+  // other in its place when its members do not come (the first compareSet of the members wins),
+  // the decider of an attempt is its round's node 0 (is_host is ignored), every agent watches
+  // every member's liveness, and when node 0 is lost the lowest-ranked live member decides in
+  // its place (the first compareSet of the decision wins). Elastic only.
   bool host_per_round = false;
   // Static: this agent's fixed rank and the fixed number of agents.
   int group_rank = 0;

@@ -1,11 +1,12 @@
 // The store-backed JobCoordinator (job_coordinator.h): a control thread runs the requests of
 // the loop one at a time with its own store connection; a watcher thread waits on the current
-// attempt's stop key, bumps this agent's heartbeat and, on the host, watches the others'
-// heartbeats. The store comes from a StoreConnector (any rendezvous::Store backend); the key
+// attempt's stop key, renews this agent's liveness, polls the members' where liveness is polled
+// (heartbeats: on the host) and claims the stops of lost members. The store comes from a
+// StoreConnector (any rendezvous::Store backend, with its own liveness or heartbeats); the key
 // scheme and records are job_keys.h's, the static join and elastic rounds rendezvous_rounds.h's,
-// the host's decision job_decision.h's, heartbeats and lost agents liveness.h's, the waits'
-// slices and notices coordinator_waits.h's. This file keeps the orchestration: the threads,
-// attempts (ready, go), stop claims, reports and the end of the job.
+// the host's decision job_decision.h's, liveness liveness.h's, the waits' slices and notices
+// coordinator_waits.h's. This file keeps the orchestration: the threads, attempts (ready, go),
+// stop claims, lost members, reports and the end of the job.
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -420,7 +421,7 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
       // (host_per_round) a lost node 0 makes the lowest live member decide.
       waitKeys(
           {attemptKey(n, "decision")}, kNoDeadline,
-          "attempt " + std::to_string(n) + ": waiting for the store host's decision",
+          "attempt " + std::to_string(n) + ": waiting for " + deciderName() + "'s decision",
           [&] {
             if (!takesOverDecision()) return false;
             decides = true;
