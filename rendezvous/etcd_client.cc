@@ -748,6 +748,7 @@ class EtcdClient::Impl {
       auto reply = attempt(http::verb::post, target, payload,
                            std::min(give_up, now + options_.request_timeout), &error);
       if (reply.isOk()) {
+        markAnswered(current_);
         const HttpReply& r = reply.value();
         if (r.status == 200) {
           json j = json::parse(r.body, nullptr, false);
@@ -776,9 +777,10 @@ class EtcdClient::Impl {
         }
         last_error = ep.name + ": " + error.message;
         if (error.kind != FailKind::kTls) round_all_tls = false;
+        if (wentSilent(error.kind)) markSilent(current_);
       }
-      current_ = (current_ + 1) % endpoints_.size();
-      if (++round_failures >= static_cast<int>(endpoints_.size())) {
+      current_ = nextEndpoint(current_);
+      if (++round_failures >= static_cast<int>(answeringEndpoints())) {
         // Every member failed once. A refused certificate will not get better; anything else
         // (an election, a restarting member) may, so pause a little and go round again.
         if (round_all_tls) break;
@@ -820,10 +822,12 @@ class EtcdClient::Impl {
       tried.push_back(ep.name);
       Connection conn(ep, ssl_ ? &*ssl_ : nullptr);
       ConnError error;
-      auto fail = [&](const std::string& message) {
+      auto fail = [&](const std::string& message, FailKind kind = FailKind::kIo) {
         last_error = ep.name + ": " + message;
-        index = (index + 1) % endpoints_.size();
-        if (++failures % endpoints_.size() == 0) {
+        if (wentSilent(kind)) markSilent(index);
+        index = nextEndpoint(index);
+        if (++failures >= answeringEndpoints()) {
+          failures = 0;
           auto left =
               std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
           std::this_thread::sleep_for(
@@ -832,16 +836,17 @@ class EtcdClient::Impl {
         }
       };
       if (auto e = conn.open(std::min(deadline, Clock::now() + options_.connect_timeout))) {
-        fail(e->message);
+        fail(e->message, e->kind);
         continue;
       }
       auto status = conn.startStream("/v3/watch", payload, deadline, &error);
       if (!status.isOk()) {
         if (error.kind == FailKind::kTimeout && Clock::now() >= deadline)
           return std::vector<EtcdEvent>{};
-        fail(error.message);
+        fail(error.message, error.kind);
         continue;
       }
+      markAnswered(index);
       if (status.value() != 200) {
         int code = 0;
         std::string message;
@@ -937,6 +942,40 @@ class EtcdClient::Impl {
     return reply;
   }
 
+  void markSilent(size_t i) {
+    std::lock_guard<std::mutex> lock(silent_mu_);
+    silent_until_.resize(endpoints_.size());
+    silent_until_[i] = Clock::now() + options_.request_timeout * 10;
+  }
+  void markAnswered(size_t i) {
+    std::lock_guard<std::mutex> lock(silent_mu_);
+    silent_until_.resize(endpoints_.size());
+    silent_until_[i] = Clock::time_point{};
+  }
+  // The next endpoint after `from` that is not silent (the one after `from` if all are).
+  size_t nextEndpoint(size_t from) {
+    std::lock_guard<std::mutex> lock(silent_mu_);
+    silent_until_.resize(endpoints_.size());
+    const auto now = Clock::now();
+    for (size_t k = 1; k <= endpoints_.size(); ++k) {
+      const size_t c = (from + k) % endpoints_.size();
+      if (silent_until_[c] <= now) return c;
+    }
+    return (from + 1) % endpoints_.size();
+  }
+  // How many endpoints are not silent (at least 1): one round of tries.
+  size_t answeringEndpoints() {
+    std::lock_guard<std::mutex> lock(silent_mu_);
+    silent_until_.resize(endpoints_.size());
+    const auto now = Clock::now();
+    size_t n = 0;
+    for (const auto& t : silent_until_) n += t <= now ? 1 : 0;
+    return std::max<size_t>(n, 1);
+  }
+  static bool wentSilent(FailKind kind) {
+    return kind == FailKind::kTimeout || kind == FailKind::kConnect;
+  }
+
   std::string tlsNote() const {
     if (!options_.tls) return "plain HTTP";
     return "TLS with CA '" + options_.tls_files.ca_file + "', client certificate '" +
@@ -949,6 +988,12 @@ class EtcdClient::Impl {
   std::mutex mutex_;
   size_t current_ = 0;                // REQUIRES: mutex_
   std::unique_ptr<Connection> conn_;  // REQUIRES: mutex_
+  // Endpoints that went silent (a connection or a request timed out, or was refused) are
+  // skipped for a while as long as another one is not: one member cut off by the network must
+  // not eat a call's whole budget (one request timeout per try) while the others elect a
+  // leader. An endpoint that answers is trusted again at once.
+  std::mutex silent_mu_;
+  std::vector<Clock::time_point> silent_until_;  // REQUIRES: silent_mu_; by endpoint index
 };
 
 Result<std::unique_ptr<EtcdClient>> EtcdClient::connect(EtcdClientOptions options) {
