@@ -30,6 +30,14 @@ struct ProcessSpec {
   // The launcher does not take ownership; the caller closes its copies after spawn().
   int stdout_fd = -1;
   int stderr_fd = -1;
+  // CPU affinity for the child (sched_setaffinity before exec); empty: inherit.
+  std::vector<int> cpus;
+  // Memory policy for the child (set_mempolicy before exec); empty nodes: inherit.
+  enum class MemoryPolicy { kInherit, kBind, kPreferred } memory_policy = MemoryPolicy::kInherit;
+  std::vector<int> memory_nodes;
+  // If applying either fails in the child, spawn() fails with an error naming the CPUs or
+  // nodes and the errno; the caller decides whether a binding is required (leave these empty
+  // when it is not and cannot be applied).
 };
 
 class ProcessLauncher {
