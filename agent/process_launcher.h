@@ -1,7 +1,9 @@
 // ProcessLauncher: how the agent starts workers and signals them — the seam between the
-// supervisor's logic and the operating system. The real launcher (makeSystemProcessLauncher,
-// the only user of Boost.Process) starts every worker as the leader of its own process group
-// with a parent-death signal; tests substitute a fake that records what it was asked to do.
+// supervisor's logic and the operating system. The real launcher (makeSystemProcessLauncher)
+// starts every worker with vfork-class process creation (clone(CLONE_VM | CLONE_VFORK): no copy
+// of the agent's page tables) as the leader of its own process group with a parent-death signal,
+// bound to the CPUs and memory nodes its spec names; tests substitute a fake that records what
+// it was asked to do.
 //
 // Exits are not reported here: the agent's event loop reaps children (ChildReaper) and hands
 // each exit to the supervisor, so a fake launcher's "processes" exit when a test says so.
@@ -35,17 +37,24 @@ struct ProcessSpec {
   // Memory policy for the child (set_mempolicy before exec); empty nodes: inherit.
   enum class MemoryPolicy { kInherit, kBind, kPreferred } memory_policy = MemoryPolicy::kInherit;
   std::vector<int> memory_nodes;
-  // If applying either fails in the child, spawn() fails with an error naming the CPUs or
-  // nodes and the errno; the caller decides whether a binding is required (leave these empty
-  // when it is not and cannot be applied).
+  // kBind: MPOL_BIND (allocations only on these nodes); kPreferred: MPOL_PREFERRED (the kernel
+  // prefers the lowest of the nodes, falls back to others). Numbers are the kernel's CPU and
+  // node ids. If applying either fails in the child, spawn() fails (kUnavailable) with an error
+  // naming the CPUs or nodes and errno; the caller decides whether a binding is required (leave
+  // these empty when it is not and cannot be applied). A negative or huge number is
+  // kInvalidArgument.
 };
 
 class ProcessLauncher {
  public:
   virtual ~ProcessLauncher() = default;
   // Starts the process. On success it runs in a new process group whose id is the returned
-  // pid, stdin is /dev/null, signal dispositions and mask are the defaults, and it receives
-  // SIGKILL if the agent dies. A program that cannot be executed is an error naming it.
+  // pid, stdin is /dev/null, no other descriptor of the agent is open in it, its signal mask is
+  // empty and its signal dispositions are the defaults (a signal the agent's own parent had
+  // ignored, as nohup does, stays ignored; SIGPIPE does not), it has the spec's CPU affinity and
+  // memory policy, and it receives SIGKILL if the thread that spawned it (or the agent) dies.
+  // A program that is not found or cannot be executed is an error naming it and errno; such a
+  // child has been reaped already.
   virtual Result<pid_t> spawn(const ProcessSpec& spec) = 0;
   // Sends `signo` to every process in the group `pgid`. A group that no longer exists is not
   // an error.
@@ -59,7 +68,8 @@ class ProcessLauncher {
   virtual size_t killAdoptedOrphans(const std::vector<pid_t>& known) = 0;
 };
 
-// The real launcher (Boost.Process + Linux process groups and PR_SET_PDEATHSIG).
+// The real launcher (clone + execve, Linux process groups, PR_SET_PDEATHSIG, sched_setaffinity,
+// set_mempolicy; agent/system_process_launcher.cc).
 std::unique_ptr<ProcessLauncher> makeSystemProcessLauncher();
 
 // Children of `parent` according to /proc (for subreaper clean-up and for tests).

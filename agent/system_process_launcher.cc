@@ -1,18 +1,32 @@
-// The real ProcessLauncher: Boost.Process v1 for fork/exec, environment and exec-error
-// reporting; a custom exec-setup step for what Boost.Process does not do (a process group of
-// its own, the parent-death signal, default signal state, the given stdout/stderr).
-// This is the only translation unit that includes Boost.Process.
+// The real ProcessLauncher: vfork-class process creation. The agent clones a child that shares
+// its memory (clone with CLONE_VM | CLONE_VFORK, as glibc's posix_spawn does) and is suspended
+// until that child has exec'd or exited, so starting a worker costs no copy of the agent's page
+// tables, whatever the agent's size. posix_spawn alone cannot set the parent-death signal, the
+// CPU affinity or the memory policy, hence the small child step here.
+//
+// The child runs on a stack of its own in the agent's address space, with the agent's memory:
+// it allocates nothing, takes no lock and calls no libc function but syscall(2) (no interceptor
+// of a sanitizer, no lazily bound symbol with a lock behind it, no errno of its own worth
+// keeping). Everything it needs -- argv, envp, the program's path, the CPU and node masks -- is
+// prepared by the parent. It writes what failed (the step and errno) into the parent's
+// ChildArgs, which the parent reads when it resumes; no pipe is needed since the memory is
+// shared and the parent runs again only after the exec or the exit.
 #include <dirent.h>
 #include <fcntl.h>
-#include <linux/close_range.h>
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
-#include <boost/process.hpp>
-#include <boost/process/extend.hpp>
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -23,77 +37,271 @@
 
 extern char** environ;
 
-namespace bp = boost::process;
-
 namespace cpprun::agent {
 namespace {
+
+// set_mempolicy(2) modes (linux/mempolicy.h; not included: it clashes with libnuma's numaif.h).
+constexpr int kMpolPreferred = 1;
+constexpr int kMpolBind = 2;
+// Highest CPU and node number accepted in a ProcessSpec.
+constexpr int kMaxCpu = 1 << 16;
+constexpr int kMaxNode = 1 << 12;
+
+// The child's stack: enough for the child step and the kernel's signal frame, below it one
+// PROT_NONE guard page.
+constexpr size_t kChildStackBytes = 64 * 1024;
 
 // The agent's environment with `overrides` applied, as "NAME=value" strings.
 std::vector<std::string> mergedEnvironment(const std::map<std::string, std::string>& overrides) {
   std::vector<std::string> merged;
+  merged.reserve(overrides.size() + 64);
   for (char** e = environ; *e != nullptr; ++e) {
     const char* eq = std::strchr(*e, '=');
     if (eq == nullptr) continue;
-    if (overrides.count(std::string(*e, static_cast<size_t>(eq - *e))) != 0) continue;
+    if (!overrides.empty() && overrides.count(std::string(*e, static_cast<size_t>(eq - *e))) != 0) {
+      continue;
+    }
     merged.emplace_back(*e);
   }
   for (const auto& [name, value] : overrides) merged.push_back(name + "=" + value);
   return merged;
 }
 
-struct WorkerExecSetup : bp::extend::handler {
+// PATH of the environment the child gets (what execvp in the child would search); unset:
+// execvp's default.
+std::string searchPathOf(const std::vector<std::string>& env) {
+  for (const std::string& entry : env) {
+    if (entry.compare(0, 5, "PATH=") == 0) return entry.substr(5);
+  }
+  return "/usr/local/bin:/usr/bin:/bin";
+}
+
+bool isExecutableFile(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+}
+
+// The first regular executable file named `program` in the directories of `path` (an empty
+// entry is the current directory); "" when there is none.
+std::string lookUpInPath(const std::string& program, const std::string& path) {
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t end = path.find(':', start);
+    if (end == std::string::npos) end = path.size();
+    const std::string dir = end > start ? path.substr(start, end - start) : ".";
+    std::string candidate = dir + "/" + program;
+    if (isExecutableFile(candidate)) return candidate;
+    start = end + 1;
+  }
+  return "";
+}
+
+// "0-3,8,10-11"
+std::string rangeList(std::vector<int> values) {
+  std::sort(values.begin(), values.end());
+  values.erase(std::unique(values.begin(), values.end()), values.end());
+  std::string out;
+  for (size_t i = 0; i < values.size();) {
+    size_t j = i;
+    while (j + 1 < values.size() && values[j + 1] == values[j] + 1) ++j;
+    if (!out.empty()) out += ",";
+    out += std::to_string(values[i]);
+    if (j > i) out += "-" + std::to_string(values[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+std::string errnoText(int error) {
+  const char* name = strerrordesc_np(error);
+  const char* abbrev = strerrorname_np(error);
+  return std::string(name != nullptr ? name : "unknown error") + " (" +
+         (abbrev != nullptr ? std::string(abbrev) : "errno " + std::to_string(error)) + ")";
+}
+
+// What the child did not manage; the parent names it in the error.
+enum class ChildStep : int {
+  kNone = 0,
+  kSignals,
+  kProcessGroup,
+  kParentDeathSignal,
+  kAgentGone,
+  kStdio,
+  kCpuAffinity,
+  kMemoryPolicy,
+  kExec,
+};
+
+// The kernel's sigset_t: 64 signals.
+constexpr size_t kKernelSigsetBytes = 8;
+
+// The kernel's struct sigaction as far as the child uses it: the handler comes first on every
+// architecture; the rest is only written by the kernel (old action) or zero (new action).
+struct KernelSigaction {
+  __sighandler_t handler;
+  unsigned long flags;
+  void* restorer;
+  unsigned long mask[2];
+};
+
+// Everything the child reads, prepared by the parent, and what it reports back.
+struct ChildArgs {
+  const char* path = nullptr;
+  char* const* argv = nullptr;
+  char* const* envp = nullptr;
   pid_t agent_pid = 0;
+  int stdin_fd = -1;  // /dev/null
   int stdout_fd = -1;
   int stderr_fd = -1;
-  char** envp = nullptr;
-  char** argv = nullptr;
+  unsigned int fd_limit = 0;  // for closing descriptors without close_range
+  const cpu_set_t* cpus = nullptr;
+  size_t cpus_bytes = 0;
+  int mempolicy_mode = -1;  // -1: inherit
+  const unsigned long* nodemask = nullptr;
+  unsigned long maxnode = 0;
+  // Written by the child before it exits; read by the parent once it runs again.
+  ChildStep failed_step = ChildStep::kNone;
+  int error = 0;
+};
 
-  // In the agent, before fork, after bp::exe's own set-up (it comes first in the sequence):
-  // execve gets argv and the environment exactly as spawn() built them. Not bp::environment:
-  // in Boost 1.74 its find() reads past the end of shorter entries (found by ASan).
-  template <typename Executor>
-  void on_setup(Executor& exec) const {
-    exec.env = envp;
-    exec.cmd_line = argv;
-  }
+#if defined(__clang__) || defined(__GNUC__)
+#define CPPRUN_NO_SANITIZE __attribute__((no_sanitize("address", "thread", "undefined")))
+#else
+#define CPPRUN_NO_SANITIZE
+#endif
 
-  // In the child between fork and exec: only async-signal-safe calls.
-  template <typename Executor>
-  void on_exec_setup(Executor& /*exec*/) const {
-    ::setpgid(0, 0);
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    // The agent may have died between fork and prctl; then nobody would kill us.
-    if (::getppid() != agent_pid) ::_exit(127);
-    sigset_t all;
-    sigemptyset(&all);
-    ::sigprocmask(SIG_SETMASK, &all, nullptr);
-    // Handlers are reset by exec; ignored signals are not, and the agent ignores SIGPIPE.
-    ::signal(SIGPIPE, SIG_DFL);
-    if (stdout_fd >= 0) ::dup2(stdout_fd, STDOUT_FILENO);
-    if (stderr_fd >= 0) ::dup2(stderr_fd, STDERR_FILENO);
-    // Nothing of the agent's beyond stdio reaches the worker: not the store's listening socket
-    // (a worker outliving its agent would keep the port), not its connections. Marked
-    // close-on-exec rather than closed, so Boost.Process's exec-error pipe still works.
-    if (::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) != 0) {
-      for (int fd = 3; fd < 65536; ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+// Failed: record the step and errno, exit with 127 (what a shell says for "cannot execute").
+[[noreturn]] CPPRUN_NO_SANITIZE void childFail(ChildArgs* a, ChildStep step, int error) {
+  a->error = error;
+  a->failed_step = step;
+  for (;;) ::syscall(SYS_exit, 127);
+}
+
+// Makes `from` the child's descriptor `to`, without close-on-exec.
+CPPRUN_NO_SANITIZE bool childMoveFd(int from, int to) {
+  if (from == to) return ::syscall(SYS_fcntl, to, F_SETFD, 0) == 0;
+  return ::syscall(SYS_dup3, from, to, 0) == to;
+}
+
+// The child, between clone and exec. Signals are all blocked (by the parent) until the handlers
+// are gone: an agent's handler must never run here, on the agent's memory.
+CPPRUN_NO_SANITIZE int childMain(void* arg) {
+  auto* a = static_cast<ChildArgs*>(arg);
+  // Handlers become the default (exec would do that, but only at exec); of the ignored signals
+  // SIGPIPE does (the agent ignores it for itself); other ignored signals stay ignored, as the
+  // agent's caller (nohup, say) asked.
+  for (int sig = 1; sig < _NSIG; ++sig) {
+    if (sig == SIGKILL || sig == SIGSTOP) continue;
+    KernelSigaction old{};
+    if (::syscall(SYS_rt_sigaction, sig, nullptr, &old, kKernelSigsetBytes) != 0) continue;
+    const bool ignored = old.handler == SIG_IGN;
+    if (old.handler == SIG_DFL || (ignored && sig != SIGPIPE)) continue;
+    KernelSigaction dfl{};
+    dfl.handler = SIG_DFL;
+    if (::syscall(SYS_rt_sigaction, sig, &dfl, nullptr, kKernelSigsetBytes) != 0) {
+      childFail(a, ChildStep::kSignals, errno);
     }
   }
-};
+  if (::syscall(SYS_setpgid, 0, 0) != 0) childFail(a, ChildStep::kProcessGroup, errno);
+  if (::syscall(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) {
+    childFail(a, ChildStep::kParentDeathSignal, errno);
+  }
+  // The agent may have died before prctl; then nobody would kill this worker.
+  if (::syscall(SYS_getppid) != a->agent_pid) childFail(a, ChildStep::kAgentGone, ESRCH);
+  if (!childMoveFd(a->stdin_fd, STDIN_FILENO)) childFail(a, ChildStep::kStdio, errno);
+  if (a->stdout_fd >= 0 && !childMoveFd(a->stdout_fd, STDOUT_FILENO)) {
+    childFail(a, ChildStep::kStdio, errno);
+  }
+  if (a->stderr_fd >= 0 && !childMoveFd(a->stderr_fd, STDERR_FILENO)) {
+    childFail(a, ChildStep::kStdio, errno);
+  }
+  // Nothing of the agent's beyond stdio reaches the worker: not the store's listening socket
+  // (a worker outliving its agent would keep the port), not its connections or pipes.
+  if (::syscall(SYS_close_range, 3U, ~0U, 0U) != 0) {
+    for (unsigned int fd = 3; fd < a->fd_limit; ++fd) ::syscall(SYS_close, fd);
+  }
+  if (a->cpus != nullptr && ::syscall(SYS_sched_setaffinity, 0, a->cpus_bytes, a->cpus) != 0) {
+    childFail(a, ChildStep::kCpuAffinity, errno);
+  }
+  if (a->mempolicy_mode >= 0 &&
+      ::syscall(SYS_set_mempolicy, a->mempolicy_mode, a->nodemask, a->maxnode) != 0) {
+    childFail(a, ChildStep::kMemoryPolicy, errno);
+  }
+  uint64_t empty = 0;
+  ::syscall(SYS_rt_sigprocmask, SIG_SETMASK, &empty, nullptr, kKernelSigsetBytes);
+  ::syscall(SYS_execve, a->path, a->argv, a->envp);
+  childFail(a, ChildStep::kExec, errno);
+}
 
 class SystemProcessLauncher : public ProcessLauncher {
  public:
+  ~SystemProcessLauncher() override {
+    if (stack_ != nullptr) ::munmap(stack_, stackMappingBytes());
+    if (dev_null_ >= 0) ::close(dev_null_);
+  }
+
   Result<pid_t> spawn(const ProcessSpec& spec) override {
     if (spec.argv.empty() || spec.argv[0].empty()) {
       return invalidArgument("no program to run");
     }
-    boost::filesystem::path program = spec.argv[0];
-    if (spec.argv[0].find('/') == std::string::npos) {
-      program = bp::search_path(spec.argv[0]);
-      if (program.empty()) {
-        return invalidArgument("cannot run '" + spec.argv[0] + "': not found in PATH");
+    if (Status s = prepareOnce(); !s.isOk()) return s;
+    const std::string& program = spec.argv[0];
+    std::vector<std::string> env = mergedEnvironment(spec.env);
+    std::string path = program;
+    if (program.find('/') == std::string::npos) {
+      path = lookUpInPath(program, searchPathOf(env));
+      if (path.empty()) {
+        return invalidArgument("cannot run '" + program + "': not found in PATH");
       }
     }
-    std::vector<std::string> env = mergedEnvironment(spec.env);
+
+    // The binding, as the kernel takes it.
+    cpu_set_t* cpus = nullptr;
+    size_t cpus_bytes = 0;
+    struct CpuSetFree {
+      void operator()(cpu_set_t* s) const { CPU_FREE(s); }
+    };
+    std::unique_ptr<cpu_set_t, CpuSetFree> cpus_owner;
+    if (!spec.cpus.empty()) {
+      int highest = 0;
+      for (int cpu : spec.cpus) {
+        if (cpu < 0 || cpu > kMaxCpu) {
+          return invalidArgument("cannot run '" + program + "': CPU " + std::to_string(cpu) +
+                                 " in its CPU list " + rangeList(spec.cpus) +
+                                 " is out of range (0 to " + std::to_string(kMaxCpu) + ")");
+        }
+        highest = std::max(highest, cpu);
+      }
+      cpus_owner.reset(CPU_ALLOC(highest + 1));
+      cpus = cpus_owner.get();
+      cpus_bytes = CPU_ALLOC_SIZE(highest + 1);
+      CPU_ZERO_S(cpus_bytes, cpus);
+      for (int cpu : spec.cpus) CPU_SET_S(static_cast<size_t>(cpu), cpus_bytes, cpus);
+    }
+    int mempolicy_mode = -1;
+    std::vector<unsigned long> nodemask;
+    unsigned long maxnode = 0;
+    if (spec.memory_policy != ProcessSpec::MemoryPolicy::kInherit && !spec.memory_nodes.empty()) {
+      mempolicy_mode =
+          spec.memory_policy == ProcessSpec::MemoryPolicy::kBind ? kMpolBind : kMpolPreferred;
+      int highest = 0;
+      for (int node : spec.memory_nodes) {
+        if (node < 0 || node > kMaxNode) {
+          return invalidArgument("cannot run '" + program + "': NUMA node " + std::to_string(node) +
+                                 " in its memory nodes " + rangeList(spec.memory_nodes) +
+                                 " is out of range (0 to " + std::to_string(kMaxNode) + ")");
+        }
+        highest = std::max(highest, node);
+      }
+      constexpr int kBits = static_cast<int>(8 * sizeof(unsigned long));
+      nodemask.assign(static_cast<size_t>(highest / kBits + 1), 0UL);
+      for (int node : spec.memory_nodes) {
+        nodemask[static_cast<size_t>(node / kBits)] |= 1UL << (node % kBits);
+      }
+      // The kernel reads maxnode - 1 bits.
+      maxnode = static_cast<unsigned long>(nodemask.size() * kBits + 1);
+    }
+
     std::vector<char*> envp;
     envp.reserve(env.size() + 1);
     for (auto& entry : env) envp.push_back(entry.data());
@@ -103,21 +311,42 @@ class SystemProcessLauncher : public ProcessLauncher {
     argv.reserve(args.size() + 1);
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    WorkerExecSetup setup;
-    setup.agent_pid = ::getpid();
-    setup.stdout_fd = spec.stdout_fd;
-    setup.stderr_fd = spec.stderr_fd;
-    std::error_code ec;
-    setup.envp = envp.data();
-    setup.argv = argv.data();
-    // `setup` after bp::exe: its on_setup replaces the command line bp::exe built.
-    bp::child child(bp::exe = program, setup, bp::std_in < bp::null, ec);
-    if (ec) {
-      return invalidArgument("cannot run '" + spec.argv[0] + "': " + ec.message());
+
+    ChildArgs child;
+    child.path = path.c_str();
+    child.argv = argv.data();
+    child.envp = envp.data();
+    child.agent_pid = ::getpid();
+    child.stdin_fd = dev_null_;
+    child.stdout_fd = spec.stdout_fd;
+    child.stderr_fd = spec.stderr_fd;
+    child.fd_limit = fd_limit_;
+    child.cpus = cpus;
+    child.cpus_bytes = cpus_bytes;
+    child.mempolicy_mode = mempolicy_mode;
+    child.nodemask = nodemask.empty() ? nullptr : nodemask.data();
+    child.maxnode = maxnode;
+
+    // Every signal blocked from before the clone until the child has reset the handlers (and
+    // in this thread until the clone returns, as the child ran on its memory meanwhile).
+    sigset_t all;
+    sigset_t saved;
+    sigfillset(&all);
+    ::pthread_sigmask(SIG_SETMASK, &all, &saved);
+    const pid_t pid = ::clone(childMain, stackTop(), CLONE_VM | CLONE_VFORK | SIGCHLD, &child);
+    const int clone_errno = errno;
+    ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+    if (pid < 0) {
+      return internalError("cannot run '" + program + "': clone: " + errnoText(clone_errno));
     }
-    pid_t pid = child.id();
-    // The agent reaps its children itself (ChildReaper); the handle must not.
-    child.detach();
+    if (child.failed_step != ChildStep::kNone) {
+      // The child has exited (that is why this thread runs again): collect it here, so the
+      // agent's reaper never reports a worker that was not started.
+      int status = 0;
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      return childError(program, path, spec, child);
+    }
     return pid;
   }
 
@@ -148,6 +377,68 @@ class SystemProcessLauncher : public ProcessLauncher {
     }
     return killed;
   }
+
+ private:
+  static size_t pageBytes() { return static_cast<size_t>(::sysconf(_SC_PAGESIZE)); }
+  static size_t stackMappingBytes() { return kChildStackBytes + pageBytes(); }
+  void* stackTop() const { return static_cast<char*>(stack_) + stackMappingBytes(); }
+
+  // The child's stack, /dev/null and the descriptor limit: made at the first spawn, kept.
+  Status prepareOnce() {
+    if (stack_ != nullptr) return Status::ok();
+    dev_null_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (dev_null_ < 0) return internalError("cannot open /dev/null: " + errnoText(errno));
+    void* stack = ::mmap(nullptr, stackMappingBytes(), PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    if (stack == MAP_FAILED) {
+      return internalError("cannot map a stack for starting workers: " + errnoText(errno));
+    }
+    ::mprotect(stack, pageBytes(), PROT_NONE);  // the guard page; the stack grows down to it
+    stack_ = stack;
+    rlimit limit{};
+    fd_limit_ = 65536;
+    if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+      fd_limit_ = static_cast<unsigned int>(std::min<rlim_t>(limit.rlim_cur, 1U << 20));
+    }
+    return Status::ok();
+  }
+
+  static Status childError(const std::string& program, const std::string& path,
+                           const ProcessSpec& spec, const ChildArgs& child) {
+    const std::string head = "cannot run '" + program + "'";
+    const std::string why = errnoText(child.error);
+    switch (child.failed_step) {
+      case ChildStep::kExec:
+        return invalidArgument(head + (path != program ? " (" + path + ")" : "") + ": " + why);
+      case ChildStep::kCpuAffinity:
+        return Status(StatusCode::kUnavailable, head + ": cannot bind it to CPUs " +
+                                                    rangeList(spec.cpus) +
+                                                    " (sched_setaffinity): " + why);
+      case ChildStep::kMemoryPolicy:
+        return Status(
+            StatusCode::kUnavailable,
+            head + ": cannot set its memory policy to " +
+                (spec.memory_policy == ProcessSpec::MemoryPolicy::kBind ? "bind" : "preferred") +
+                " on NUMA nodes " + rangeList(spec.memory_nodes) + " (set_mempolicy): " + why);
+      case ChildStep::kSignals:
+        return internalError(head + ": cannot reset its signal handlers: " + why);
+      case ChildStep::kProcessGroup:
+        return internalError(head + ": cannot give it a process group of its own: " + why);
+      case ChildStep::kParentDeathSignal:
+        return internalError(head + ": cannot set its parent-death signal: " + why);
+      case ChildStep::kAgentGone:
+        return internalError(head + ": the agent was gone before the worker started");
+      case ChildStep::kStdio:
+        return internalError(head + ": cannot set up its stdin, stdout and stderr: " + why);
+      case ChildStep::kNone:
+        break;
+    }
+    return internalError(head + ": " + why);
+  }
+
+  void* stack_ = nullptr;
+  int dev_null_ = -1;
+  unsigned int fd_limit_ = 0;
 };
 
 // ppid of every process from /proc/<pid>/stat ("pid (comm) state ppid ...", comm may hold
