@@ -154,6 +154,7 @@ nlohmann::json statusJson(const AgentStatus& s) {
                         {"stderr_bytes", ws.stderr_bytes},
                         {"progress", ws.progress ? nlohmann::json(*ws.progress) : nullptr}};
     if (ws.alive) w["seconds_since_progress"] = ws.seconds_since_progress;
+    if (!ws.numa_binding.empty()) w["numa_binding"] = ws.numa_binding;
     if (!ws.alive && ws.pid > 0) {
       if (ws.signal > 0) {
         w["signal"] = ws.signal;

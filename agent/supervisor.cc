@@ -221,6 +221,9 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     }
     spec.stdout_fd = out_pipe[1];
     spec.stderr_fd = err_pipe[1];
+    spec.cpus = w.spec.cpus;  // --numa-binding (empty: inherit)
+    spec.memory_policy = w.spec.memory_policy;
+    spec.memory_nodes = w.spec.memory_nodes;
     Result<pid_t> pid = (out.isOk() && err.isOk())
                             ? launcher_.spawn(spec)
                             : Result<pid_t>(!out.isOk() ? out.status() : err.status());
@@ -233,12 +236,13 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     w.pid = pid.value();
     watchdog_.workerStarted(index, {w.spec.rank, w.spec.local_rank, w.pid, rank_dir});
     ++workers_started_;
-    emitEvent(options_.event_log, "worker_started",
-              {{"attempt", restart_count_},
-               {"rank", w.spec.rank},
-               {"local_rank", w.spec.local_rank},
-               {"pid", w.pid},
-               {"program", w.spec.argv.empty() ? "" : w.spec.argv.front()}});
+    nlohmann::json started = {{"attempt", restart_count_},
+                              {"rank", w.spec.rank},
+                              {"local_rank", w.spec.local_rank},
+                              {"pid", w.pid},
+                              {"program", w.spec.argv.empty() ? "" : w.spec.argv.front()}};
+    if (!w.spec.binding.empty()) started["numa_binding"] = w.spec.binding;
+    emitEvent(options_.event_log, "worker_started", started);
     w.out = std::move(out).value();
     w.err = std::move(err).value();
     w.out->start();
@@ -661,6 +665,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
       WorkerSnapshot ws;
       ws.rank = w.spec.rank;
       ws.local_rank = w.spec.local_rank;
+      ws.numa_binding = w.spec.binding;
       ws.pid = w.pid;
       ws.alive = w.pid > 0 && !w.exited;
       if (w.exited && WIFSIGNALED(w.status)) ws.signal = WTERMSIG(w.status);

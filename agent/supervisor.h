@@ -89,6 +89,7 @@ struct WorkerSnapshot {
   bool stalled = false;
   uint64_t stdout_bytes = 0;
   uint64_t stderr_bytes = 0;
+  std::string numa_binding;  // WorkerSpec::binding (empty: --numa-binding off)
 };
 
 struct SupervisorSnapshot {

@@ -11,6 +11,8 @@
 #include <random>
 #include <set>
 
+#include "launcher/numa_binding.h"
+
 namespace cpprun::launcher {
 namespace {
 
@@ -328,10 +330,12 @@ Status applyPrintCompletion(LaunchConfig&, const std::string& v, const std::stri
                       "cpprun --help");
 }
 
-Status applyNumaBinding(LaunchConfig&, const std::string& v, const std::string& source) {
-  return notSupported(v, source,
-                      "NUMA binding is not implemented; bind workers with numactl in the entry "
-                      "point or through the scheduler (srun --cpu-bind)");
+Status applyNumaBindingMode(LaunchConfig& c, const std::string& v, const std::string& source) {
+  if (!parseNumaBindingMode(v)) {
+    return badValue(v, source, std::string("one of ") + numaBindingModeChoices());
+  }
+  c.numa_binding = v;
+  return Status::ok();
 }
 
 struct SignalName {
@@ -451,7 +455,8 @@ const OptionSpec kOptions[] = {
     {"--local-addr", 0, Arity::kValue, true, applyLocalAddr},
     {"--logs-specs", 0, Arity::kValue, false, applyLogsSpecs},
     {"--print-completion", 0, Arity::kValue, false, applyPrintCompletion},
-    {"--numa-binding", 0, Arity::kValue, false, applyNumaBinding},
+    // torchrun 2.15 reads no PET_NUMA_BINDING; cpprun does, as for its other options.
+    {"--numa-binding", 0, Arity::kValue, true, applyNumaBindingMode},
     {"--signals-to-handle", 0, Arity::kValue, true, applySignals},
     {"--shutdown-timeout", 0, Arity::kValue, true, applyShutdownTimeout},
     {"--virtual-local-rank", 0, Arity::kFlag, true, applyFlag<&LaunchConfig::virtual_local_rank>},
@@ -462,6 +467,8 @@ const OptionSpec kOptions[] = {
     {"--stall-timeout", 0, Arity::kValue, false, applyStallTimeout},
     {"--metrics-port", 0, Arity::kValue, false, applyMetricsPort},
     {"--event-log", 0, Arity::kValue, false, applyEventLog},
+    {"--strict-numa-binding", 0, Arity::kFlag, false,
+     applyFlag<&LaunchConfig::strict_numa_binding>},
     {"--help", 'h', Arity::kHelp, false, nullptr},
     {"--version", 0, Arity::kVersion, false, nullptr},
 };
@@ -672,6 +679,11 @@ Result<CliResult> parseCommandLine(const std::vector<std::string>& args, const E
         "-m/--module and --no-python cannot be used together: -m runs the entry point as a "
         "Python module, --no-python executes it directly");
   }
+  if (config.strict_numa_binding && config.numa_binding.empty()) {
+    return invalidArgument(
+        "--strict-numa-binding needs --numa-binding (or PET_NUMA_BINDING): it makes a worker "
+        "that cannot be bound fail to start");
+  }
   if (!have_entrypoint && !config.check) {
     return invalidArgument("missing the training script (or program) to run (see cpprun --help)");
   }
@@ -728,6 +740,12 @@ Launch
                               Accepted for compatibility; workers are always new processes.
                               Default spawn. [env]
   --virtual-local-rank        Each worker sees only its own GPU and gets LOCAL_RANK=0. [env]
+  --numa-binding node|socket|exclusive|core-complex
+                              Bind each worker's CPUs (and prefer its memory) near the GPU
+                              whose index is its local rank: that GPU's NUMA node, its socket,
+                              an exclusive share of the node's cores, or one core complex (L3).
+                              A worker that cannot be bound starts unbound after a warning
+                              (see --strict-numa-binding). Default off. [env]
 
 Rendezvous
   --rdzv-backend static|c10d|etcd|etcd-v2
@@ -793,6 +811,9 @@ cpprun extras
                               options of the run; the entry point is optional.
   --worker-hosts-store        Worker rank 0 hosts its own store instead of the agent (for
                               trainers that create their TCPStore themselves).
+  --strict-numa-binding       With --numa-binding: a worker that cannot be bound (no topology,
+                              no GPU for its local rank) stops the job from starting (exit 3),
+                              as torchrun does, instead of starting unbound.
 
 Operations (docs/operations.md)
   --stall-timeout SECONDS     A rank whose progress file ($CPPRUN_PROGRESS_FILE, bumped by
@@ -810,7 +831,7 @@ Operations (docs/operations.md)
   -h, --help                  Show this text and exit.
   --version                   Show the version and exit.
 
-Not supported (rejected with a message): --logs-specs, --numa-binding, --print-completion,
+Not supported (rejected with a message): --logs-specs, --print-completion,
 --event-log-handler other than null, --duplicate-stdout-filters and --duplicate-stderr-filters
 other than empty, and the etcd rendezvous backends.
 

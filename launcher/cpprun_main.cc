@@ -1,15 +1,19 @@
 // cpprun: the torchrun-compatible launcher. Parses the command line, discovers the node,
 // prints the plan (--dry-run) or runs the job: a guardian process, the agent under it (store,
 // supervisor, event loop), the workers under the agent. Exit codes: README "Exit codes".
+#include <linux/magic.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -24,6 +28,7 @@
 #include "launcher/cli.h"
 #include "launcher/launch_plan.h"
 #include "launcher/node_resources.h"
+#include "launcher/numa_binding.h"
 #include "launcher/preflight.h"
 #include "launcher/rendezvous_settings.h"
 #include "launcher/scheduler_env.h"
@@ -97,7 +102,23 @@ struct RunDirectory {
   }
 };
 
-Status makeRunDirectory(const LaunchConfig& config, RunDirectory* dir) {
+// Where a run directory that is removed at the end goes when $TMPDIR does not say: /dev/shm when
+// it is a tmpfs this process may write, else /tmp. A run makes a directory per rank there and
+// removes them all at the end; on a disk file system each removal can wait for the disk (on an
+// ext4 mounted with `discard` here: 3-15 ms per 8 workers, more when the disk is busy), on tmpfs
+// it is memory only. The files in it are small (error files, progress files).
+std::string defaultTemporaryBase() {
+  struct statfs fs {};
+  if (::statfs("/dev/shm", &fs) == 0 && fs.f_type == TMPFS_MAGIC &&
+      ::access("/dev/shm", W_OK | X_OK) == 0) {
+    return "/dev/shm";
+  }
+  return "/tmp";
+}
+
+// `kept`: a temporary directory that outlives the job (worker logs, stall reports) stays off
+// /dev/shm.
+Status makeRunDirectory(const LaunchConfig& config, bool kept, RunDirectory* dir) {
   std::error_code ec;
   if (!config.log_dir.empty()) {
     dir->path = config.log_dir + "/" + config.rdzv_id;
@@ -105,7 +126,8 @@ Status makeRunDirectory(const LaunchConfig& config, RunDirectory* dir) {
     if (ec) return invalidArgument("--log-dir: cannot create " + dir->path + ": " + ec.message());
     return Status::ok();
   }
-  std::string base = envOr(processEnvironment(), "TMPDIR", "/tmp");
+  std::string base = envOr(processEnvironment(), "TMPDIR", "");
+  if (base.empty()) base = kept ? "/tmp" : defaultTemporaryBase();
   std::string templ = base + "/cpprun-XXXXXX";
   std::vector<char> buf(templ.begin(), templ.end());
   buf.push_back('\0');
@@ -129,7 +151,9 @@ std::string uniqueAgentId(const std::string& host) {
 // the fork, so the guardian and the agent agree on it).
 Status prepareRunDirectory(const LaunchConfig& config,
                            const std::map<std::string, std::string>& env, RunDirectory* run_dir) {
-  Status made = makeRunDirectory(config, run_dir);
+  const bool kept = config.log_dir.empty() &&
+                    (agent::anyRedirect(outputOptions(config, env)) || config.stall_timeout > 0);
+  Status made = makeRunDirectory(config, kept, run_dir);
   if (!made.isOk()) return made;
   if (agent::anyRedirect(outputOptions(config, env)) && config.log_dir.empty()) {
     // torchrun does the same: redirected output needs a place; say where it is and keep it.
@@ -149,7 +173,7 @@ Status prepareRunDirectory(const LaunchConfig& config,
 int runJob(const LaunchConfig& config, const RendezvousSettings& rdzv_settings,
            const NodeResources& node, int nproc, const std::map<std::string, std::string>& env,
            int scheduler_rank, const std::vector<std::string>& expected_hosts,
-           const RunDirectory& shared_run_dir) {
+           const RunDirectory& shared_run_dir, const std::optional<NumaBindingPlan>& numa) {
   RunDirectory run_dir{shared_run_dir.path, shared_run_dir.temporary};
 
   agent::LocalAgentOptions options;
@@ -214,6 +238,9 @@ int runJob(const LaunchConfig& config, const RendezvousSettings& rdzv_settings,
     options.multi_node = co;
   }
   options.nccl_library = agent::ncclLibrary(env);
+  // NCCL needs a GPU: workers that see none cannot use an NCCL id, so the agent does not load
+  // the library (~200 MB; with its first ncclGetUniqueId ~3 ms of a job's start here).
+  options.use_nccl = !node.gpus.empty();
   options.host_name = config.local_addr.empty() ? node.hostname : config.local_addr;
   options.run_id = config.rdzv_id;
   options.event_log_path = config.event_log;
@@ -267,6 +294,7 @@ int runJob(const LaunchConfig& config, const RendezvousSettings& rdzv_settings,
     rdzv.nccl_unique_id_hex = context.nccl_unique_id_hex;
     auto plan = makeLaunchPlan(config, node, rdzv, env, run_dir.path);
     if (!plan.isOk()) return plan.status();
+    if (numa) applyNumaBinding(*numa, plan.value());
     if (!logged_notes) {
       for (const auto& note : plan.value().notes) CPPRUN_LOG(kInfo) << note;
       logged_notes = true;
@@ -380,6 +408,17 @@ int main(int argc, char** argv) {
     SystemFacts facts = probeSystem(config, rdzv_settings.value(), env);
     PreflightReport report = runPreflight(config, rdzv_settings.value(), node,
                                           nproc.isOk() ? nproc.value() : 0, env, facts);
+    // Each worker's GPU, NUMA node and nearest NIC; its CPUs too with --numa-binding.
+    const bool numa_requested = !config.numa_binding.empty();
+    const int numa_workers =
+        nproc.isOk() ? nproc.value() : static_cast<int>(std::max<size_t>(node.gpus.size(), 1));
+    for (auto& finding : numaBindingFindings(
+             prepareNumaBinding(numa_requested ? *parseNumaBindingMode(config.numa_binding)
+                                               : NumaBindingMode::kNode,
+                                node, numa_workers, env),
+             numa_requested, config.strict_numa_binding)) {
+      report.findings.push_back(std::move(finding));
+    }
     if (!nproc.isOk()) {
       report.findings.insert(report.findings.begin(),
                              {CheckLevel::kFail, "workers", nproc.status().message()});
@@ -397,6 +436,30 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
 
+  // --numa-binding: planned once for the job (the topology and the GPUs do not change between
+  // attempts); a worker that cannot be bound is reported once, and stops the start only under
+  // --strict-numa-binding.
+  std::optional<NumaBindingPlan> numa;
+  std::string numa_notice;
+  if (!config.numa_binding.empty()) {
+    const NumaBindingMode mode = *parseNumaBindingMode(config.numa_binding);
+    auto planned = prepareNumaBinding(mode, node, nproc.value(), env);
+    if (!planned.isOk()) {
+      numa_notice = "--numa-binding=" + config.numa_binding + ": no topology (" +
+                    planned.status().message() + ")";
+    } else {
+      numa = std::move(planned).value();
+      numa_notice = numa->unboundSummary();
+    }
+    if (!numa_notice.empty() && config.strict_numa_binding) {
+      std::fprintf(stderr, "cpprun: error: %s; --strict-numa-binding: not starting\n",
+                   numa_notice.c_str());
+      return kExitLaunchError;
+    }
+    if (!numa_notice.empty())
+      numa_notice += numa ? "; starting them unbound" : "; starting unbound";
+  }
+
   if (config.dry_run) {
     RendezvousOutcome rdzv;
     rdzv.group_rank = config.node_rank;
@@ -405,10 +468,12 @@ int main(int argc, char** argv) {
     rdzv.master_addr = rdzv_settings.value().store.host;
     rdzv.master_port = rdzv_settings.value().store.port;
     rdzv.run_id = config.rdzv_id;
-    // The agent makes a fresh NCCL id per attempt; the dry run loads NCCL as the agent would
-    // and says whether it would, or why not, without making one.
+    // The agent makes a fresh NCCL id per attempt when the workers see a GPU; the dry run loads
+    // NCCL and says whether the agent would make one, or why not, without making one.
     auto nccl = agent::NcclUniqueIdProvider::create(agent::ncclLibrary(env));
-    if (nccl.isOk()) rdzv.nccl_unique_id_hex = "<a fresh ncclUniqueId per attempt>";
+    if (nccl.isOk() && !node.gpus.empty()) {
+      rdzv.nccl_unique_id_hex = "<a fresh ncclUniqueId per attempt>";
+    }
     std::string run_dir = (config.log_dir.empty() ? std::string("<temporary run dir>")
                                                   : config.log_dir + "/" + config.rdzv_id);
     auto plan = makeLaunchPlan(config, node, rdzv, env, run_dir);
@@ -416,7 +481,18 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "cpprun: error: %s\n", plan.status().message().c_str());
       return kExitUsage;
     }
-    if (!nccl.isOk()) plan.value().notes.push_back(nccl.status().message());
+    if (!nccl.isOk()) {
+      plan.value().notes.push_back(nccl.status().message());
+    } else if (node.gpus.empty()) {
+      plan.value().notes.push_back(
+          "no GPU for the workers: the agent loads no NCCL and sets no CPPRUN_NCCL_UNIQUE_ID");
+    }
+    if (numa) {
+      applyNumaBinding(*numa, plan.value());
+      plan.value().notes.push_back("--numa-binding=" + config.numa_binding + ": topology from " +
+                                   numa->topology_source + ", GPUs from " + numa->gpu_source);
+    }
+    if (!numa_notice.empty()) plan.value().notes.push_back(numa_notice);
     std::fputs(describeLaunchPlan(config, node, rdzv, plan.value()).c_str(), stdout);
     if (sched.value().scheduler.empty()) {
       std::puts("  discovered  no scheduler or MPI launcher in the environment");
@@ -459,6 +535,18 @@ int main(int argc, char** argv) {
     return kExitLaunchError;
   }
   raiseOpenFileLimit();
+  if (!numa_notice.empty()) {
+    CPPRUN_LOG(kWarn) << numa_notice;
+  }
+  if (numa) {
+    CPPRUN_LOG(kInfo) << "--numa-binding=" << config.numa_binding << ": topology from "
+                      << numa->topology_source << ", GPUs from " << numa->gpu_source;
+    for (const WorkerBinding& w : numa->workers) {
+      if (w.bound()) {
+        CPPRUN_LOG(kInfo) << "local rank " << w.local_rank << ": " << describeWorkerBinding(w);
+      }
+    }
+  }
   // The scheduler's node names, by node rank, for "waiting for" notices (static ranks only).
   std::vector<std::string> expected_hosts;
   if (sched.value().hosts && !rdzv_settings.value().elastic && provenance.count("--node-rank"))
@@ -466,7 +554,7 @@ int main(int argc, char** argv) {
   int code = agent::runUnderGuardian(
       [&] {
         return runJob(config, rdzv_settings.value(), node, nproc.value(), env, scheduler_rank,
-                      expected_hosts, run_dir);
+                      expected_hosts, run_dir, numa);
       },
       config.signals_to_handle);
   if (code < 0) {

@@ -58,10 +58,14 @@ struct LaunchConfig {
   std::vector<int> signals_to_handle;  // --signals-to-handle, signal numbers
   double shutdown_timeout = 30;        // --shutdown-timeout, seconds
   bool virtual_local_rank = false;     // --virtual-local-rank
-  bool worker_hosts_store = false;     // --worker-hosts-store: rank 0 hosts its own store
-  bool dry_run = false;                // --dry-run
-  bool check = false;                  // --check: preflight report, no job (entry point optional)
-  double stall_timeout = 0;            // --stall-timeout, seconds; 0: off
+  // --numa-binding: node, socket, exclusive or core-complex (launcher/numa_binding.h); empty:
+  // off. --strict-numa-binding: a worker that cannot be bound fails the start.
+  std::string numa_binding;
+  bool strict_numa_binding = false;
+  bool worker_hosts_store = false;  // --worker-hosts-store: rank 0 hosts its own store
+  bool dry_run = false;             // --dry-run
+  bool check = false;               // --check: preflight report, no job (entry point optional)
+  double stall_timeout = 0;         // --stall-timeout, seconds; 0: off
   std::string metrics_host = "127.0.0.1";  // --metrics-port [HOST:]PORT
   int metrics_port = -1;                   // -1: off
   std::string event_log;                   // --event-log FILE

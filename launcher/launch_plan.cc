@@ -155,7 +155,7 @@ Result<LaunchPlan> makeLaunchPlan(const LaunchConfig& config, const NodeResource
   if (!node.gpu_error.empty()) {
     plan.notes.push_back("the CUDA driver fails (" + node.gpu_error + "): the workers get no GPUs");
   }
-  if (rdzv.nccl_unique_id_hex.empty()) {
+  if (rdzv.nccl_unique_id_hex.empty() && !node.gpus.empty()) {  // without GPUs none is made
     plan.notes.push_back(
         "no NCCL id: CPPRUN_NCCL_UNIQUE_ID is not set (NCCL does not load here, or "
         "ncclGetUniqueId failed)");
@@ -229,6 +229,7 @@ std::string describeLaunchPlan(const LaunchConfig& config, const NodeResources& 
     out << "  worker local_rank " << w.local_rank << " rank " << w.rank << ":";
     for (const auto& a : w.argv) out << " " << a;
     out << "\n";
+    if (!w.binding.empty()) out << "      numa binding: " << w.binding << "\n";
     for (const auto& kv : w.env) out << "      " << kv.first << "=" << kv.second << "\n";
   }
   return out.str();

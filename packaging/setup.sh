@@ -21,7 +21,7 @@ esac
 build_packages=(
   build-essential cmake g++ pkg-config
   libboost-dev libboost-system-dev libboost-filesystem-dev nlohmann-json3-dev catch2 zlib1g-dev
-  libgloo-dev libopenblas-dev help2man libssl-dev
+  libgloo-dev libopenblas-dev help2man libssl-dev libhwloc-dev
 )
 packages=(
   # toolchain
@@ -30,6 +30,8 @@ packages=(
   libboost-dev libboost-system-dev libboost-filesystem-dev nlohmann-json3-dev catch2 zlib1g-dev
   # the bundled MNIST trainer's CPU data parallelism
   libgloo-dev libopenblas-dev
+  # --numa-binding: the node's CPUs, caches, NUMA nodes and PCI devices (and XML topologies)
+  libhwloc-dev
   # tests and benchmarks: the real PyTorch 1.13 (interop peer), process tools
   python3 python3-torch procps iproute2
   # the trainer's benchmark and sweep: Fashion-MNIST (60k/10k) and plots

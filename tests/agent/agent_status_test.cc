@@ -132,6 +132,15 @@ TEST_CASE("/status: the snapshot as JSON", "[unit]") {
   CHECK(statusJson(waiting)["waiting_for"] == "waiting for 1 of 2 nodes (n2) to join");
 }
 
+TEST_CASE("/status: a worker's --numa-binding, only when it has one", "[unit]") {
+  AgentStatus s = twoWorkers();
+  s.supervisor.workers[0].numa_binding =
+      "node: GPU 0 (0000:1b:00.0), NUMA node 0: CPUs 0-55,112-167, memory preferred on node 0";
+  const Json j = statusJson(s);
+  CHECK(j["workers"][0]["numa_binding"] == s.supervisor.workers[0].numa_binding);
+  CHECK_FALSE(j["workers"][1].contains("numa_binding"));
+}
+
 TEST_CASE("event log: one JSON object per line with time, host and pid, appended", "[unit]") {
   cpprun::testing::TempDir dir;
   const std::string path = dir.path() + "/events.jsonl";

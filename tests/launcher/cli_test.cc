@@ -482,8 +482,6 @@ TEST_CASE("cli standalone forces c10d on localhost with a random id", "[unit]") 
 TEST_CASE("cli unsupported torchrun options are rejected with a reason", "[unit]") {
   CHECK(parseError({"--logs-specs", "mine", "t.py"})
             .rfind("--logs-specs (value 'mine') is not supported by cpprun: ", 0) == 0);
-  CHECK(parseError({"--numa-binding=node", "t.py"})
-            .rfind("--numa-binding (value 'node') is not supported by cpprun: ", 0) == 0);
   CHECK(parseError({"--event-log-handler", "console", "t.py"})
             .rfind("--event-log-handler (value 'console') is not supported by cpprun: ", 0) == 0);
   CHECK(parseError({"--duplicate-stdout-filters", "loss", "t.py"})
@@ -494,7 +492,7 @@ TEST_CASE("cli unsupported torchrun options are rejected with a reason", "[unit]
         0);
   // Their torchrun defaults are harmless and accepted, and inherited PET_ values are ignored.
   parseOk({"--event-log-handler", "null", "--duplicate-stdout-filters=", "t.py"},
-          {{"PET_EVENT_LOG_HANDLER", "console"}, {"PET_NUMA_BINDING", "node"}});
+          {{"PET_EVENT_LOG_HANDLER", "console"}});
 }
 
 TEST_CASE("cli usage text covers every group and the exit codes", "[unit]") {
