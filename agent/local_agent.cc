@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <future>
 #include <optional>
 #include <thread>
 
@@ -47,6 +48,26 @@ bool somethingAccepts(const std::string& host, uint16_t port) {
   return accepted;
 }
 
+// NCCL as the agent's first attempt finds it: the provider (or why there is none) and, when
+// asked for, the first attempt's id (or NCCL's error).
+struct NcclStart {
+  std::unique_ptr<NcclUniqueIdProvider> provider;
+  Status load_error;
+  std::optional<Result<std::string>> first_id;
+};
+
+NcclStart startNccl(const std::string& library, bool make_first_id) {
+  NcclStart start;
+  auto provider = NcclUniqueIdProvider::create(library);
+  if (!provider.isOk()) {
+    start.load_error = provider.status();
+    return start;
+  }
+  start.provider = std::move(provider).value();
+  if (make_first_id) start.first_id = start.provider->next();
+  return start;
+}
+
 }  // namespace
 
 namespace asio = boost::asio;
@@ -60,6 +81,21 @@ Result<JobOutcome> runLocalAgent(const LocalAgentOptions& options,
   }
   asio::io_context io{1};
   const auto agent_started = std::chrono::steady_clock::now();
+
+  // Loading libnccl (a library of ~200 MB: ~1.5 ms here) and, on one node, its first
+  // ncclGetUniqueId (NCCL's set-up and its bootstrap root's thread: ~0.6 ms) run on a thread of
+  // their own from here, beside the set-up of the store, the loop and the supervisor; the first
+  // attempt waits for them only when it builds the workers' environment. Multi-node: only node 0
+  // makes the ids (one per attempt for the whole job, when the attempt starts); the others get
+  // them with the attempt's "go" and need not load the library at all. Whether this is node 0
+  // is known once the store is (or is not) served here, so a node that may host it
+  // (host_store_if_free) loads the library and drops it if it does not.
+  std::future<NcclStart> nccl_loading;
+  if (options.use_nccl &&
+      (!options.multi_node || options.host_store || options.host_store_if_free)) {
+    nccl_loading = std::async(std::launch::async, startNccl, options.nccl_library,
+                              !options.multi_node.has_value());
+  }
 
   std::unique_ptr<EventLog> event_log;
   if (!options.event_log_path.empty()) {
@@ -107,18 +143,21 @@ Result<JobOutcome> runLocalAgent(const LocalAgentOptions& options,
   const bool is_store_host = store != nullptr;
 
   std::unique_ptr<NcclUniqueIdProvider> nccl;
-  // Multi-node: only node 0 makes the ids (one per attempt for the whole job); the others get
-  // them with the attempt's "go" and need not load the library at all.
+  std::optional<Result<std::string>> first_nccl_id;
   const bool makes_nccl_ids = !options.multi_node || is_store_host;
-  if (options.use_nccl && makes_nccl_ids) {
-    auto provider = NcclUniqueIdProvider::create(options.nccl_library);
-    if (provider.isOk()) {
-      nccl = std::move(provider).value();
-    } else {
-      CPPRUN_LOG(kInfo) << "NCCL not loadable (" << provider.status().message()
+  // Called on the loop before the first attempt's workers are made (the load runs meanwhile).
+  auto finish_nccl_load = [&] {
+    if (!nccl_loading.valid()) return;
+    NcclStart start = nccl_loading.get();
+    if (!makes_nccl_ids) return;
+    if (!start.provider) {
+      CPPRUN_LOG(kInfo) << "NCCL not loadable (" << start.load_error.message()
                         << "); CPPRUN_NCCL_UNIQUE_ID is not set";
+      return;
     }
-  }
+    nccl = std::move(start.provider);
+    first_nccl_id = std::move(start.first_id);
+  };
 
   auto launcher = makeSystemProcessLauncher();
   std::optional<JobOutcome> outcome;
@@ -132,8 +171,15 @@ Result<JobOutcome> runLocalAgent(const LocalAgentOptions& options,
                            << " store keys of the previous attempt";
       }
     }
+    finish_nccl_load();
     if (!nccl) return "";
-    auto id = nccl->next();
+    Result<std::string> id = internalError("no id");
+    if (first_nccl_id) {
+      id = std::move(*first_nccl_id);
+      first_nccl_id.reset();
+    } else {
+      id = nccl->next();
+    }
     if (!id.isOk()) {
       CPPRUN_LOG(kWarn) << "ncclGetUniqueId failed: " << id.status().message()
                         << "; CPPRUN_NCCL_UNIQUE_ID is not set for this attempt";

@@ -1,8 +1,9 @@
 // launch_bench: the cpprun launcher against torch 2.x's torchrun and torch 1.13's elastic
 // launcher, same workers, same run.
 //
-//   launch_bench [--runs N] [--nproc 1,2,4,8] [--figures launch,failure,memory] [--timeout S]
-//                [--peers torchrun2,torch113] [--torch-monitor-intervals 5,0.1]
+//   launch_bench [--runs N] [--nproc 1,2,4,8] [--figures floor,launch,failure,memory]
+//                [--floor-nproc 1,8,32] [--timeout S] [--peers torchrun2,torch113]
+//                [--torch-monitor-intervals 5,0.1] [--cpprun-baseline PATH]
 //
 // Peers:
 //   torchrun2  the real `torchrun` CLI of the pinned torch 2.x (CPPRUN_TORCH2_PYTHON's venv),
@@ -22,6 +23,13 @@
 // variants.
 //
 // Figures:
+//   floor     worker start at the machine's floor: wall time of `cpprun --nproc-per-node=N
+//             --no-python /bin/true` (plus --master-addr=127.0.0.1 --master-port=<free port>)
+//             against `/bin/sh -c` starting the same N /bin/true processes in the background
+//             and waiting for them (the floor: fork + exec + reap, nothing else), against
+//             `torchrun --no-python --nproc-per-node=N ... /bin/true` (torch 2.x, default
+//             settings) and, with --cpprun-baseline, another cpprun build; for every
+//             --floor-nproc. Alternating, same run.
 //   launch    wall time from fork() of the launcher until it has exited (pidfd readable), with
 //             a worker that connects to the store at MASTER_ADDR:MASTER_PORT, sets one key and
 //             exits 0; for every --nproc.
@@ -39,7 +47,8 @@
 // and peer:
 //   RESULT <name>[_t113_mi<S>] <cpprun median> <unit> peer=<peer median> ratio=<peer/cpprun>
 // (times and memory: ratio > 1 means cpprun is better). Unsuffixed lines: peer = torchrun 2.x;
-// `_t113_mi5`, `_t113_mi0.1`: torch 1.13 with that monitor_interval. Targets are printed as
+// `_t113_mi5`, `_t113_mi0.1`: torch 1.13 with that monitor_interval; `_vs_shell`: the shell of
+// the floor figure; `_baseline`: the --cpprun-baseline build. Targets are printed as
 // information; the exit status is 1 when a run failed (bad exit status, timeout, missing
 // timestamps, processes left behind), 2 on a bad flag.
 //
@@ -135,14 +144,16 @@ std::string fmt(double v, int decimals);
 struct Options {
   int runs = 5;
   std::vector<int> nprocs{1, 2, 4, 8};
+  std::vector<int> floor_nprocs{1, 8, 32};
   int memory_nproc = 8;
-  std::set<std::string> figures{"launch", "failure", "memory"};
+  std::set<std::string> figures{"floor", "launch", "failure", "memory"};
   double timeout_s = 120;
   std::vector<double> monitor_intervals{kTorchrunMonitorInterval, 0.1};
   bool torchrun2 = true;  // --peers
   bool torch113 = true;
   std::string torchrun = defaultTorchrun();
   std::string cpprun = LAUNCH_BENCH_CPPRUN;
+  std::string cpprun_baseline;  // --cpprun-baseline: another build, in the floor and memory figures
   std::string worker = LAUNCH_BENCH_WORKER;
   std::string shim = std::string(LAUNCH_BENCH_SOURCE_DIR) + "/tests/bench/torch_elastic_launch.py";
   bool keep_going = true;
@@ -156,6 +167,9 @@ tests/bench/torch_elastic_launch.py under /usr/bin/python3), with the same worke
 (cpprun_bench_worker), alternating, in the same run.
 
 Figures:
+  floor     `cpprun --nproc-per-node=N --no-python /bin/true` against a shell starting the same
+            N processes and waiting (the machine's floor) and torchrun 2.x doing the same (one
+            row per --floor-nproc)
   launch    wall time from starting the launcher to its exit; the worker connects to the store
             at MASTER_ADDR:MASTER_PORT, sets one key and exits 0 (one row per --nproc)
   failure   nproc 2, max restarts 1: rank 1 SIGKILLs itself; time until rank 0's SIGTERM
@@ -167,8 +181,9 @@ Figures:
 Options:
   --runs N                       repetitions of every figure (default 5); medians reported
   --nproc LIST                   worker counts of the launch figure (default 1,2,4,8)
+  --floor-nproc LIST             worker counts of the floor figure (default 1,8,32)
   --memory-nproc N               worker count of the memory figure (default 8)
-  --figures LIST                 any of launch,failure,memory (default: all three)
+  --figures LIST                 any of floor,launch,failure,memory (default: all four)
   --peers LIST                   any of torchrun2,torch113 (default: both)
   --torch-monitor-intervals LIST torch 1.13 variants by monitor_interval in seconds (default
                                  5,0.1; 5 is 1.13 torchrun's default)
@@ -176,12 +191,15 @@ Options:
   --timeout S                    bound of one launcher run, seconds (default 120); a launcher
                                  still running then is killed and the run counts as failed
   --cpprun PATH                  the cpprun binary (default: the one built with this benchmark)
+  --cpprun-baseline PATH         another cpprun build (before a change) to run beside it in
+                                 the floor and memory figures (RESULT lines `_baseline`)
   --worker PATH                  the bench worker (default: the one built with this benchmark)
   --help                         show this help and exit
 
 Output: a table, then one line per figure and peer:
   RESULT <name>[_t113_mi<S>] <cpprun value> <unit> peer=<torch value> ratio=<torch/cpprun>
-(ratio > 1: cpprun is faster / smaller; unsuffixed: torchrun 2.x). Exit status 1 when any run
+(ratio > 1: cpprun is faster / smaller; unsuffixed: torchrun 2.x; `_vs_shell`: the shell of
+the floor figure; `_baseline`: --cpprun-baseline). Exit status 1 when any run
 failed, 2 on a bad flag.
 )";
 
@@ -250,13 +268,17 @@ Options parseFlags(int argc, char** argv) {
       o.nprocs.clear();
       for (const auto& item : splitList(name, take()))
         o.nprocs.push_back(parseInt(name, item, 1, 64));
+    } else if (name == "--floor-nproc") {
+      o.floor_nprocs.clear();
+      for (const auto& item : splitList(name, take()))
+        o.floor_nprocs.push_back(parseInt(name, item, 1, 256));
     } else if (name == "--memory-nproc") {
       o.memory_nproc = parseInt(name, take(), 1, 64);
     } else if (name == "--figures") {
       o.figures.clear();
       for (const auto& item : splitList(name, take())) {
-        if (item != "launch" && item != "failure" && item != "memory") {
-          usageError("unknown figure '" + item + "' in --figures (launch, failure, memory)");
+        if (item != "floor" && item != "launch" && item != "failure" && item != "memory") {
+          usageError("unknown figure '" + item + "' in --figures (floor, launch, failure, memory)");
         }
         o.figures.insert(item);
       }
@@ -282,6 +304,8 @@ Options parseFlags(int argc, char** argv) {
       o.timeout_s = parseDouble(name, take(), 1, 3600);
     } else if (name == "--cpprun") {
       o.cpprun = take();
+    } else if (name == "--cpprun-baseline") {
+      o.cpprun_baseline = take();
     } else if (name == "--worker") {
       o.worker = take();
     } else {
@@ -458,7 +482,7 @@ uint16_t pickFreePort() {
 // ------------------------------------------------------------------------------------------
 // Launchers
 
-enum class Kind { kCpprun, kTorchrun2, kTorch113 };
+enum class Kind { kCpprun, kTorchrun2, kTorch113, kShell };
 
 struct Variant {
   std::string label;  // "cpprun", "torchrun-2.15.0", "t1.13(mi=5)"
@@ -467,6 +491,7 @@ struct Variant {
   std::string result_suffix;    // appended to RESULT names ("" for the anchor)
   // The store dialect of the launcher's store (worker and benchmark clients).
   cpprun::rendezvous::wire::Dialect dialect = cpprun::rendezvous::wire::Dialect::kLegacy;
+  std::string binary;  // kCpprun: "" is --cpprun; the baseline names its build
 };
 
 // The environment of a launcher: ours without anything that would change what it does.
@@ -658,7 +683,7 @@ std::vector<std::string> launcherArgv(const Bench& b, const Variant& v, int npro
             "--rdzv-backend=static",
             b.opt.worker};
   } else {
-    argv = {b.opt.cpprun,
+    argv = {v.binary.empty() ? b.opt.cpprun : v.binary,
             "--nproc-per-node=" + std::to_string(nproc),
             "--max-restarts=" + std::to_string(max_restarts),
             "--master-addr=" + std::string(kHost),
@@ -711,6 +736,53 @@ std::optional<double> runLaunch(Bench* b, const Variant& v, int nproc) {
   double ms = 0;
   {
     Launcher l(launcherArgv(*b, v, nproc, 0, port, {"launch", dir.path()}), dir.path() + "/log");
+    err = finishRun(*b, &l, deadline);
+    ms = l.wallMs();
+  }
+  bool clean = checkLeftovers(b, what);
+  if (!err.empty()) {
+    b->errors.push_back(what + ": " + err);
+    return std::nullopt;
+  }
+  if (!clean) return std::nullopt;
+  return ms;
+}
+
+// The floor figure: N processes of /bin/true, started and reaped by cpprun, by a shell (the
+// machine's floor: fork + exec + wait and nothing else) or by torchrun.
+std::vector<std::string> floorArgv(const Bench& b, const Variant& v, int nproc, uint16_t port) {
+  const std::string n = std::to_string(nproc);
+  switch (v.kind) {
+    case Kind::kShell:
+      return {"/bin/sh", "-c",
+              "i=0; while [ $i -lt \"$1\" ]; do /bin/true & i=$((i+1)); done; wait", "sh", n};
+    case Kind::kTorchrun2:
+      return {b.opt.torchrun,
+              "--no-python",
+              "--nproc-per-node=" + n,
+              "--master-addr=" + std::string(kHost),
+              "--master-port=" + std::to_string(port),
+              "/bin/true"};
+    default:
+      return {v.binary.empty() ? b.opt.cpprun : v.binary,
+              "--nproc-per-node=" + n,
+              "--master-addr=" + std::string(kHost),
+              "--master-port=" + std::to_string(port),
+              "--no-python",
+              "/bin/true"};
+  }
+}
+
+std::optional<double> runFloor(Bench* b, const Variant& v, int nproc) {
+  TempDir dir;
+  uint16_t port = pickFreePort();
+  std::string what = "floor np=" + std::to_string(nproc) + " " + v.label;
+  auto deadline =
+      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(b->opt.timeout_s * 1000));
+  std::string err;
+  double ms = 0;
+  {
+    Launcher l(floorArgv(*b, v, nproc, port), dir.path() + "/log");
     err = finishRun(*b, &l, deadline);
     ms = l.wallMs();
   }
@@ -866,12 +938,13 @@ std::string cell(const std::vector<double>& s, int decimals) {
   return fmt(median(s), decimals) + " (" + fmt(minOf(s), decimals) + ")";
 }
 
-void printTable(const Bench& b, const std::string& title, const std::vector<Figure>& figs) {
+void printTable(const std::vector<Variant>& variants, const std::string& title,
+                const std::vector<Figure>& figs) {
   std::printf("\n== %s\n", title.c_str());
   std::printf("%-28s", "figure");
-  for (const auto& v : b.variants) std::printf(" %22s", v.label.c_str());
-  for (size_t i = 1; i < b.variants.size(); ++i) {
-    std::printf(" %22s", ("ratio " + b.variants[i].label).c_str());
+  for (const auto& v : variants) std::printf(" %22s", v.label.c_str());
+  for (size_t i = 1; i < variants.size(); ++i) {
+    std::printf(" %22s", ("ratio " + variants[i].label).c_str());
   }
   std::printf(" %6s\n", "runs");
   for (const auto& f : figs) {
@@ -886,12 +959,12 @@ void printTable(const Bench& b, const std::string& title, const std::vector<Figu
   }
 }
 
-void printResults(const Bench& b, const std::vector<Figure>& figs) {
+void printResults(const std::vector<Variant>& variants, const std::vector<Figure>& figs) {
   for (const auto& f : figs) {
     double ours = median(f.samples[0]);
     for (size_t i = 1; i < f.samples.size(); ++i) {
       double peer = median(f.samples[i]);
-      std::string name = f.name + b.variants[i].result_suffix;
+      std::string name = f.name + variants[i].result_suffix;
       std::printf("RESULT %s %s %s peer=%s ratio=%s\n", name.c_str(), fmt(ours, f.decimals).c_str(),
                   f.unit.c_str(), fmt(peer, f.decimals).c_str(), fmt(peer / ours, 2).c_str());
     }
@@ -919,11 +992,15 @@ int benchMain(Bench* b) {
     throw std::runtime_error(std::string("the torch 1.13 peer needs ") + kPython + " and " +
                              opt.shim);
   }
+  if (!opt.cpprun_baseline.empty() && ::access(opt.cpprun_baseline.c_str(), X_OK) != 0) {
+    throw std::runtime_error("--cpprun-baseline " + opt.cpprun_baseline + ": " +
+                             std::strerror(errno));
+  }
   b->variants.push_back(
-      {"cpprun", Kind::kCpprun, 0, "", cpprun::rendezvous::wire::Dialect::kLegacy});
+      {"cpprun", Kind::kCpprun, 0, "", cpprun::rendezvous::wire::Dialect::kLegacy, ""});
   if (opt.torchrun2) {
     b->variants.push_back({std::string("torchrun-") + CPPRUN_TORCH2_VERSION, Kind::kTorchrun2, 0,
-                           "", cpprun::rendezvous::wire::Dialect::kV2});
+                           "", cpprun::rendezvous::wire::Dialect::kV2, ""});
   }
   if (opt.torch113) {
     for (double mi : opt.monitor_intervals) {
@@ -931,16 +1008,35 @@ int benchMain(Bench* b) {
       mis << mi;
       std::string suffix = "_t113_mi" + mis.str();
       b->variants.push_back({"t1.13(mi=" + mis.str() + ")", Kind::kTorch113, mi, suffix,
-                             cpprun::rendezvous::wire::Dialect::kLegacy});
+                             cpprun::rendezvous::wire::Dialect::kLegacy, ""});
     }
   }
   const size_t nv = b->variants.size();
-  // Rotates the order of the variants by the repetition index.
-  auto order = [&](int run) {
-    std::vector<size_t> idx(nv);
-    for (size_t i = 0; i < nv; ++i) idx[i] = (i + static_cast<size_t>(run)) % nv;
+  // Rotates the order of `n` variants by the repetition index.
+  auto orderOf = [](size_t n, int run) {
+    std::vector<size_t> idx(n);
+    for (size_t i = 0; i < n; ++i) idx[i] = (i + static_cast<size_t>(run)) % n;
     return idx;
   };
+  auto order = [&](int run) { return orderOf(nv, run); };
+  std::optional<Variant> baseline;
+  if (!opt.cpprun_baseline.empty()) {
+    baseline = Variant{"cpprun-baseline",
+                       Kind::kCpprun,
+                       0,
+                       "_baseline",
+                       cpprun::rendezvous::wire::Dialect::kLegacy,
+                       opt.cpprun_baseline};
+  }
+  // The floor figure: cpprun, the shell, torchrun 2.x, the baseline build.
+  std::vector<Variant> floor_variants{b->variants[0]};
+  floor_variants.push_back(
+      {"sh", Kind::kShell, 0, "_vs_shell", cpprun::rendezvous::wire::Dialect::kLegacy, ""});
+  if (opt.torchrun2) floor_variants.push_back(b->variants[1]);
+  if (baseline) floor_variants.push_back(*baseline);
+  // The memory figure: every variant and the baseline build.
+  std::vector<Variant> memory_variants = b->variants;
+  if (baseline) memory_variants.push_back(*baseline);
   auto t_start = Clock::now();
 
   std::printf("launch_bench: cpprun %s, worker %s\n", opt.cpprun.c_str(), opt.worker.c_str());
@@ -954,13 +1050,32 @@ int benchMain(Bench* b) {
         "  start_method spawn)\n",
         kPython, opt.shim.c_str());
   }
+  if (baseline) std::printf("  baseline: %s\n", opt.cpprun_baseline.c_str());
   std::printf(
       "runs per figure: %d, variants alternating; table cells: median (min); "
       "ratio = torch/cpprun (> 1: cpprun better)\n",
       opt.runs);
   std::fflush(stdout);
 
-  std::vector<Figure> launch_figs, failure_figs, memory_figs;
+  std::vector<Figure> floor_figs, launch_figs, failure_figs, memory_figs;
+  if (opt.figures.count("floor")) {
+    const size_t nf = floor_variants.size();
+    for (int n : opt.floor_nprocs) {
+      floor_figs.push_back({"floor_np" + std::to_string(n) + "_ms",
+                            "/bin/true x " + std::to_string(n), "ms", 2,
+                            std::vector<std::vector<double>>(nf)});
+    }
+    for (int run = 0; run < opt.runs; ++run) {
+      for (size_t fi = 0; fi < opt.floor_nprocs.size(); ++fi) {
+        for (size_t vi : orderOf(nf, run)) {
+          progress("floor nproc " + std::to_string(opt.floor_nprocs[fi]) + " " +
+                   floor_variants[vi].label + " run " + std::to_string(run + 1));
+          auto ms = runFloor(b, floor_variants[vi], opt.floor_nprocs[fi]);
+          if (ms) floor_figs[fi].samples[vi].push_back(*ms);
+        }
+      }
+    }
+  }
   if (opt.figures.count("launch")) {
     for (int n : opt.nprocs) {
       launch_figs.push_back({"launch_np" + std::to_string(n) + "_ms",
@@ -993,21 +1108,22 @@ int benchMain(Bench* b) {
       }
     }
   }
-  std::vector<double> guardian_mib, agent_mib;
-  std::vector<std::vector<int>> torch_helpers(nv);  // per variant
+  const size_t nm = memory_variants.size();
+  std::vector<std::vector<double>> guardian_mib(nm), agent_mib(nm);  // cpprun builds
+  std::vector<std::vector<int>> torch_helpers(nm);                   // per variant
   if (opt.figures.count("memory")) {
     std::string np = std::to_string(opt.memory_nproc);
     memory_figs.push_back({"agent_peak_rss_np" + np + "_mib", "launcher VmHWM, nproc " + np, "MiB",
-                           2, std::vector<std::vector<double>>(nv)});
+                           2, std::vector<std::vector<double>>(nm)});
     for (int run = 0; run < opt.runs; ++run) {
-      for (size_t vi : order(run)) {
-        progress("memory " + b->variants[vi].label + " run " + std::to_string(run + 1));
-        auto s = runMemory(b, b->variants[vi], opt.memory_nproc);
+      for (size_t vi : orderOf(nm, run)) {
+        progress("memory " + memory_variants[vi].label + " run " + std::to_string(run + 1));
+        auto s = runMemory(b, memory_variants[vi], opt.memory_nproc);
         if (!s) continue;
         memory_figs[0].samples[vi].push_back(s->total_mib);
-        if (vi == 0) {
-          guardian_mib.push_back(s->first_mib);
-          agent_mib.push_back(s->rest_mib);
+        if (memory_variants[vi].kind == Kind::kCpprun) {
+          guardian_mib[vi].push_back(s->first_mib);
+          agent_mib[vi].push_back(s->rest_mib);
         } else {
           torch_helpers[vi].push_back(s->helpers);
         }
@@ -1015,23 +1131,35 @@ int benchMain(Bench* b) {
     }
   }
 
+  if (!floor_figs.empty()) {
+    printTable(floor_variants,
+               "Floor: cpprun --nproc-per-node=N --no-python /bin/true; sh: N x (/bin/true &), "
+               "wait",
+               floor_figs);
+  }
   if (!launch_figs.empty()) {
-    printTable(*b, "Launch: fork of the launcher -> launcher exited; worker = connect + set",
+    printTable(b->variants,
+               "Launch: fork of the launcher -> launcher exited; worker = connect + set",
                launch_figs);
   }
   if (!failure_figs.empty()) {
-    printTable(*b, "Failure (nproc 2, max restarts 1): times after rank 1's SIGKILL of itself",
+    printTable(b->variants,
+               "Failure (nproc 2, max restarts 1): times after rank 1's SIGKILL of itself",
                failure_figs);
   }
   if (!memory_figs.empty()) {
-    printTable(*b, "Agent memory: VmHWM summed over the launcher's non-worker processes",
-               memory_figs);
-    std::printf("  cpprun: guardian %s MiB + agent %s MiB (medians)\n",
-                fmt(median(guardian_mib), 2).c_str(), fmt(median(agent_mib), 2).c_str());
-    for (size_t vi = 1; vi < nv; ++vi) {
+    printTable(memory_variants,
+               "Agent memory: VmHWM summed over the launcher's non-worker processes", memory_figs);
+    for (size_t vi = 0; vi < nm; ++vi) {
+      if (memory_variants[vi].kind == Kind::kCpprun) {
+        std::printf("  %s: guardian %s MiB + agent %s MiB (medians)\n",
+                    memory_variants[vi].label.c_str(), fmt(median(guardian_mib[vi]), 2).c_str(),
+                    fmt(median(agent_mib[vi]), 2).c_str());
+        continue;
+      }
       const auto& h = torch_helpers[vi];
       std::printf("  %s: non-worker processes besides the launched python: max %d\n",
-                  b->variants[vi].label.c_str(),
+                  memory_variants[vi].label.c_str(),
                   h.empty() ? 0 : *std::max_element(h.begin(), h.end()));
     }
   }
@@ -1046,6 +1174,19 @@ int benchMain(Bench* b) {
                           : "NOT MET",
                 detail.c_str());
   };
+  for (const auto& f : floor_figs) {
+    // Floor variants: 0 cpprun, 1 the shell, then torchrun 2.x when it runs.
+    const double ours = median(f.samples[0]);
+    const double shell = median(f.samples[1]);
+    target(f.label + ": cpprun within 1.25x of sh", !f.samples[0].empty() && !f.samples[1].empty(),
+           ours <= 1.25 * shell, "cpprun/sh " + fmt(ours / shell, 2));
+    if (opt.torchrun2) {
+      const double torch = median(f.samples[2]);
+      target(f.label + ": cpprun >= 100x faster than torchrun",
+             !f.samples[0].empty() && !f.samples[2].empty(), torch >= 100 * ours,
+             "ratio " + fmt(torch / ours, 1));
+    }
+  }
   if (nv > 1) {
     for (const auto& f : launch_figs) {
       double r = median(f.samples[1]) / median(f.samples[0]);
@@ -1068,11 +1209,12 @@ int benchMain(Bench* b) {
   }
 
   std::printf("\n");
+  printResults(floor_variants, floor_figs);
   if (nv > 1) {
-    printResults(*b, launch_figs);
-    printResults(*b, failure_figs);
-    printResults(*b, memory_figs);
+    printResults(b->variants, launch_figs);
+    printResults(b->variants, failure_figs);
   }
+  if (memory_variants.size() > 1) printResults(memory_variants, memory_figs);
   if (!b->errors.empty()) {
     std::printf("\n%zu run(s) failed:\n", b->errors.size());
     for (const auto& e : b->errors) std::printf("  - %s\n", e.c_str());

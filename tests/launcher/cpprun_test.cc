@@ -121,7 +121,8 @@ TEST_CASE("each attempt gets a fresh NCCL unique id, also in the store", "[integ
   ChildProcess run(cpprunCommand({"--nproc-per-node=1", "--max-restarts=1", kWorker, "store-get",
                                   "cpprun/nccl_unique_id", d + "/stored-{restart}", "env-json",
                                   d + "/env-{restart}.json", "exit-if-restart", "0", "5"}),
-                   {{"NCCL_SOCKET_IFNAME", "lo"}});
+                   // The agent makes ids only for workers that see a GPU.
+                   {{"NCCL_SOCKET_IFNAME", "lo"}, {"CUDA_VISIBLE_DEVICES", "0"}});
   auto status = run.wait(60s);
   REQUIRE(status.has_value());
   INFO(run.output());
@@ -132,6 +133,26 @@ TEST_CASE("each attempt gets a fresh NCCL unique id, also in the store", "[integ
   CHECK(id0 != id1);
   CHECK(readFile(d + "/stored-0") == id0);
   CHECK(readFile(d + "/stored-1") == id1);
+}
+
+TEST_CASE("workers that see no GPU get no NCCL id and the agent does not load NCCL",
+          "[integration][nccl]") {
+  // The stand-in NCCL always loads and makes ids; with CUDA_VISIBLE_DEVICES empty the workers
+  // see no GPU, so NCCL (the real one is ~200 MB) stays off the path to the workers' start.
+  TempDir dir;
+  std::string d = dir.path();
+  ChildProcess run(
+      cpprunCommand({"--nproc-per-node=1", kWorker, "store-check", "cpprun/nccl_unique_id",
+                     d + "/stored", "env-json", d + "/env.json"}),
+      {{"CUDA_VISIBLE_DEVICES", ""},
+       {"CPPRUN_NCCL_LIBRARY", std::string(CPPRUN_STAND_IN_DIR) + "/nccl/libnccl.so.2"}});
+  auto status = run.wait(60s);
+  REQUIRE(status.has_value());
+  INFO(run.output());
+  REQUIRE(exitCodeOf(*status) == 0);
+  CHECK_FALSE(readJson(d + "/env.json").contains("CPPRUN_NCCL_UNIQUE_ID"));
+  CHECK(readFile(d + "/stored") == "0");
+  CHECK(run.output().find("NCCL") == std::string::npos);
 }
 
 TEST_CASE("a failure is reported with the root cause its error file and its stderr",

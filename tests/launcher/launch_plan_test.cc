@@ -119,9 +119,18 @@ TEST_CASE("inherited settings win and absent ones stay absent", "[unit]") {
   CHECK(e.count("CUDA_VISIBLE_DEVICES") == 0);  // no GPUs: not invented
   CHECK(e.count("CPPRUN_NCCL_UNIQUE_ID") == 0);
   CHECK(e.at("TORCHELASTIC_USE_AGENT_STORE") == "False");
-  bool nccl_note = false;
-  for (const auto& n : plan.value().notes) nccl_note |= n.find("NCCL") != std::string::npos;
-  CHECK(nccl_note);
+  // Without GPUs the agent makes no NCCL id: nothing is missing, nothing to note. With GPUs a
+  // missing id is worth a note.
+  auto nccl_note = [](const LaunchPlan& p) {
+    bool found = false;
+    for (const auto& n : p.notes) found |= n.find("NCCL") != std::string::npos;
+    return found;
+  };
+  CHECK_FALSE(nccl_note(plan.value()));
+  auto with_gpu = makeLaunchPlan(c, node({"0"}, 8), singleNode(1), {}, "/tmp/run");
+  REQUIRE(with_gpu.isOk());
+  CHECK(with_gpu.value().workers[0].env.count("CPPRUN_NCCL_UNIQUE_ID") == 0);
+  CHECK(nccl_note(with_gpu.value()));
 }
 
 TEST_CASE("OMP_NUM_THREADS divides the usable CPUs and is at least 1", "[unit]") {
