@@ -672,10 +672,13 @@ PreflightReport runPreflight(const LaunchConfig& config, const RendezvousSetting
                         std::to_string(std::max(1, node.usable_cpus / std::max(1, nproc))) +
                         " each (set by cpprun)"
                   : "OMP_NUM_THREADS=" + omp + " each (inherited)";
-  const std::string cpu_text = std::to_string(node.usable_cpus) + " usable (" +
-                               (layout.empty() ? "no NUMA information" : layout) + "); " +
-                               std::to_string(nproc) + " worker(s), " + threads +
-                               "; cpprun does not bind workers to CPUs";
+  const std::string cpu_text =
+      std::to_string(node.usable_cpus) + " usable (" +
+      (layout.empty() ? "no NUMA information" : layout) + "); " + std::to_string(nproc) +
+      " worker(s), " + threads +
+      (config.numa_binding.empty()
+           ? "; cpprun does not bind workers to CPUs (--numa-binding)"
+           : "; --numa-binding=" + config.numa_binding + " binds them (below)");
   if (nproc > node.usable_cpus) {
     out.warn("CPUs", cpu_text + ": more workers than CPUs, they will compete");
   } else {

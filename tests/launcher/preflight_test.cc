@@ -110,6 +110,13 @@ TEST_CASE("preflight: a healthy GPU node passes and names what it found", "[unit
   CHECK_THAT(finding(report, "CPUs")->text, Catch::Contains("NUMA 0: CPUs 0-3; NUMA 1: CPUs 4-7") &&
                                                 Catch::Contains("OMP_NUM_THREADS=4"));
   CHECK_THAT(report.format("t"), Catch::EndsWith("result: ok\n"));
+  CHECK_THAT(finding(report, "CPUs")->text,
+             Catch::EndsWith("cpprun does not bind workers to CPUs (--numa-binding)"));
+  LaunchConfig bound = twoNodeConfig();
+  bound.numa_binding = "socket";
+  CHECK_THAT(
+      finding(runPreflight(bound, twoNodes(1), twoGpus(), 2, {}, healthyFacts()), "CPUs")->text,
+      Catch::EndsWith("--numa-binding=socket binds them (below)"));
 }
 
 TEST_CASE("preflight: each way a job would break is a failure that says why", "[unit]") {
