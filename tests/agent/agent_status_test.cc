@@ -132,7 +132,7 @@ TEST_CASE("/status: the snapshot as JSON", "[unit]") {
   CHECK(statusJson(waiting)["waiting_for"] == "waiting for 1 of 2 nodes (n2) to join");
 }
 
-TEST_CASE("/status: a worker's --numa-binding, only when it has one", "[unit]") {
+TEST_CASE("/status: a worker's --numa-binding only when it has one", "[unit]") {
   AgentStatus s = twoWorkers();
   s.supervisor.workers[0].numa_binding =
       "node: GPU 0 (0000:1b:00.0), NUMA node 0: CPUs 0-55,112-167, memory preferred on node 0";

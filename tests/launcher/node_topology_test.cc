@@ -45,7 +45,7 @@ TEST_CASE("PCI bus ids in the driver's and sysfs' spellings normalise to one", "
   CHECK(normalizePciBusId("0000:1b:00.0x") == "");
 }
 
-TEST_CASE("the DGX H100-like topology: 2 packages, 224 PUs, 8 GPUs and a NIC per GPU pair",
+TEST_CASE("the DGX H100-like topology: 2 packages with 224 PUs and 8 GPUs and a NIC per GPU pair",
           "[unit]") {
   NodeTopology t = load("dgx-h100-like-2s-8gpu.xml");
   CHECK_FALSE(t.this_machine);
@@ -74,7 +74,7 @@ TEST_CASE("the DGX H100-like topology: 2 packages, 224 PUs, 8 GPUs and a NIC per
   CHECK(nicOf(t, "0000:df:00.0") == "mlx5_3 same PCIe switch");
 }
 
-TEST_CASE("the single-socket 4-GPU topology: one NUMA node, one NIC on another root port",
+TEST_CASE("the single-socket 4-GPU topology: one NUMA node and one NIC on another root port",
           "[unit]") {
   NodeTopology t = load("xeon-1s-4gpu.xml");
   CHECK(t.cpus.size() == 64);

@@ -188,7 +188,8 @@ TEST_CASE("torch's own binding.py still gives those answers for the three topolo
   CHECK(answers == kTorchAnswers);
 }
 
-TEST_CASE("a worker's binding names its GPU, NUMA node, CPUs, memory and nearest NIC", "[unit]") {
+TEST_CASE("a worker's binding names its GPU and NUMA node and CPUs and memory and nearest NIC",
+          "[unit]") {
   const NodeTopology t = load("dgx-h100-like-2s-8gpu.xml");
   const NumaBindingPlan plan =
       planNumaBinding(t, NumaBindingMode::kExclusive, 8, t.nvidiaGpuBusIds());
@@ -202,7 +203,7 @@ TEST_CASE("a worker's binding names its GPU, NUMA node, CPUs, memory and nearest
   CHECK(plan.topology_source.find("dgx-h100-like-2s-8gpu.xml") != std::string::npos);
 }
 
-TEST_CASE("the binding is cut to the CPUs the agent may use, as torch cuts to its affinity",
+TEST_CASE("the binding is cut to the CPUs the agent may use as torch cuts to its affinity",
           "[unit]") {
   const NodeTopology t = load("xeon-1s-4gpu.xml");
   const auto gpus = t.nvidiaGpuBusIds();
@@ -246,7 +247,7 @@ TEST_CASE("core-complex wraps around when a node has more GPUs than complexes", 
   CHECK(cpuListText(plan.workers[5].cpus) == "52-55,180-183");
 }
 
-TEST_CASE("a worker without a GPU or with a GPU the topology lacks is not bound, and says why",
+TEST_CASE("a worker without a GPU or with a GPU the topology lacks is not bound and says why",
           "[unit]") {
   const NodeTopology t = load("xeon-1s-4gpu.xml");
   auto more = planNumaBinding(t, NumaBindingMode::kNode, 5, t.nvidiaGpuBusIds());
@@ -263,7 +264,8 @@ TEST_CASE("a worker without a GPU or with a GPU the topology lacks is not bound,
   CHECK(describeWorkerBinding(stranger.workers[1]).rfind("not bound: GPU 1", 0) == 0);
 }
 
-TEST_CASE("GPU locality comes from the driver's bus ids, else from the topology's GPUs", "[unit]") {
+TEST_CASE("GPU locality comes from the driver's bus ids or else from the topology's GPUs",
+          "[unit]") {
   const NodeTopology t = load("dgx-h100-like-2s-8gpu.xml");
   CudaDriverInfo driver;
   driver.devices = {{"H100", "00000000:9D:00.0"}, {"H100", "00000000:C3:00.0"}};
@@ -317,7 +319,7 @@ TEST_CASE("the plan is copied into each worker's spec with its description", "[u
   CHECK(plan.workers[4].binding.rfind("exclusive: not bound: no GPU with device index 4", 0) == 0);
 }
 
-TEST_CASE("--check's findings: ok when bound, a warning when not, a failure when strict",
+TEST_CASE("check findings: ok when bound and a warning when not and a failure when strict",
           "[unit]") {
   const NodeTopology t = load("xeon-1s-4gpu.xml");
   const cpprun::Result<NumaBindingPlan> plan =
@@ -346,7 +348,7 @@ TEST_CASE("--check's findings: ok when bound, a warning when not, a failure when
   CHECK(strict[0].text == "no topology: gone; the job would not start");
 }
 
-TEST_CASE("--numa-binding and PET_NUMA_BINDING take the four modes; others exit 2 naming them",
+TEST_CASE("numa-binding and PET_NUMA_BINDING take the four modes and others exit 2 naming them",
           "[unit]") {
   auto parse = [](std::vector<std::string> args, std::map<std::string, std::string> env = {}) {
     return parseCommandLine(args, env);
@@ -435,7 +437,7 @@ TEST_CASE("cpprun with a bad --numa-binding exits 2 naming it", "[integration]")
 }
 
 TEST_CASE(
-    "a worker that cannot be bound starts unbound after one warning, or with "
+    "a worker that cannot be bound starts unbound after one warning or with "
     "--strict-numa-binding the job does not start",
     "[integration]") {
   // This machine's topology, and a driver without devices: no GPU for either worker.
