@@ -15,6 +15,7 @@
 
 #include "launcher/cli.h"
 #include "tests/launcher/cpprun_test_helpers.h"
+#include "tests/support/http_get.h"
 #include "tests/support/test_support.h"
 
 namespace {
@@ -534,6 +535,53 @@ TEST_CASE(
               ", memory preferred on node 0");
   }
   CHECK(started == 2);
+}
+
+TEST_CASE("/status shows each running worker's binding", "[integration][metrics]") {
+  cpu_set_t mine;
+  REQUIRE(sched_getaffinity(0, sizeof mine, &mine) == 0);
+  REQUIRE(CPU_ISSET(0, &mine));
+  REQUIRE(CPU_ISSET(1, &mine));
+  TempDir dir;
+  const std::string xml = writeTwoGpuMachine(dir.path());
+  const std::string events = dir.path() + "/events.jsonl";
+  std::string path = kStandIns + "/driver";
+  const char* inherited = ::getenv("LD_LIBRARY_PATH");
+  if (inherited != nullptr && *inherited != '\0') path += std::string(":") + inherited;
+  // Each rank says ready, then waits for the go file while the test reads /status.
+  ChildProcess run({"/usr/bin/env", "-u", "CUDA_VISIBLE_DEVICES", "-u", "SLURM_STEP_GPUS", "-u",
+                    "SLURM_JOB_GPUS", CPPRUN_BINARY, "--numa-binding=node", "--nproc-per-node=2",
+                    "--metrics-port=0", "--event-log=" + events, "--no-python", kWorker, "print",
+                    "ready {rank}", "wait-file", dir.path() + "/go", "30"},
+                   {{"LD_LIBRARY_PATH", path},
+                    {"CPPRUN_STAND_IN_CUDA_DEVICES", "2"},
+                    {"HWLOC_XMLFILE", xml},
+                    {"HWLOC_THISSYSTEM", "1"}});
+  REQUIRE(relayed(run, "[default0]:ready 0"));
+  REQUIRE(relayed(run, "[default1]:ready 1"));
+  int port = -1;
+  std::ifstream in(events);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto e = Json::parse(line);
+    if (e.value("event", "") == "metrics_listening") port = e.at("port").get<int>();
+  }
+  REQUIRE(port > 0);
+  const auto raw = httpGetRaw(port, "/status", std::chrono::seconds(5));
+  REQUIRE(raw.has_value());
+  const size_t split = raw->find("\r\n\r\n");
+  REQUIRE(split != std::string::npos);
+  const Json status = Json::parse(raw->substr(split + 4));
+  REQUIRE(status["workers"].size() == 2);
+  for (int i = 0; i < 2; ++i) {
+    CHECK(status["workers"][i]["numa_binding"] ==
+          "node: GPU " + std::to_string(i) + " (0000:a" + std::to_string(i) +
+              ":00.0), NUMA node 0: CPUs 0-1, memory preferred on node 0");
+  }
+  std::ofstream(dir.path() + "/go").put('\n');
+  auto exited = run.wait(std::chrono::seconds(60));
+  REQUIRE(exited.has_value());
+  CHECK(exitCodeOf(*exited) == 0);
 }
 
 }  // namespace
