@@ -43,6 +43,8 @@ _cpprun() {
       COMPREPLY=($(compgen -W "static c10d etcd etcd-v2" -- "$cur")); return ;;
     --start-method | --start_method)
       COMPREPLY=($(compgen -W "spawn fork forkserver" -- "$cur")); return ;;
+    --numa-binding | --numa_binding)
+      COMPREPLY=($(compgen -W "node socket exclusive core-complex" -- "$cur")); return ;;
     -r | --redirects | -t | --tee)
       COMPREPLY=($(compgen -W "0 1 2 3" -- "$cur")); return ;;
     --signals-to-handle | --signals_to_handle)
