@@ -1,10 +1,15 @@
 #include "launcher/numa_binding.h"
 
 #include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <set>
+#include <thread>
 
 namespace cpprun::launcher {
 namespace {
@@ -307,6 +312,41 @@ GpuLocality gpuLocality(const NodeResources& node, int nproc, const NodeTopology
   return out;
 }
 
+std::string probeWorkerBinding(const WorkerBinding& w) {
+  std::string error;
+  // A throwaway thread: affinity and memory policy are per thread and die with it.
+  std::thread probe([&] {
+    if (!w.cpus.empty()) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      for (int c : w.cpus) {
+        if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &set);
+      }
+      if (sched_setaffinity(0, sizeof set, &set) != 0) {
+        error = "the kernel refuses sched_setaffinity(CPUs " + cpuListText(w.cpus) +
+                "): " + std::strerror(errno);
+        return;
+      }
+    }
+    if (w.memory_policy != MemoryPolicy::kInherit && !w.memory_nodes.empty()) {
+      unsigned long mask[16] = {};  // 1024 nodes
+      std::string nodes;
+      for (int n : w.memory_nodes) {
+        if (n >= 0 && n < 1024) mask[n / 64] |= 1UL << (n % 64);
+        nodes += (nodes.empty() ? "" : ",") + std::to_string(n);
+      }
+      const int mode = w.memory_policy == MemoryPolicy::kPreferred ? 1 : 2;  // MPOL_PREFERRED, BIND
+      if (::syscall(SYS_set_mempolicy, mode, mask, sizeof mask * 8) != 0) {
+        error = "the kernel refuses set_mempolicy(" +
+                std::string(mode == 1 ? "MPOL_PREFERRED" : "MPOL_BIND") + ", nodes " + nodes +
+                "): " + std::strerror(errno);
+      }
+    }
+  });
+  probe.join();
+  return error;
+}
+
 Result<NumaBindingPlan> prepareNumaBinding(NumaBindingMode mode, const NodeResources& node,
                                            int nproc,
                                            const std::map<std::string, std::string>& env) {
@@ -328,6 +368,19 @@ Result<NumaBindingPlan> prepareNumaBinding(NumaBindingMode mode, const NodeResou
   NumaBindingPlan plan = planNumaBinding(topology.value(), mode, nproc, gpus.device_bus_ids,
                                          gpus.worker_devices, allowed);
   plan.gpu_source = gpus.source;
+  // A container may forbid what the plan needs: found here, it is one warning (or, strict, a
+  // refusal to start) instead of every worker's spawn failing.
+  if (topology.value().this_machine) {
+    for (WorkerBinding& w : plan.workers) {
+      if (!w.bound()) continue;
+      std::string refused = probeWorkerBinding(w);
+      if (refused.empty()) continue;
+      w.error = std::move(refused);
+      w.cpus.clear();
+      w.memory_policy = MemoryPolicy::kInherit;
+      w.memory_nodes.clear();
+    }
+  }
   return plan;
 }
 

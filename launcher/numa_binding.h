@@ -120,8 +120,13 @@ struct GpuLocality {
 GpuLocality gpuLocality(const NodeResources& node, int nproc, const NodeTopology& topology,
                         const Result<CudaDriverInfo>& driver);
 
+// Whether this process may apply `w` (sched_setaffinity, set_mempolicy), tried in a throwaway
+// thread: empty when it may, else the call, the CPUs or nodes and errno's text.
+std::string probeWorkerBinding(const WorkerBinding& w);
+
 // For this node: loads the topology (hwloc; HWLOC_XMLFILE in `env` names an XML file instead),
-// asks the driver, cuts to the agent's affinity (this machine only) and plans. An error only
+// asks the driver, cuts to the agent's affinity (this machine only) and plans; on this machine
+// a worker whose binding the kernel refuses (probeWorkerBinding) is not bound. An error only
 // when there is no topology at all.
 Result<NumaBindingPlan> prepareNumaBinding(NumaBindingMode mode, const NodeResources& node,
                                            int nproc,

@@ -265,6 +265,26 @@ TEST_CASE("a worker without a GPU or with a GPU the topology lacks is not bound 
   CHECK(describeWorkerBinding(stranger.workers[1]).rfind("not bound: GPU 1", 0) == 0);
 }
 
+TEST_CASE("a binding the kernel refuses is found before any worker starts", "[unit]") {
+  WorkerBinding ok;
+  ok.cpus = {0};
+  ok.memory_policy = MemoryPolicy::kPreferred;
+  ok.memory_nodes = {0};
+  CHECK(probeWorkerBinding(ok).empty());
+  WorkerBinding offline = ok;
+  offline.cpus = {1000};  // no such CPU online: EINVAL
+  CHECK(probeWorkerBinding(offline) ==
+        "the kernel refuses sched_setaffinity(CPUs 1000): Invalid argument");
+  WorkerBinding no_node = ok;
+  no_node.memory_nodes = {63};  // no such NUMA node: EINVAL
+  CHECK(probeWorkerBinding(no_node) ==
+        "the kernel refuses set_mempolicy(MPOL_PREFERRED, nodes 63): Invalid argument");
+  // The probe ran in its own thread: this one's affinity is untouched.
+  cpu_set_t mine;
+  REQUIRE(sched_getaffinity(0, sizeof mine, &mine) == 0);
+  CHECK(CPU_COUNT(&mine) >= 2);
+}
+
 TEST_CASE("GPU locality comes from the driver's bus ids or else from the topology's GPUs",
           "[unit]") {
   const NodeTopology t = load("dgx-h100-like-2s-8gpu.xml");
