@@ -456,8 +456,14 @@ int main(int argc, char** argv) {
                    numa_notice.c_str());
       return kExitLaunchError;
     }
-    if (!numa_notice.empty())
-      numa_notice += numa ? "; starting them unbound" : "; starting unbound";
+    if (!numa_notice.empty()) {
+      const auto unbound = numa ? std::count_if(numa->workers.begin(), numa->workers.end(),
+                                                [](const WorkerBinding& w) { return !w.bound(); })
+                                : 0;
+      numa_notice += !numa         ? "; starting unbound"
+                     : unbound > 1 ? "; starting them unbound"
+                                   : "; starting it unbound";
+    }
   }
 
   if (config.dry_run) {
