@@ -7,42 +7,123 @@
 namespace cpprun::rendezvous::wire {
 namespace {
 
-// Wire numbers, index = wire byte. kNone marks a hole.
-constexpr int kNone = -1;
-#define Q(x) static_cast<int>(QueryType::x)
-constexpr int kLegacyTable[] = {Q(SET),  Q(COMPARE_SET), Q(GET),       Q(ADD),       Q(CHECK),
-                                Q(WAIT), Q(GETNUMKEYS),  Q(WATCH_KEY), Q(DELETE_KEY)};
-constexpr int kV21Table[] = {Q(SET),    Q(COMPARE_SET), Q(GET),        Q(ADD),
-                             Q(CHECK),  Q(WAIT),        Q(GETNUMKEYS), Q(DELETE_KEY),
-                             Q(APPEND), Q(MULTI_GET),   Q(MULTI_SET),  Q(CANCEL_WAIT)};
-constexpr int kV2Table[] = {Q(VALIDATE),    Q(SET),       Q(COMPARE_SET), Q(GET),
-                            Q(ADD),         Q(CHECK),     Q(WAIT),        Q(GETNUMKEYS),
-                            Q(DELETE_KEY),  Q(APPEND),    Q(MULTI_GET),   Q(MULTI_SET),
-                            Q(CANCEL_WAIT), Q(PING),      Q(QUEUE_PUSH),  Q(QUEUE_POP),
-                            Q(QUEUE_LEN),   Q(LIST_KEYS), Q(BARRIER)};
-#undef Q
+// Every row's type is its position, so operation(t) is an index (the X-macro keeps this true).
+constexpr bool rowsInEnumOrder() {
+  for (size_t i = 0; i < kQueryTypeCount; ++i) {
+    if (static_cast<size_t>(kOperations[i].type) != i) return false;
+  }
+  return true;
+}
+static_assert(rowsInEnumOrder(), "kOperations rows must follow the QueryType order");
 
-// The wire numbering of one dialect: entries[byte] is a QueryType (as int) or kNone.
-struct Numbering {
-  const int* entries;
-  size_t size;
+// One dialect's numbering, inverted: type_of[byte] is a QueryType (as int) or kNone.
+struct ByteMap {
+  int16_t type_of[256];
 };
 
-template <size_t N>
-constexpr Numbering numberingOf(const int (&table)[N]) {
-  return {table, N};
+constexpr ByteMap byteMapOf(Dialect d) {
+  ByteMap m{};
+  for (int16_t& t : m.type_of) t = kNone;
+  for (const Operation& op : kOperations) {
+    const int16_t byte = op.wireByte(d);
+    if (byte != kNone) m.type_of[byte] = static_cast<int16_t>(op.type);
+  }
+  return m;
 }
 
-Numbering numberingFor(Dialect d) {
+// No two rows share a wire byte in one dialect, and every byte fits in the type byte.
+constexpr bool numberingIsValid(Dialect d) {
+  for (size_t i = 0; i < kQueryTypeCount; ++i) {
+    const int16_t byte = kOperations[i].wireByte(d);
+    if (byte == kNone) continue;
+    if (byte < 0 || byte > 255) return false;
+    for (size_t j = i + 1; j < kQueryTypeCount; ++j) {
+      if (kOperations[j].wireByte(d) == byte) return false;
+    }
+  }
+  return true;
+}
+static_assert(numberingIsValid(Dialect::kLegacy), "torch<=2.0 column: a byte used twice");
+static_assert(numberingIsValid(Dialect::kV21), "torch 2.1 column: a byte used twice");
+static_assert(numberingIsValid(Dialect::kV2), "torch>=2.2 column: a byte used twice");
+
+constexpr ByteMap kLegacyBytes = byteMapOf(Dialect::kLegacy);
+constexpr ByteMap kV21Bytes = byteMapOf(Dialect::kV21);
+constexpr ByteMap kV2Bytes = byteMapOf(Dialect::kV2);
+
+constexpr const ByteMap& byteMapFor(Dialect d) {
   switch (d) {
     case Dialect::kLegacy:
-      return numberingOf(kLegacyTable);
+      return kLegacyBytes;
     case Dialect::kV21:
-      return numberingOf(kV21Table);
+      return kV21Bytes;
     case Dialect::kV2:
-      return numberingOf(kV2Table);
+      break;
   }
-  return {nullptr, 0};
+  return kV2Bytes;
+}
+
+// The torch 2.1 detection on connections without a handshake (see RequestDecoder): a type byte
+// that 2.1 numbers and 1.13 does not (MULTI_GET, MULTI_SET, CANCEL_WAIT), or 1.13's WATCH_KEY
+// byte after another request (2.1's DELETE_KEY).
+constexpr bool onlyTorch21Sends(uint8_t byte) {
+  return kLegacyBytes.type_of[byte] == kNone && kV21Bytes.type_of[byte] != kNone;
+}
+constexpr uint8_t kLegacyWatchKey = operation(QueryType::WATCH_KEY).legacy;
+static_assert(onlyTorch21Sends(9) && onlyTorch21Sends(10) && onlyTorch21Sends(11) &&
+                  !onlyTorch21Sends(8) && !onlyTorch21Sends(12) && kLegacyWatchKey == 7,
+              "the torch 2.1 detection documented in wire.h and docs/protocol.md");
+
+// The fields of a request after its type byte: a fixed part, then for list layouts a u64
+// count and that many items. Drives parseRequest, scanRequest and encodeRequest alike.
+enum class Field : uint8_t { kKey, kValue, kI64, kU32 };
+struct Fields {
+  Field fixed[3];
+  uint8_t fixed_count;
+  bool list;
+  Field item[2];
+  uint8_t item_count;
+};
+
+constexpr Fields fieldsOf(Layout l) {
+  using F = Field;
+  switch (l) {
+    case Layout::kNothing:
+      break;
+    case Layout::kU32:
+      return {{F::kU32}, 1, false, {}, 0};
+    case Layout::kKey:
+      return {{F::kKey}, 1, false, {}, 0};
+    case Layout::kKeyValue:
+      return {{F::kKey, F::kValue}, 2, false, {}, 0};
+    case Layout::kKeyExpectedDesired:
+      return {{F::kKey, F::kValue, F::kValue}, 3, false, {}, 0};
+    case Layout::kKeyI64:
+      return {{F::kKey, F::kI64}, 2, false, {}, 0};
+    case Layout::kKeys:
+      return {{}, 0, true, {F::kKey}, 1};
+    case Layout::kKeyValuePairs:
+      return {{}, 0, true, {F::kKey, F::kValue}, 2};
+  }
+  return {{}, 0, false, {}, 0};
+}
+
+// encodeRequest writes a list's count as the number of keys past the fixed ones, so each item
+// must hold exactly one key.
+constexpr bool listItemsHoldOneKey() {
+  for (const Operation& op : kOperations) {
+    const Fields f = fieldsOf(op.layout);
+    if (!f.list) continue;
+    int keys = 0;
+    for (uint8_t i = 0; i < f.item_count; ++i) keys += f.item[i] == Field::kKey ? 1 : 0;
+    if (keys != 1) return false;
+  }
+  return true;
+}
+static_assert(listItemsHoldOneKey(), "a list item must hold exactly one key");
+
+std::string unknownType(Dialect d, uint8_t byte) {
+  return "unknown query type " + std::to_string(byte) + " for a " + dialectName(d) + " client";
 }
 
 std::string overLimit(const char* what, uint64_t len, size_t limit) {
@@ -111,63 +192,21 @@ const char* dialectName(Dialect d) {
 }
 
 const char* queryTypeName(QueryType t) {
-  switch (t) {
-    case QueryType::VALIDATE:
-      return "VALIDATE";
-    case QueryType::SET:
-      return "SET";
-    case QueryType::COMPARE_SET:
-      return "COMPARE_SET";
-    case QueryType::GET:
-      return "GET";
-    case QueryType::ADD:
-      return "ADD";
-    case QueryType::CHECK:
-      return "CHECK";
-    case QueryType::WAIT:
-      return "WAIT";
-    case QueryType::GETNUMKEYS:
-      return "GETNUMKEYS";
-    case QueryType::WATCH_KEY:
-      return "WATCH_KEY";
-    case QueryType::DELETE_KEY:
-      return "DELETE_KEY";
-    case QueryType::APPEND:
-      return "APPEND";
-    case QueryType::MULTI_GET:
-      return "MULTI_GET";
-    case QueryType::MULTI_SET:
-      return "MULTI_SET";
-    case QueryType::CANCEL_WAIT:
-      return "CANCEL_WAIT";
-    case QueryType::PING:
-      return "PING";
-    case QueryType::QUEUE_PUSH:
-      return "QUEUE_PUSH";
-    case QueryType::QUEUE_POP:
-      return "QUEUE_POP";
-    case QueryType::QUEUE_LEN:
-      return "QUEUE_LEN";
-    case QueryType::LIST_KEYS:
-      return "LIST_KEYS";
-    case QueryType::BARRIER:
-      return "BARRIER";
-  }
-  return "?";
+  const auto i = static_cast<size_t>(t);
+  return i < kQueryTypeCount ? kOperations[i].name : "?";
 }
 
 std::optional<QueryType> queryTypeFromWire(Dialect d, uint8_t byte) {
-  const Numbering n = numberingFor(d);
-  if (byte >= n.size || n.entries[byte] == kNone) return std::nullopt;
-  return static_cast<QueryType>(n.entries[byte]);
+  const int16_t t = byteMapFor(d).type_of[byte];
+  if (t == kNone) return std::nullopt;
+  return static_cast<QueryType>(t);
 }
 
 std::optional<uint8_t> queryTypeToWire(Dialect d, QueryType t) {
-  const Numbering n = numberingFor(d);
-  for (size_t i = 0; i < n.size; ++i) {
-    if (n.entries[i] == static_cast<int>(t)) return static_cast<uint8_t>(i);
-  }
-  return std::nullopt;
+  if (static_cast<size_t>(t) >= kQueryTypeCount) return std::nullopt;
+  const int16_t byte = operation(t).wireByte(d);
+  if (byte == kNone) return std::nullopt;
+  return static_cast<uint8_t>(byte);
 }
 
 uint64_t loadU64(const uint8_t* p) {
@@ -227,8 +266,7 @@ ParseStatus parseRequest(Dialect d, const Limits& limits, const uint8_t* data, s
   if (size == 0) return ParseStatus::kNeedMore;
   auto type = queryTypeFromWire(d, data[0]);
   if (!type) {
-    *error =
-        "unknown query type " + std::to_string(data[0]) + " for a " + dialectName(d) + " client";
+    *error = unknownType(d, data[0]);
     return ParseStatus::kError;
   }
   Cursor c(data + 1, size - 1);
@@ -241,89 +279,43 @@ ParseStatus parseRequest(Dialect d, const Limits& limits, const uint8_t* data, s
   r.u32 = 0;
   size_t key_count = 0;
   size_t value_count = 0;
-  auto nextKey = [&]() -> std::string& {
-    if (key_count == r.keys.size()) r.keys.emplace_back();
-    return r.keys[key_count++];
-  };
-  auto nextValue = [&]() -> Bytes& {
-    if (value_count == r.values.size()) r.values.emplace_back();
-    return r.values[value_count++];
-  };
-
-  auto key = [&](std::string* k) {
-    return c.lengthPrefixed(k, limits.max_key_bytes, "key", &status, error);
-  };
-  auto value = [&](Bytes* v) {
-    return c.lengthPrefixed(v, limits.max_value_bytes, "value", &status, error);
-  };
-  auto keyCount = [&](uint64_t* n) {
-    if (!c.u64(n)) return false;
-    if (*n > limits.max_keys_per_request) {
-      status = ParseStatus::kError;
-      *error = tooManyKeys(*n, r.type, limits.max_keys_per_request);
-      return false;
-    }
-    return true;
-  };
-  auto oneKey = [&]() { return key(&nextKey()); };
-  auto oneKeyOneValue = [&]() { return key(&nextKey()) && value(&nextValue()); };
-  auto keyList = [&]() {
-    uint64_t n = 0;
-    if (!keyCount(&n)) return false;
-    for (uint64_t i = 0; i < n; ++i) {
-      if (!key(&nextKey())) return false;
-    }
-    return true;
-  };
-
-  bool complete = false;
-  uint64_t u = 0;
-  switch (r.type) {
-    case QueryType::SET:
-    case QueryType::APPEND:
-    case QueryType::QUEUE_PUSH:
-      complete = oneKeyOneValue();
-      break;
-    case QueryType::COMPARE_SET:
-      complete = key(&nextKey()) && value(&nextValue()) && value(&nextValue());
-      break;
-    case QueryType::GET:
-    case QueryType::DELETE_KEY:
-    case QueryType::WATCH_KEY:
-    case QueryType::QUEUE_POP:
-    case QueryType::QUEUE_LEN:
-      complete = oneKey();
-      break;
-    case QueryType::ADD:
-      complete = oneKey() && c.u64(&u);
-      r.integer = static_cast<int64_t>(u);
-      break;
-    case QueryType::BARRIER:
-      complete = oneKey() && c.u64(&u);
-      r.integer = static_cast<int64_t>(u);
-      break;
-    case QueryType::CHECK:
-    case QueryType::WAIT:
-    case QueryType::MULTI_GET:
-      complete = keyList();
-      break;
-    case QueryType::MULTI_SET: {
-      uint64_t n = 0;
-      complete = keyCount(&n);
-      for (uint64_t i = 0; complete && i < n; ++i) {
-        complete = key(&nextKey()) && value(&nextValue());
+  // Reads one field into its place in r; false if incomplete or (status = kError) over a limit.
+  auto field = [&](Field f) -> bool {
+    switch (f) {
+      case Field::kKey: {
+        if (key_count == r.keys.size()) r.keys.emplace_back();
+        return c.lengthPrefixed(&r.keys[key_count++], limits.max_key_bytes, "key", &status, error);
       }
-      break;
+      case Field::kValue: {
+        if (value_count == r.values.size()) r.values.emplace_back();
+        return c.lengthPrefixed(&r.values[value_count++], limits.max_value_bytes, "value", &status,
+                                error);
+      }
+      case Field::kI64: {
+        uint64_t u = 0;
+        if (!c.u64(&u)) return false;
+        r.integer = static_cast<int64_t>(u);
+        return true;
+      }
+      case Field::kU32:
+        return c.u32(&r.u32);
     }
-    case QueryType::GETNUMKEYS:
-    case QueryType::CANCEL_WAIT:
-    case QueryType::LIST_KEYS:
-      complete = true;
-      break;
-    case QueryType::VALIDATE:
-    case QueryType::PING:
-      complete = c.u32(&r.u32);
-      break;
+    return false;
+  };
+
+  const Fields fields = fieldsOf(operation(r.type).layout);
+  bool complete = true;
+  for (uint8_t i = 0; complete && i < fields.fixed_count; ++i) complete = field(fields.fixed[i]);
+  if (complete && fields.list) {
+    uint64_t n = 0;
+    complete = c.u64(&n);
+    if (complete && n > limits.max_keys_per_request) {
+      *error = tooManyKeys(n, r.type, limits.max_keys_per_request);
+      return ParseStatus::kError;
+    }
+    for (uint64_t i = 0; complete && i < n; ++i) {
+      for (uint8_t j = 0; complete && j < fields.item_count; ++j) complete = field(fields.item[j]);
+    }
   }
   if (status == ParseStatus::kError) return status;
   if (!complete) return ParseStatus::kNeedMore;
@@ -333,70 +325,19 @@ ParseStatus parseRequest(Dialect d, const Limits& limits, const uint8_t* data, s
   return ParseStatus::kRequest;
 }
 
-namespace {
-
-// The fields of each request after its type byte, for the resumable scan: a fixed part, then
-// for list requests a count and that many items.
-enum class Field : uint8_t { kKey, kValue, kU64, kU32 };
-struct Layout {
-  Field fixed[3];
-  uint8_t fixed_count;
-  bool list;
-  Field item[2];
-  uint8_t item_count;
-};
-
-Layout layoutOf(QueryType t) {
-  using F = Field;
-  switch (t) {
-    case QueryType::SET:
-    case QueryType::APPEND:
-    case QueryType::QUEUE_PUSH:
-      return {{F::kKey, F::kValue}, 2, false, {}, 0};
-    case QueryType::COMPARE_SET:
-      return {{F::kKey, F::kValue, F::kValue}, 3, false, {}, 0};
-    case QueryType::GET:
-    case QueryType::DELETE_KEY:
-    case QueryType::WATCH_KEY:
-    case QueryType::QUEUE_POP:
-    case QueryType::QUEUE_LEN:
-      return {{F::kKey}, 1, false, {}, 0};
-    case QueryType::ADD:
-    case QueryType::BARRIER:
-      return {{F::kKey, F::kU64}, 2, false, {}, 0};
-    case QueryType::CHECK:
-    case QueryType::WAIT:
-    case QueryType::MULTI_GET:
-      return {{}, 0, true, {F::kKey}, 1};
-    case QueryType::MULTI_SET:
-      return {{}, 0, true, {F::kKey, F::kValue}, 2};
-    case QueryType::VALIDATE:
-    case QueryType::PING:
-      return {{F::kU32}, 1, false, {}, 0};
-    case QueryType::GETNUMKEYS:
-    case QueryType::CANCEL_WAIT:
-    case QueryType::LIST_KEYS:
-      break;
-  }
-  return {{}, 0, false, {}, 0};
-}
-
-}  // namespace
-
 ParseStatus scanRequest(Dialect d, const Limits& limits, const uint8_t* data, size_t size,
                         ScanState* st, size_t* consumed, std::string* error) {
   if (st->pos == 0) {
     if (size == 0) return ParseStatus::kNeedMore;
     auto type = queryTypeFromWire(d, data[0]);
     if (!type) {
-      *error =
-          "unknown query type " + std::to_string(data[0]) + " for a " + dialectName(d) + " client";
+      *error = unknownType(d, data[0]);
       return ParseStatus::kError;
     }
     st->type = *type;
     st->pos = 1;
   }
-  const Layout layout = layoutOf(st->type);
+  const Fields fields = fieldsOf(operation(st->type).layout);
   // Skips one field; 1 = done, 0 = needs more bytes, -1 = error.
   auto skip = [&](Field f) -> int {
     size_t left = size - st->pos;
@@ -405,7 +346,7 @@ ParseStatus scanRequest(Dialect d, const Limits& limits, const uint8_t* data, si
         if (left < 4) return 0;
         st->pos += 4;
         return 1;
-      case Field::kU64:
+      case Field::kI64:
         if (left < 8) return 0;
         st->pos += 8;
         return 1;
@@ -425,12 +366,12 @@ ParseStatus scanRequest(Dialect d, const Limits& limits, const uint8_t* data, si
     }
     return -1;
   };
-  while (st->fields_done < layout.fixed_count) {
-    int r = skip(layout.fixed[st->fields_done]);
+  while (st->fields_done < fields.fixed_count) {
+    int r = skip(fields.fixed[st->fields_done]);
     if (r <= 0) return r < 0 ? ParseStatus::kError : ParseStatus::kNeedMore;
     ++st->fields_done;
   }
-  if (layout.list) {
+  if (fields.list) {
     if (!st->counted) {
       if (size - st->pos < 8) return ParseStatus::kNeedMore;
       uint64_t n = loadU64(data + st->pos);
@@ -443,8 +384,8 @@ ParseStatus scanRequest(Dialect d, const Limits& limits, const uint8_t* data, si
       st->pos += 8;
     }
     while (st->items_left > 0) {
-      while (st->item_fields_done < layout.item_count) {
-        int r = skip(layout.item[st->item_fields_done]);
+      while (st->item_fields_done < fields.item_count) {
+        int r = skip(fields.item[st->item_fields_done]);
         if (r <= 0) return r < 0 ? ParseStatus::kError : ParseStatus::kNeedMore;
         ++st->item_fields_done;
       }
@@ -460,51 +401,33 @@ bool encodeRequest(Dialect d, const Request& r, Bytes* out) {
   auto type = queryTypeToWire(d, r.type);
   if (!type) return false;
   appendU8(out, *type);
-  switch (r.type) {
-    case QueryType::SET:
-    case QueryType::APPEND:
-    case QueryType::QUEUE_PUSH:
-      appendString(out, r.keys.at(0));
-      appendBytes(out, r.values.at(0));
-      break;
-    case QueryType::COMPARE_SET:
-      appendString(out, r.keys.at(0));
-      appendBytes(out, r.values.at(0));
-      appendBytes(out, r.values.at(1));
-      break;
-    case QueryType::GET:
-    case QueryType::DELETE_KEY:
-    case QueryType::WATCH_KEY:
-    case QueryType::QUEUE_POP:
-    case QueryType::QUEUE_LEN:
-      appendString(out, r.keys.at(0));
-      break;
-    case QueryType::ADD:
-    case QueryType::BARRIER:
-      appendString(out, r.keys.at(0));
-      appendI64(out, r.integer);
-      break;
-    case QueryType::CHECK:
-    case QueryType::WAIT:
-    case QueryType::MULTI_GET:
-      appendU64(out, r.keys.size());
-      for (const auto& k : r.keys) appendString(out, k);
-      break;
-    case QueryType::MULTI_SET:
-      appendU64(out, r.keys.size());
-      for (size_t i = 0; i < r.keys.size(); ++i) {
-        appendString(out, r.keys[i]);
-        appendBytes(out, r.values.at(i));
-      }
-      break;
-    case QueryType::GETNUMKEYS:
-    case QueryType::CANCEL_WAIT:
-    case QueryType::LIST_KEYS:
-      break;
-    case QueryType::VALIDATE:
-    case QueryType::PING:
-      appendU32(out, r.u32);
-      break;
+  size_t key_count = 0;
+  size_t value_count = 0;
+  auto field = [&](Field f) {
+    switch (f) {
+      case Field::kKey:
+        appendString(out, r.keys.at(key_count++));
+        break;
+      case Field::kValue:
+        appendBytes(out, r.values.at(value_count++));
+        break;
+      case Field::kI64:
+        appendI64(out, r.integer);
+        break;
+      case Field::kU32:
+        appendU32(out, r.u32);
+        break;
+    }
+  };
+  const Fields fields = fieldsOf(operation(r.type).layout);
+  for (uint8_t i = 0; i < fields.fixed_count; ++i) field(fields.fixed[i]);
+  if (fields.list) {
+    // One key per item (static_assert above): the keys past the fixed ones are the items.
+    const size_t items = r.keys.size() - key_count;
+    appendU64(out, items);
+    for (size_t i = 0; i < items; ++i) {
+      for (uint8_t j = 0; j < fields.item_count; ++j) field(fields.item[j]);
+    }
   }
   return true;
 }
@@ -543,9 +466,9 @@ ParseStatus RequestDecoder::next(Request* out, std::string* error) {
   if (*dialect_ == Dialect::kLegacy && at_request_start) {
     // A request only a torch 2.1 client sends: this connection speaks 2.1 from here on.
     const uint8_t type = data[0];
-    if (type == 9 || type == 10 || type == 11 || (type == 7 && sent_other_than_type7_)) {
+    if (onlyTorch21Sends(type) || (type == kLegacyWatchKey && sent_other_than_type7_)) {
       dialect_ = Dialect::kV21;
-    } else if (type != 7) {
+    } else if (type != kLegacyWatchKey) {
       sent_other_than_type7_ = true;
     }
   }

@@ -28,30 +28,110 @@ enum class Dialect : uint8_t {
 };
 const char* dialectName(Dialect d);
 
-// Logical operations, spelled as in PyTorch's QueryType so they can be diffed against it.
-// The numeric values here are ours; the wire numbers depend on the dialect.
-enum class QueryType : uint8_t {
-  VALIDATE,
-  SET,
-  COMPARE_SET,
-  GET,
-  ADD,
-  CHECK,
-  WAIT,
-  GETNUMKEYS,
-  WATCH_KEY,  // legacy only
-  DELETE_KEY,
-  APPEND,  // V2 only from here on
-  MULTI_GET,
-  MULTI_SET,
-  CANCEL_WAIT,
-  PING,
-  QUEUE_PUSH,
-  QUEUE_POP,
-  QUEUE_LEN,
-  LIST_KEYS,
-  BARRIER,
+// How a request's fields follow its type byte, and where parseRequest puts them in a Request.
+// Keys fill Request::keys and values Request::values in wire order; a list is a u64 count, then
+// that many items.
+enum class Layout : uint8_t {
+  kNothing,             // (no fields)
+  kU32,                 // u32 -> u32 (VALIDATE's magic, PING's nonce)
+  kKey,                 // key -> keys[0]
+  kKeyValue,            // key, value -> keys[0], values[0]
+  kKeyExpectedDesired,  // key, expected, desired -> keys[0], values = {expected, desired}
+  kKeyI64,              // key, i64 -> keys[0], integer (ADD's delta, BARRIER's world size)
+  kKeys,                // u64 n, n keys -> keys
+  kKeyValuePairs,       // u64 n, n x (key, value) -> keys, values (same count)
 };
+
+// What the server sends back for a request (replies are the same in every dialect).
+enum class ReplyShape : uint8_t {
+  kNoReply,       // nothing
+  kByte,          // one u8 enum (kCheck*, kWait*, kWatchCallbackRegistered); WAIT's and
+                  // BARRIER's may come later, once the keys exist / the count is reached
+  kU32,           // u32 (PING echoes its nonce)
+  kI64,           // i64
+  kValue,         // u64 length + bytes
+  kValues,        // one value (u64 length + bytes) per requested key
+  kCountedKeys,   // u64 n, then n keys
+  kI64ThenValue,  // i64 n, then one value when n > 0 (QUEUE_POP: queue length, head)
+};
+
+// A query type that a dialect does not have (a hole in the wire numbering column).
+constexpr int16_t kNone = -1;
+
+// THE table of store operations: one row per query type, in the order of the QueryType enum it
+// defines. Columns: PyTorch's name, its wire byte in each dialect (kNone: not in that dialect),
+// the request's Layout, the reply's ReplyShape. It drives the enum, names, numbering, decoding,
+// the resumable scan, encoding and the torch 2.1 detection; adding an operation is one row here
+// plus its semantics in StoreEngine::handle (the compiler asks for the case).
+// clang-format off
+#define CPPRUN_WIRE_OPERATIONS(X)                                                                  \
+  /* QueryType   torch<=2.0 torch 2.1 torch>=2.2  request layout         reply */                  \
+  X(VALIDATE,    kNone,     kNone,    0,          kU32,                 kNoReply)                  \
+  X(SET,         0,         0,        1,          kKeyValue,            kNoReply)                  \
+  X(COMPARE_SET, 1,         1,        2,          kKeyExpectedDesired,  kValue)                    \
+  X(GET,         2,         2,        3,          kKey,                 kValue)                    \
+  X(ADD,         3,         3,        4,          kKeyI64,              kI64)                      \
+  X(CHECK,       4,         4,        5,          kKeys,                kByte)                     \
+  X(WAIT,        5,         5,        6,          kKeys,                kByte)                     \
+  X(GETNUMKEYS,  6,         6,        7,          kNothing,             kI64)                      \
+  X(WATCH_KEY,   7,         kNone,    kNone,      kKey,                 kByte)                     \
+  X(DELETE_KEY,  8,         7,        8,          kKey,                 kI64)                      \
+  X(APPEND,      kNone,     8,        9,          kKeyValue,            kNoReply)                  \
+  X(MULTI_GET,   kNone,     9,        10,         kKeys,                kValues)                   \
+  X(MULTI_SET,   kNone,     10,       11,         kKeyValuePairs,       kNoReply)                  \
+  X(CANCEL_WAIT, kNone,     11,       12,         kNothing,             kByte)                     \
+  X(PING,        kNone,     kNone,    13,         kU32,                 kU32)                      \
+  X(QUEUE_PUSH,  kNone,     kNone,    14,         kKeyValue,            kNoReply)                  \
+  X(QUEUE_POP,   kNone,     kNone,    15,         kKey,                 kI64ThenValue)             \
+  X(QUEUE_LEN,   kNone,     kNone,    16,         kKey,                 kI64)                      \
+  X(LIST_KEYS,   kNone,     kNone,    17,         kNothing,             kCountedKeys)              \
+  X(BARRIER,     kNone,     kNone,    18,         kKeyI64,              kByte)
+// clang-format on
+
+// Logical operations, spelled as in PyTorch's QueryType so they can be diffed against it.
+// The numeric values here are ours (the table's row order); the wire numbers depend on the
+// dialect.
+enum class QueryType : uint8_t {
+#define CPPRUN_WIRE_ENUMERATOR(type, legacy, v21, v2, layout, reply) type,
+  CPPRUN_WIRE_OPERATIONS(CPPRUN_WIRE_ENUMERATOR)
+#undef CPPRUN_WIRE_ENUMERATOR
+};
+
+// One row of the table.
+struct Operation {
+  QueryType type;
+  const char* name;
+  int16_t legacy;  // wire byte per dialect, or kNone
+  int16_t v21;
+  int16_t v2;
+  Layout layout;
+  ReplyShape reply;
+
+  // The wire byte in `d`, or kNone.
+  constexpr int16_t wireByte(Dialect d) const {
+    switch (d) {
+      case Dialect::kLegacy:
+        return legacy;
+      case Dialect::kV21:
+        return v21;
+      case Dialect::kV2:
+        return v2;
+    }
+    return kNone;
+  }
+};
+
+inline constexpr Operation kOperations[] = {
+#define CPPRUN_WIRE_ROW(type, legacy, v21, v2, layout, reply) \
+  {QueryType::type, #type, legacy, v21, v2, Layout::layout, ReplyShape::reply},
+    CPPRUN_WIRE_OPERATIONS(CPPRUN_WIRE_ROW)
+#undef CPPRUN_WIRE_ROW
+};
+inline constexpr size_t kQueryTypeCount = sizeof(kOperations) / sizeof(kOperations[0]);
+
+// The row of `t`. REQUIRES: t is a QueryType value (one of the table's rows).
+constexpr const Operation& operation(QueryType t) { return kOperations[static_cast<size_t>(t)]; }
+
 const char* queryTypeName(QueryType t);
 
 std::optional<QueryType> queryTypeFromWire(Dialect d, uint8_t byte);
@@ -77,11 +157,8 @@ struct Limits {
   size_t max_keys_per_request = 128 * 1024;
 };
 
-// One decoded request. Which fields are meaningful depends on `type`:
-//   SET/APPEND/QUEUE_PUSH: keys[0], values[0]      GET/ADD/DELETE_KEY/WATCH_KEY/QUEUE_*: keys[0]
-//   COMPARE_SET: keys[0], values = {expected, desired}   ADD: integer = delta
-//   CHECK/WAIT/MULTI_GET: keys   MULTI_SET: keys, values (same count)
-//   VALIDATE: u32 = magic   PING: u32 = nonce   BARRIER: keys[0], integer = world size
+// One decoded request. Which fields are meaningful depends on `type`: its row's Layout says
+// (e.g. COMPARE_SET: keys[0], values = {expected, desired}; ADD: keys[0], integer = delta).
 struct Request {
   QueryType type = QueryType::GETNUMKEYS;
   std::vector<std::string> keys;

@@ -3,8 +3,10 @@
 #include "rendezvous/wire.h"
 
 #include <catch2/catch.hpp>
+#include <map>
 #include <random>
 
+#include "rendezvous/store_engine.h"
 #include "tests/support/test_support.h"
 
 namespace {
@@ -208,6 +210,194 @@ TEST_CASE("every query type round-trips in both dialects", "[unit]") {
               ParseStatus::kNeedMore);
         CHECK(consumed == 0);
       }
+    }
+  }
+}
+
+namespace {
+
+// A request of `op`'s type with every field of its layout filled (lists with two items).
+Request sampleOf(const Operation& op) {
+  Request r;
+  r.type = op.type;
+  switch (op.layout) {
+    case Layout::kNothing:
+      break;
+    case Layout::kU32:
+      r.u32 = kValidationMagic;
+      break;
+    case Layout::kKey:
+      r.keys = {"/k"};
+      break;
+    case Layout::kKeyValue:
+      r.keys = {"/k"};
+      r.values = {b("value")};
+      break;
+    case Layout::kKeyExpectedDesired:
+      r.keys = {"/k"};
+      r.values = {b("1"), b("22")};
+      break;
+    case Layout::kKeyI64:
+      r.keys = {"/k"};
+      r.integer = -3;
+      break;
+    case Layout::kKeys:
+      r.keys = {"/a", "/b"};
+      break;
+    case Layout::kKeyValuePairs:
+      r.keys = {"/a", "/b"};
+      r.values = {b("1"), b("22")};
+      break;
+  }
+  return r;
+}
+
+// The length of a whole reply of `shape` at the front of `bytes`, or 0 if it is not there.
+size_t replyLength(ReplyShape shape, const Bytes& bytes, size_t requested_keys) {
+  size_t pos = 0;
+  auto fixed = [&](size_t n) { return bytes.size() - pos >= n ? (pos += n, true) : false; };
+  auto u64 = [&](uint64_t* v) {
+    if (bytes.size() - pos < 8) return false;
+    *v = loadU64(bytes.data() + pos);
+    pos += 8;
+    return true;
+  };
+  auto value = [&] {
+    uint64_t len = 0;
+    return u64(&len) && fixed(static_cast<size_t>(len));
+  };
+  bool ok = true;
+  uint64_t n = 0;
+  switch (shape) {
+    case ReplyShape::kNoReply:
+      break;
+    case ReplyShape::kByte:
+      ok = fixed(1);
+      break;
+    case ReplyShape::kU32:
+      ok = fixed(4);
+      break;
+    case ReplyShape::kI64:
+      ok = fixed(8);
+      break;
+    case ReplyShape::kValue:
+      ok = value();
+      break;
+    case ReplyShape::kValues:
+      for (size_t i = 0; ok && i < requested_keys; ++i) ok = value();
+      break;
+    case ReplyShape::kCountedKeys:
+      ok = u64(&n);
+      for (uint64_t i = 0; ok && i < n; ++i) ok = value();
+      break;
+    case ReplyShape::kI64ThenValue:
+      ok = u64(&n) && (n == 0 || value());
+      break;
+  }
+  return ok ? pos : 0;
+}
+
+}  // namespace
+
+TEST_CASE("every row of the operation table round-trips in each dialect it exists in", "[unit]") {
+  CHECK(kQueryTypeCount == 20);
+  for (const Operation& op : kOperations) {
+    INFO(op.name);
+    CHECK(std::string(queryTypeName(op.type)) == op.name);
+    const Request sample = sampleOf(op);
+    int dialects = 0;
+    for (Dialect d : {Dialect::kLegacy, Dialect::kV21, Dialect::kV2}) {
+      INFO(dialectName(d));
+      Bytes bytes;
+      if (op.wireByte(d) == kNone) {
+        // Not in this dialect: no number either way, and nothing is written.
+        CHECK_FALSE(queryTypeToWire(d, op.type));
+        CHECK_FALSE(encodeRequest(d, sample, &bytes));
+        CHECK(bytes.empty());
+        continue;
+      }
+      ++dialects;
+      REQUIRE(queryTypeFromWire(d, static_cast<uint8_t>(op.wireByte(d))) == op.type);
+      REQUIRE(queryTypeToWire(d, op.type) == op.wireByte(d));
+      // parse(encode(request)) == request
+      REQUIRE(encodeRequest(d, sample, &bytes));
+      REQUIRE(bytes.size() > 0);
+      CHECK(bytes[0] == op.wireByte(d));
+      Request parsed;
+      size_t consumed = 0;
+      std::string error;
+      REQUIRE(parseRequest(d, Limits{}, bytes.data(), bytes.size(), &parsed, &consumed, &error) ==
+              ParseStatus::kRequest);
+      CHECK(consumed == bytes.size());
+      CHECK(parsed == sample);
+      // encode(parse(bytes)) == bytes, with trailing bytes of a next request left alone.
+      Bytes pipelined = bytes;
+      pipelined.push_back(0xff);
+      REQUIRE(parseRequest(d, Limits{}, pipelined.data(), pipelined.size(), &parsed, &consumed,
+                           &error) == ParseStatus::kRequest);
+      CHECK(consumed == bytes.size());
+      Bytes again;
+      REQUIRE(encodeRequest(d, parsed, &again));
+      CHECK(again == bytes);
+      // The resumable scan, fed a byte at a time, ends where the parse did.
+      ScanState scan;
+      size_t scanned = 0;
+      for (size_t n = 0; n < bytes.size(); ++n) {
+        REQUIRE(scanRequest(d, Limits{}, bytes.data(), n, &scan, &scanned, &error) ==
+                ParseStatus::kNeedMore);
+      }
+      REQUIRE(scanRequest(d, Limits{}, bytes.data(), bytes.size(), &scan, &scanned, &error) ==
+              ParseStatus::kRequest);
+      CHECK(scanned == bytes.size());
+      // A decoder of a connection in this dialect returns it whole, however it is cut.
+      Bytes stream;
+      if (d == Dialect::kV2 && op.type != QueryType::VALIDATE) {
+        Request validate = sampleOf(operation(QueryType::VALIDATE));
+        REQUIRE(encodeRequest(Dialect::kV2, validate, &stream));
+      }
+      const size_t handshake = stream.size();
+      stream.insert(stream.end(), bytes.begin(), bytes.end());
+      RequestDecoder decoder(Limits{}, d == Dialect::kV2 ? Dialect::kLegacy : d);
+      std::vector<Request> decoded;
+      for (size_t i = 0; i < stream.size(); ++i) {
+        decoder.feed(&stream[i], 1);
+        Request r;
+        ParseStatus s;
+        while ((s = decoder.next(&r, &error)) == ParseStatus::kRequest) decoded.push_back(r);
+        REQUIRE(s == ParseStatus::kNeedMore);
+      }
+      REQUIRE(decoded.size() == (handshake > 0 ? 2u : 1u));
+      CHECK(decoded.back() == sample);
+      CHECK(decoder.dialect() == d);
+    }
+    CHECK(dialects > 0);  // a row no dialect numbers is dead
+  }
+}
+
+TEST_CASE("every row's reply has the shape the operation table gives it", "[unit]") {
+  class Recording : public cpprun::rendezvous::Outbox {
+   public:
+    void send(cpprun::rendezvous::ClientId client, const uint8_t* data, size_t size) override {
+      sent[client].insert(sent[client].end(), data, data + size);
+    }
+    std::map<cpprun::rendezvous::ClientId, Bytes> sent;
+  };
+  for (const Operation& op : kOperations) {
+    INFO(op.name);
+    Recording outbox;
+    cpprun::rendezvous::StoreEngine engine(&outbox);
+    // Every key the samples name holds a counter, so WAIT, CHECK and BARRIER answer at once.
+    for (const char* key : {"/k", "/a", "/b"}) engine.localSet(key, b("1"));
+    const Dialect d = op.wireByte(Dialect::kV2) != kNone ? Dialect::kV2 : Dialect::kLegacy;
+    const Request r = sampleOf(op);
+    std::string error;
+    REQUIRE(engine.handle(1, d, r, &error));
+    const Bytes& reply = outbox.sent[1];
+    if (op.reply == ReplyShape::kNoReply) {
+      CHECK(reply.empty());
+    } else {
+      REQUIRE_FALSE(reply.empty());
+      CHECK(replyLength(op.reply, reply, r.keys.size()) == reply.size());
     }
   }
 }
