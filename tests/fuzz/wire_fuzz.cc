@@ -1,10 +1,13 @@
 // libFuzzer target: arbitrary bytes through the incremental decoder (cut into chunks chosen by
 // the input itself) and every decoded request through the store engine.
 //
-// Checks: no crash, no sanitizer report; every decoded request re-encodes to bytes that decode
-// back to the same request; input cut into pieces decodes exactly as the whole does.
+// Checks: no crash, no sanitizer report; input cut into pieces decodes exactly as the whole
+// does; round trips, for every row of the operation table in every dialect it exists in:
+// parse(encode(request)) == request and encode(parse(bytes)) == bytes (the input read as a
+// request of each row, and the decoded stream as a whole).
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <vector>
 
@@ -40,14 +43,44 @@ struct Decoded {
   std::vector<Dialect> dialects;  // each request's (a legacy connection may switch to 2.1)
   std::optional<Dialect> dialect;
   bool failed = false;  // stopped at a malformed request
+  size_t consumed = 0;  // bytes of the whole requests
 };
+
+// The input, after a type byte of each row in turn, read as a request of that row in every
+// dialect that has it: a decoded request re-encodes to exactly the bytes it came from.
+void checkEveryRow(const uint8_t* data, size_t size, const Limits& limits) {
+  Bytes framed(size + 1);
+  if (size > 0) std::memcpy(framed.data() + 1, data, size);
+  Request r;
+  for (const Operation& op : kOperations) {
+    for (Dialect d : {Dialect::kLegacy, Dialect::kV21, Dialect::kV2}) {
+      if (op.wireByte(d) == kNone) continue;
+      framed[0] = static_cast<uint8_t>(op.wireByte(d));
+      size_t consumed = 0;
+      std::string error;
+      ParseStatus s = parseRequest(d, limits, framed.data(), framed.size(), &r, &consumed, &error);
+      if (s == ParseStatus::kError && error.empty()) std::abort();
+      if (s != ParseStatus::kRequest) continue;
+      if (r.type != op.type) std::abort();
+      Bytes encoded;
+      if (!encodeRequest(d, r, &encoded)) std::abort();
+      if (encoded.size() != consumed || std::memcmp(encoded.data(), framed.data(), consumed) != 0) {
+        std::abort();
+      }
+      checkRoundTrip(d, r, limits);
+    }
+  }
+}
 
 // Decodes `data` fed in pieces of `chunk` bytes; stops at the first error.
 Decoded decodeInChunks(const uint8_t* data, size_t size, size_t chunk, const Limits& limits) {
   RequestDecoder decoder(limits);
   Decoded out;
+  size_t fed = 0;
   for (size_t off = 0; off < size && !out.failed; off += chunk) {
-    decoder.feed(data + off, std::min(chunk, size - off));
+    const size_t piece = std::min(chunk, size - off);
+    decoder.feed(data + off, piece);
+    fed += piece;
     while (true) {
       Request r;
       std::string error;
@@ -63,6 +96,7 @@ Decoded decodeInChunks(const uint8_t* data, size_t size, size_t chunk, const Lim
     }
   }
   out.dialect = decoder.dialect();
+  out.consumed = fed - decoder.bufferedBytes();
   return out;
 }
 
@@ -86,6 +120,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       split.failed != whole.failed) {
     std::abort();
   }
+
+  // encode(parse(bytes)) == bytes for the stream: the decoded requests, re-encoded in the
+  // dialect each was read in, are exactly the bytes the decoder consumed.
+  if (split.consumed != whole.consumed) std::abort();
+  Bytes reencoded;
+  for (size_t i = 0; i < whole.requests.size(); ++i) {
+    if (!encodeRequest(whole.dialects[i], whole.requests[i], &reencoded)) std::abort();
+  }
+  if (reencoded.size() != whole.consumed ||
+      (whole.consumed > 0 && std::memcmp(reencoded.data(), data, whole.consumed) != 0)) {
+    std::abort();
+  }
+  checkEveryRow(data, size, limits);
 
   static DiscardingOutbox outbox;
   StoreEngine engine(&outbox);
