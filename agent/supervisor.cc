@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <utility>
 
@@ -40,6 +41,49 @@ int JobOutcome::exitCode() const {
   return 1;
 }
 
+const char* jobOutcomeName(JobOutcome::Kind kind) {
+  switch (kind) {
+    case JobOutcome::Kind::kSucceeded:
+      return "succeeded";
+    case JobOutcome::Kind::kWorkersFailed:
+      return "workers_failed";
+    case JobOutcome::Kind::kSignalled:
+      return "signalled";
+    case JobOutcome::Kind::kStartFailed:
+      return "start_failed";
+    case JobOutcome::Kind::kLostPeers:
+      return "lost_peers";
+  }
+  return "unknown";
+}
+
+AttemptEnd classifyAttempt(const AttemptFacts& facts) {
+  if (facts.lost_peers) return AttemptEnd::kLostPeers;
+  if (facts.start_failed) return AttemptEnd::kStartFailed;
+  if (facts.signal != 0) return AttemptEnd::kSignalled;
+  if (facts.workers_failed) return AttemptEnd::kWorkersFailed;
+  if (facts.peer_stopped) return AttemptEnd::kStoppedByPeer;
+  return AttemptEnd::kSucceeded;
+}
+
+const char* attemptEndName(AttemptEnd end) {
+  switch (end) {
+    case AttemptEnd::kLostPeers:
+      return "lost_peers";
+    case AttemptEnd::kStartFailed:
+      return "start_failed";
+    case AttemptEnd::kSignalled:
+      return "signalled";
+    case AttemptEnd::kWorkersFailed:
+      return "workers_failed";
+    case AttemptEnd::kStoppedByPeer:
+      return "stopped_by_peer";
+    case AttemptEnd::kSucceeded:
+      return "succeeded";
+  }
+  return "unknown";
+}
+
 namespace {
 
 std::string describeStatus(int status) {
@@ -55,16 +99,30 @@ milliseconds sinceMs(SteadyClock::time_point t, SteadyClock::time_point now) {
   return std::chrono::duration_cast<milliseconds>(now - t);
 }
 
-const char* stateName(int s) {
-  static const char* const kNames[] = {"waiting", "running", "stopping", "draining", "done"};
-  return kNames[s];
-}
-
 }  // namespace
 
 class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
  public:
   enum class State { kIdle, kRunning, kStopping, kDraining, kDone };
+  static constexpr State kStates[] = {State::kIdle, State::kRunning, State::kStopping,
+                                      State::kDraining, State::kDone};
+
+  // As /status and /metrics spell it.
+  static const char* stateName(State s) {
+    switch (s) {
+      case State::kIdle:
+        return "waiting";
+      case State::kRunning:
+        return "running";
+      case State::kStopping:
+        return "stopping";
+      case State::kDraining:
+        return "draining";
+      case State::kDone:
+        return "done";
+    }
+    return "unknown";
+  }
 
   struct Worker {
     WorkerSpec spec;
@@ -95,8 +153,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     // Progress is checked only while the attempt runs.
     if (state_ == State::kRunning && s != State::kRunning) watchdog_.stopChecks();
     const auto now = SteadyClock::now();
-    state_seconds_[static_cast<int>(state_)] +=
-        std::chrono::duration<double>(now - state_since_).count();
+    state_seconds_[state_] += std::chrono::duration<double>(now - state_since_).count();
     state_since_ = now;
     state_ = s;
   }
@@ -461,6 +518,16 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     setState(State::kIdle);
   }
 
+  AttemptFacts facts() const {
+    AttemptFacts f;
+    f.lost_peers = !lost_error_.isOk();
+    f.start_failed = !start_error_.isOk();
+    f.signal = received_signal_;
+    f.workers_failed = attempt_failed_;
+    f.peer_stopped = peer_stopped_;
+    return f;
+  }
+
   void finishAttempt() {
     failures_ = collectFailures();
     for (const WorkerFailure& f : failures_) {
@@ -472,7 +539,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
       endAttemptWithPeers();
       return;
     }
-    if (received_signal_ != 0 || !start_error_.isOk() || !lost_error_.isOk() || !attempt_failed_) {
+    if (classifyAttempt(facts()) != AttemptEnd::kWorkersFailed) {  // nothing to restart
       finishJob();
       return;
     }
@@ -496,16 +563,25 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
   void endAttemptWithPeers() {
     AttemptReport report;
     report.failures = failures_;
-    if (!start_error_.isOk()) {
-      report.kind = AttemptReport::Kind::kStartFailed;
-      report.error = start_error_.message();
-    } else if (received_signal_ != 0) {
-      report.kind = AttemptReport::Kind::kSignalled;
-      report.signal = received_signal_;
-    } else if (attempt_failed_) {
-      report.kind = AttemptReport::Kind::kFailed;
-    } else if (peer_stopped_) {
-      report.kind = AttemptReport::Kind::kStopped;
+    switch (classifyAttempt(facts())) {
+      case AttemptEnd::kStartFailed:
+        report.kind = AttemptReport::Kind::kStartFailed;
+        report.error = start_error_.message();
+        break;
+      case AttemptEnd::kSignalled:
+        report.kind = AttemptReport::Kind::kSignalled;
+        report.signal = received_signal_;
+        break;
+      case AttemptEnd::kLostPeers:  // not here: finishAttempt ends the job instead
+      case AttemptEnd::kWorkersFailed:
+        report.kind = AttemptReport::Kind::kFailed;
+        break;
+      case AttemptEnd::kStoppedByPeer:
+        report.kind = AttemptReport::Kind::kStopped;
+        break;
+      case AttemptEnd::kSucceeded:
+        report.kind = AttemptReport::Kind::kSucceeded;
+        break;
     }
     setState(State::kIdle);
     options_.coordinator->endAttempt(
@@ -597,19 +673,26 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     outcome.restarts = restart_count_;
     outcome.failures = failures_;
     outcome.summary = summary_;
-    if (!lost_error_.isOk()) {
-      outcome.kind = JobOutcome::Kind::kLostPeers;
-      outcome.error = lost_error_;
-    } else if (!start_error_.isOk()) {
-      outcome.kind = JobOutcome::Kind::kStartFailed;
-      outcome.error = start_error_;
-    } else if (received_signal_ != 0) {
-      outcome.kind = JobOutcome::Kind::kSignalled;
-      outcome.signal = received_signal_;
-    } else if (attempt_failed_) {
-      outcome.kind = JobOutcome::Kind::kWorkersFailed;
-    } else {
-      outcome.kind = JobOutcome::Kind::kSucceeded;
+    switch (classifyAttempt(facts())) {
+      case AttemptEnd::kLostPeers:
+        outcome.kind = JobOutcome::Kind::kLostPeers;
+        outcome.error = lost_error_;
+        break;
+      case AttemptEnd::kStartFailed:
+        outcome.kind = JobOutcome::Kind::kStartFailed;
+        outcome.error = start_error_;
+        break;
+      case AttemptEnd::kSignalled:
+        outcome.kind = JobOutcome::Kind::kSignalled;
+        outcome.signal = received_signal_;
+        break;
+      case AttemptEnd::kWorkersFailed:
+        outcome.kind = JobOutcome::Kind::kWorkersFailed;
+        break;
+      case AttemptEnd::kStoppedByPeer:  // the job's decision said how it ended: not a failure
+      case AttemptEnd::kSucceeded:
+        outcome.kind = JobOutcome::Kind::kSucceeded;
+        break;
     }
     emitJobEvents(outcome);
     if (on_done_) on_done_(outcome);
@@ -636,9 +719,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
       if (!outcome.summary.empty()) root["summary"] = outcome.summary;
       options_.event_log->emit("root_cause", root);
     }
-    static const char* const kKinds[] = {"succeeded", "workers_failed", "signalled", "start_failed",
-                                         "lost_peers"};
-    nlohmann::json fields = {{"outcome", kKinds[static_cast<int>(outcome.kind)]},
+    nlohmann::json fields = {{"outcome", jobOutcomeName(outcome.kind)},
                              {"exit_code", outcome.exitCode()},
                              {"restarts", outcome.restarts}};
     if (!outcome.error.isOk()) fields["error"] = outcome.error.message();
@@ -650,13 +731,11 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     // Fresh progress for the reader (what the worker wrote a moment ago is in the answer).
     if (state_ == State::kRunning) watchdog_.refresh();
     SupervisorSnapshot snap;
-    snap.state = stateName(static_cast<int>(state_));
+    snap.state = stateName(state_);
     snap.restart_count = restart_count_;
     const auto now = SteadyClock::now();
-    for (int i = 0; i <= static_cast<int>(State::kDone); ++i) {
-      snap.seconds_in_state[stateName(i)] = state_seconds_[i];
-    }
-    snap.seconds_in_state[stateName(static_cast<int>(state_))] +=
+    for (State s : kStates) snap.seconds_in_state[stateName(s)] = state_seconds_[s];
+    snap.seconds_in_state[stateName(state_)] +=
         std::chrono::duration<double>(now - state_since_).count();
     snap.output_bytes_total = output_bytes_before_;
     for (size_t i = 0; i < workers_.size(); ++i) {
@@ -709,7 +788,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
   asio::steady_timer notice_timer_;
   StallWatchdog watchdog_;
   SteadyClock::time_point state_since_;
-  double state_seconds_[5] = {0, 0, 0, 0, 0};
+  std::map<State, double> state_seconds_;
   SteadyClock::time_point stop_began_;
   WaitNotice stop_notice_{SteadyClock::now()};
   bool sent_kill_ = false;

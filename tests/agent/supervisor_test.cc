@@ -11,7 +11,9 @@
 #include <catch2/catch.hpp>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <sstream>
+#include <utility>
 
 #include "common/asio.h"
 #include "common/progress_file.h"
@@ -469,4 +471,70 @@ TEST_CASE_METHOD(Fixture, "a peer's stop of an earlier attempt does not stop the
   REQUIRE(launcher.spawned.size() == 2);
   CHECK(launcher.signalsTo(pidOf(0)).empty());
   CHECK(supervisor->restartCount() == 8);
+}
+
+TEST_CASE("an attempt's outcome follows one precedence over every combination", "[unit]") {
+  using cpprun::agent::AttemptEnd;
+  using cpprun::agent::AttemptFacts;
+  using cpprun::agent::classifyAttempt;
+  // The precedence, highest first: the first fact that holds names the attempt.
+  for (int bits = 0; bits < 32; ++bits) {
+    AttemptFacts f;
+    f.lost_peers = (bits & 1) != 0;
+    f.start_failed = (bits & 2) != 0;
+    f.signal = (bits & 4) != 0 ? SIGTERM : 0;
+    f.workers_failed = (bits & 8) != 0;
+    f.peer_stopped = (bits & 16) != 0;
+    const std::pair<bool, AttemptEnd> order[] = {
+        {f.lost_peers, AttemptEnd::kLostPeers},
+        {f.start_failed, AttemptEnd::kStartFailed},
+        {f.signal != 0, AttemptEnd::kSignalled},
+        {f.workers_failed, AttemptEnd::kWorkersFailed},
+        {f.peer_stopped, AttemptEnd::kStoppedByPeer},
+        {true, AttemptEnd::kSucceeded},
+    };
+    AttemptEnd expected = AttemptEnd::kSucceeded;
+    for (const auto& [holds, end] : order) {
+      if (holds) {
+        expected = end;
+        break;
+      }
+    }
+    INFO("facts " << bits);
+    CHECK(std::string(attemptEndName(classifyAttempt(f))) == attemptEndName(expected));
+  }
+  // The cases the supervisor tests above rely on, spelled out.
+  AttemptFacts signalled_while_failing;
+  signalled_while_failing.signal = SIGINT;
+  signalled_while_failing.workers_failed = true;  // no restart after a handled signal
+  CHECK(classifyAttempt(signalled_while_failing) == AttemptEnd::kSignalled);
+  AttemptFacts failed_and_stopped;
+  failed_and_stopped.workers_failed = true;
+  failed_and_stopped.peer_stopped = true;  // a local failure is reported, not the peer's stop
+  CHECK(classifyAttempt(failed_and_stopped) == AttemptEnd::kWorkersFailed);
+  AttemptFacts start_failed;
+  start_failed.start_failed = true;
+  start_failed.workers_failed = true;  // the started workers were killed: exit 3, not 1
+  CHECK(classifyAttempt(start_failed) == AttemptEnd::kStartFailed);
+  CHECK(classifyAttempt(AttemptFacts{}) == AttemptEnd::kSucceeded);
+}
+
+TEST_CASE("outcome names come from the enums and match the event log's spelling", "[unit]") {
+  using cpprun::agent::AttemptEnd;
+  using cpprun::agent::attemptEndName;
+  using cpprun::agent::jobOutcomeName;
+  using Kind = cpprun::agent::JobOutcome::Kind;
+  CHECK(std::string(jobOutcomeName(Kind::kSucceeded)) == "succeeded");
+  CHECK(std::string(jobOutcomeName(Kind::kWorkersFailed)) == "workers_failed");
+  CHECK(std::string(jobOutcomeName(Kind::kSignalled)) == "signalled");
+  CHECK(std::string(jobOutcomeName(Kind::kStartFailed)) == "start_failed");
+  CHECK(std::string(jobOutcomeName(Kind::kLostPeers)) == "lost_peers");
+  std::set<std::string> names;
+  for (AttemptEnd e :
+       {AttemptEnd::kLostPeers, AttemptEnd::kStartFailed, AttemptEnd::kSignalled,
+        AttemptEnd::kWorkersFailed, AttemptEnd::kStoppedByPeer, AttemptEnd::kSucceeded}) {
+    names.insert(attemptEndName(e));
+  }
+  CHECK(names.size() == 6);
+  CHECK(names.count("unknown") == 0);
 }
