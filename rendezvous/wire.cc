@@ -122,6 +122,18 @@ constexpr bool listItemsHoldOneKey() {
 }
 static_assert(listItemsHoldOneKey(), "a list item must hold exactly one key");
 
+// fieldsOf for every row, computed at compile time: the decoder's per-request lookup.
+struct FieldsByType {
+  Fields of[kQueryTypeCount];
+};
+constexpr FieldsByType fieldsByType() {
+  FieldsByType t{};
+  for (size_t i = 0; i < kQueryTypeCount; ++i) t.of[i] = fieldsOf(kOperations[i].layout);
+  return t;
+}
+constexpr FieldsByType kFieldsByType = fieldsByType();
+const Fields& fieldsOf(QueryType t) { return kFieldsByType.of[static_cast<size_t>(t)]; }
+
 std::string unknownType(Dialect d, uint8_t byte) {
   return "unknown query type " + std::to_string(byte) + " for a " + dialectName(d) + " client";
 }
@@ -303,7 +315,7 @@ ParseStatus parseRequest(Dialect d, const Limits& limits, const uint8_t* data, s
     return false;
   };
 
-  const Fields fields = fieldsOf(operation(r.type).layout);
+  const Fields& fields = fieldsOf(r.type);
   bool complete = true;
   for (uint8_t i = 0; complete && i < fields.fixed_count; ++i) complete = field(fields.fixed[i]);
   if (complete && fields.list) {
@@ -337,7 +349,7 @@ ParseStatus scanRequest(Dialect d, const Limits& limits, const uint8_t* data, si
     st->type = *type;
     st->pos = 1;
   }
-  const Fields fields = fieldsOf(operation(st->type).layout);
+  const Fields& fields = fieldsOf(st->type);
   // Skips one field; 1 = done, 0 = needs more bytes, -1 = error.
   auto skip = [&](Field f) -> int {
     size_t left = size - st->pos;
@@ -419,7 +431,7 @@ bool encodeRequest(Dialect d, const Request& r, Bytes* out) {
         break;
     }
   };
-  const Fields fields = fieldsOf(operation(r.type).layout);
+  const Fields& fields = fieldsOf(r.type);
   for (uint8_t i = 0; i < fields.fixed_count; ++i) field(fields.fixed[i]);
   if (fields.list) {
     // One key per item (static_assert above): the keys past the fixed ones are the items.
