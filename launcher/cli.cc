@@ -32,12 +32,42 @@ enum class Arity {
 using Applier = Status (*)(LaunchConfig& config, const std::string& value,
                            const std::string& source);
 
+// The groups of `cpprun --help`, in the order it shows them.
+enum class Section { kLaunch, kRendezvous, kRestarts, kOutput, kExtras, kOperations, kUnsupported };
+
+const char* sectionTitle(Section section) {
+  switch (section) {
+    case Section::kLaunch:
+      return "Launch";
+    case Section::kRendezvous:
+      return "Rendezvous";
+    case Section::kRestarts:
+      return "Restarts and signals";
+    case Section::kOutput:
+      return "Output (every worker line reaches the console whole, prefixed \"[<role><rank>]:\")";
+    case Section::kExtras:
+      return "cpprun extras";
+    case Section::kOperations:
+      return "Operations (docs/operations.md)";
+    case Section::kUnsupported:
+      return "Not supported (rejected with a message)";
+  }
+  return "";
+}
+
+// One option: how it parses and how --help shows it. Adding an option is adding a row.
 struct OptionSpec {
   const char* name;  // canonical long spelling, "--nproc-per-node"
   char short_name;   // 'r' for -r, or 0
   Arity arity;
   bool env;  // falls back to PET_<NAME> (torchrun's E / B options)
   Applier apply;
+  Section section;
+  const char* metavar;       // the value in the help ("N|MIN:MAX"); nullptr for a flag
+  const char* default_text;  // "1:1" shows as "Default 1:1."; nullptr: no default to show
+  // One sentence or more, wrapped by the help. kUnsupported: what is still accepted ("other
+  // than null"), or "".
+  const char* help;
 };
 
 Status badValue(const std::string& value, const std::string& source, const std::string& expected) {
@@ -114,6 +144,13 @@ Status applyFlag(LaunchConfig& c, const std::string& v, const std::string& sourc
   return parseEnvBool(v, source, c.*kField);
 }
 
+// A free-text option: stored as given.
+template <std::string LaunchConfig::*kField>
+Status applyString(LaunchConfig& c, const std::string& v, const std::string&) {
+  c.*kField = v;
+  return Status::ok();
+}
+
 Status applyNnodes(LaunchConfig& c, const std::string& v, const std::string& source) {
   const char* expected = "N or MIN:MAX with 0 < MIN <= MAX";
   auto colon = v.find(':');
@@ -154,16 +191,6 @@ Status applyRdzvBackend(LaunchConfig& c, const std::string& v, const std::string
     return badValue(v, source, "static, c10d, etcd or etcd-v2");
   }
   c.rdzv_backend = v;
-  return Status::ok();
-}
-
-Status applyRdzvEndpoint(LaunchConfig& c, const std::string& v, const std::string&) {
-  c.rdzv_endpoint = v;
-  return Status::ok();
-}
-
-Status applyRdzvId(LaunchConfig& c, const std::string& v, const std::string&) {
-  c.rdzv_id = v;
   return Status::ok();
 }
 
@@ -218,16 +245,6 @@ Status applyEventLogHandler(LaunchConfig&, const std::string& v, const std::stri
                       "default) is accepted");
 }
 
-Status applyRole(LaunchConfig& c, const std::string& v, const std::string&) {
-  c.role = v;
-  return Status::ok();
-}
-
-Status applyLogDir(LaunchConfig& c, const std::string& v, const std::string&) {
-  c.log_dir = v;
-  return Status::ok();
-}
-
 // torchrun's Std.from_str: "N" for every local rank, or "LOCAL_RANK:N,..." (unlisted ranks 0).
 Status parseStd(const std::string& v, const std::string& source, int& default_out,
                 std::map<int, int>& by_rank_out) {
@@ -265,11 +282,6 @@ Status applyTee(LaunchConfig& c, const std::string& v, const std::string& source
   return parseStd(v, source, c.tee_default, c.tee_by_rank);
 }
 
-Status applyLogLinePrefixTemplate(LaunchConfig& c, const std::string& v, const std::string&) {
-  c.log_line_prefix_template = v;
-  return Status::ok();
-}
-
 Status applyLocalRanksFilter(LaunchConfig& c, const std::string& v, const std::string& source) {
   std::set<int> ranks;
   if (!v.empty()) {
@@ -299,21 +311,11 @@ Status applyNodeRank(LaunchConfig& c, const std::string& v, const std::string& s
   return Status::ok();
 }
 
-Status applyMasterAddr(LaunchConfig& c, const std::string& v, const std::string&) {
-  c.master_addr = v;
-  return Status::ok();
-}
-
 Status applyMasterPort(LaunchConfig& c, const std::string& v, const std::string& source) {
   if (!parseIntIn(v, 0, 65535, c.master_port)) {
     return badValue(v, source, "a port number from 0 to 65535");
   }
   c.master_port_given = true;
-  return Status::ok();
-}
-
-Status applyLocalAddr(LaunchConfig& c, const std::string& v, const std::string&) {
-  c.local_addr = v;
   return Status::ok();
 }
 
@@ -424,53 +426,142 @@ Status applyEventLog(LaunchConfig& c, const std::string& v, const std::string& s
   return Status::ok();
 }
 
-// Every option cpprun knows, in torchrun's order, then cpprun's own.
+// Every option cpprun knows, in torchrun's order, then cpprun's own. The order is the order of
+// "could match" in an ambiguous prefix's error; --help groups the rows by section, in this order.
 const OptionSpec kOptions[] = {
-    {"--nnodes", 0, Arity::kValue, true, applyNnodes},
-    {"--nproc-per-node", 0, Arity::kValue, true, applyNproc},
-    {"--rdzv-backend", 0, Arity::kValue, true, applyRdzvBackend},
-    {"--rdzv-endpoint", 0, Arity::kValue, true, applyRdzvEndpoint},
-    {"--rdzv-id", 0, Arity::kValue, true, applyRdzvId},
-    {"--rdzv-conf", 0, Arity::kValue, true, applyRdzvConf},
-    {"--standalone", 0, Arity::kFlag, true, applyFlag<&LaunchConfig::standalone>},
-    {"--max-restarts", 0, Arity::kValue, true, applyMaxRestarts},
-    {"--monitor-interval", 0, Arity::kValue, true, applyMonitorInterval},
-    {"--start-method", 0, Arity::kValue, true, applyStartMethod},
+    {"--nnodes", 0, Arity::kValue, true, applyNnodes, Section::kLaunch, "N|MIN:MAX", "1:1",
+     "Number of nodes (agents), 0 < MIN <= MAX: N for the static backend, MIN to MAX for c10d "
+     "(elastic). Under srun, mpirun and other launchers: from their environment."},
+    {"--nproc-per-node", 0, Arity::kValue, true, applyNproc, Section::kLaunch, "N|gpu|cpu|auto",
+     "1",
+     "Workers on this node: a positive number, one per GPU, one per usable CPU, or GPUs if any "
+     "else CPUs."},
+    {"--rdzv-backend", 0, Arity::kValue, true, applyRdzvBackend, Section::kRendezvous,
+     "static|c10d|etcd|etcd-v2", "static",
+     "static: fixed node ranks, node 0 serves the store; c10d: nodes join in rounds at "
+     "--rdzv-endpoint, re-forming when a node is lost or joins; etcd, etcd-v2 (one backend): "
+     "rounds in etcd v3 at --rdzv-endpoint, no node is special."},
+    {"--rdzv-endpoint", 0, Arity::kValue, true, applyString<&LaunchConfig::rdzv_endpoint>,
+     Section::kRendezvous, "HOST[:PORT]", "none",
+     "Where the store is (IPv6 as [ADDR]:PORT; port default 29400 for c10d, else "
+     "--master-port); etcd: HOST[:PORT][,HOST[:PORT]...], port default 2379."},
+    {"--rdzv-id", 0, Arity::kValue, true, applyString<&LaunchConfig::rdzv_id>, Section::kRendezvous,
+     "ID", "none; one node, static, no --master-port: a random UUID4, as torchrun 2.15 does",
+     "Job id shared by every node (TORCHELASTIC_RUN_ID)."},
+    {"--rdzv-conf", 0, Arity::kValue, true, applyRdzvConf, Section::kRendezvous, "K=V,K=V", "none",
+     "Rendezvous settings, seconds: join_timeout (600), last_call_timeout (30), "
+     "keep_alive_interval (5), keep_alive_max_attempt (3), close_timeout (10); is_host=BOOL; "
+     "store_legacy_numbering=1.13|2.1 (how the store reads clients without the torch >= 2.2 "
+     "handshake); etcd: protocol=http|https, cacert, cert, key (PEM files)."},
+    {"--standalone", 0, Arity::kFlag, true, applyFlag<&LaunchConfig::standalone>,
+     Section::kRendezvous, nullptr, nullptr,
+     "Single node: c10d on localhost:0 with a random job id; overrides the options above."},
+    {"--max-restarts", 0, Arity::kValue, true, applyMaxRestarts, Section::kRestarts, "N", "0",
+     "Restarts of the worker group after a failure, >= 0; one budget for the whole job, across "
+     "nodes."},
+    {"--monitor-interval", 0, Arity::kValue, true, applyMonitorInterval, Section::kRestarts,
+     "SECONDS", "0.1", "Accepted for compatibility; cpprun reacts to events at once."},
+    {"--start-method", 0, Arity::kValue, true, applyStartMethod, Section::kLaunch,
+     "spawn|fork|forkserver", "spawn",
+     "Accepted for compatibility; workers are always new processes."},
     // Rejected options do not read PET_*: an inherited variable must not break a launch.
-    {"--event-log-handler", 0, Arity::kValue, false, applyEventLogHandler},
-    {"--role", 0, Arity::kValue, true, applyRole},
-    {"--module", 'm', Arity::kFlag, true, applyFlag<&LaunchConfig::module>},
-    {"--no-python", 0, Arity::kFlag, true, applyFlag<&LaunchConfig::no_python>},
-    {"--run-path", 0, Arity::kFlag, true, applyFlag<&LaunchConfig::run_path>},
-    {"--log-dir", 0, Arity::kValue, true, applyLogDir},
-    {"--redirects", 'r', Arity::kValue, true, applyRedirects},
-    {"--tee", 't', Arity::kValue, true, applyTee},
-    {"--log-line-prefix-template", 0, Arity::kValue, true, applyLogLinePrefixTemplate},
-    {"--local-ranks-filter", 0, Arity::kValue, true, applyLocalRanksFilter},
-    {"--duplicate-stdout-filters", 0, Arity::kValue, false, applyDuplicateFilters},
-    {"--duplicate-stderr-filters", 0, Arity::kValue, false, applyDuplicateFilters},
-    {"--node-rank", 0, Arity::kValue, true, applyNodeRank},
-    {"--master-addr", 0, Arity::kValue, true, applyMasterAddr},
-    {"--master-port", 0, Arity::kValue, true, applyMasterPort},
-    {"--local-addr", 0, Arity::kValue, true, applyLocalAddr},
-    {"--logs-specs", 0, Arity::kValue, false, applyLogsSpecs},
-    {"--print-completion", 0, Arity::kValue, false, applyPrintCompletion},
+    {"--event-log-handler", 0, Arity::kValue, false, applyEventLogHandler, Section::kUnsupported,
+     nullptr, nullptr, "other than null"},
+    {"--role", 0, Arity::kValue, true, applyString<&LaunchConfig::role>, Section::kLaunch, "NAME",
+     "default", "Role of the workers (ROLE_NAME, log prefix)."},
+    {"--module", 'm', Arity::kFlag, true, applyFlag<&LaunchConfig::module>, Section::kLaunch,
+     nullptr, nullptr, "Run ENTRYPOINT as a Python module (python3 -u -m)."},
+    {"--no-python", 0, Arity::kFlag, true, applyFlag<&LaunchConfig::no_python>, Section::kLaunch,
+     nullptr, nullptr, "Execute ENTRYPOINT directly, without python3. Not with -m."},
+    {"--run-path", 0, Arity::kFlag, true, applyFlag<&LaunchConfig::run_path>, Section::kLaunch,
+     nullptr, nullptr, "Accepted for torchrun compatibility; runs like the default."},
+    {"--log-dir", 0, Arity::kValue, true, applyString<&LaunchConfig::log_dir>, Section::kOutput,
+     "DIR", "none (console only)",
+     "Write <DIR>/<run id>/attempt_<n>/<local rank>/{stdout,stderr}.log."},
+    {"--redirects", 'r', Arity::kValue, true, applyRedirects, Section::kOutput, "MODE", "0",
+     "Send worker output to the log files instead of the console: 0 none, 1 stdout, 2 stderr, "
+     "3 both, or per local rank 0:1,1:2."},
+    {"--tee", 't', Arity::kValue, true, applyTee, Section::kOutput, "MODE", "0",
+     "Like -r, but to the log files and the console."},
+    {"--log-line-prefix-template", 0, Arity::kValue, true,
+     applyString<&LaunchConfig::log_line_prefix_template>, Section::kOutput, "TEMPLATE",
+     "$TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else \"[${role_name}${rank}]:\"",
+     "The console line prefix, with ${role_name}, ${rank}, ${local_rank} and ${hostname} "
+     "substituted."},
+    {"--local-ranks-filter", 0, Arity::kValue, true, applyLocalRanksFilter, Section::kOutput,
+     "LIST", "all",
+     "Only these local ranks (e.g. 0,1) reach the console; log files keep everything."},
+    {"--duplicate-stdout-filters", 0, Arity::kValue, false, applyDuplicateFilters,
+     Section::kUnsupported, nullptr, nullptr, "other than empty"},
+    {"--duplicate-stderr-filters", 0, Arity::kValue, false, applyDuplicateFilters,
+     Section::kUnsupported, nullptr, nullptr, "other than empty"},
+    {"--node-rank", 0, Arity::kValue, true, applyNodeRank, Section::kRendezvous, "N", "0",
+     "This node's rank, static backend only."},
+    {"--master-addr", 0, Arity::kValue, true, applyString<&LaunchConfig::master_addr>,
+     Section::kRendezvous, "HOST", "127.0.0.1", "Address of node rank 0, static backend only."},
+    {"--master-port", 0, Arity::kValue, true, applyMasterPort, Section::kRendezvous, "PORT",
+     "on one node: a free port picked at start (two jobs on one host never collide); else 29500",
+     "Port of the store on node rank 0, 0-65535, static backend only."},
+    {"--local-addr", 0, Arity::kValue, true, applyString<&LaunchConfig::local_addr>,
+     Section::kRendezvous, "HOST", "the host name", "This node's name in reports and logs."},
+    {"--logs-specs", 0, Arity::kValue, false, applyLogsSpecs, Section::kUnsupported, nullptr,
+     nullptr, ""},
+    {"--print-completion", 0, Arity::kValue, false, applyPrintCompletion, Section::kUnsupported,
+     nullptr, nullptr, ""},
     // torchrun 2.15 reads no PET_NUMA_BINDING; cpprun does, as for its other options.
-    {"--numa-binding", 0, Arity::kValue, true, applyNumaBindingMode},
-    {"--signals-to-handle", 0, Arity::kValue, true, applySignals},
-    {"--shutdown-timeout", 0, Arity::kValue, true, applyShutdownTimeout},
-    {"--virtual-local-rank", 0, Arity::kFlag, true, applyFlag<&LaunchConfig::virtual_local_rank>},
+    {"--numa-binding", 0, Arity::kValue, true, applyNumaBindingMode, Section::kLaunch,
+     "node|socket|exclusive|core-complex", "off",
+     "Bind each worker's CPUs (and prefer its memory) near the GPU whose index is its local "
+     "rank: that GPU's NUMA node, its socket, an exclusive share of the node's cores, or one "
+     "core complex (L3). A worker that cannot be bound starts unbound after a warning (see "
+     "--strict-numa-binding)."},
+    {"--signals-to-handle", 0, Arity::kValue, true, applySignals, Section::kRestarts, "LIST",
+     "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+     "Signals forwarded to the workers before teardown, e.g. SIGTERM,SIGUSR1 (SIG prefix "
+     "optional)."},
+    {"--shutdown-timeout", 0, Arity::kValue, true, applyShutdownTimeout, Section::kRestarts,
+     "SECONDS", "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30",
+     "Grace between SIGTERM to the workers and SIGKILL, >= 0."},
+    {"--virtual-local-rank", 0, Arity::kFlag, true, applyFlag<&LaunchConfig::virtual_local_rank>,
+     Section::kLaunch, nullptr, nullptr,
+     "Each worker sees only its own GPU and gets LOCAL_RANK=0."},
     // cpprun's own.
-    {"--dry-run", 0, Arity::kFlag, false, applyFlag<&LaunchConfig::dry_run>},
-    {"--check", 0, Arity::kFlag, false, applyFlag<&LaunchConfig::check>},
-    {"--worker-hosts-store", 0, Arity::kFlag, false, applyFlag<&LaunchConfig::worker_hosts_store>},
-    {"--stall-timeout", 0, Arity::kValue, false, applyStallTimeout},
-    {"--metrics-port", 0, Arity::kValue, false, applyMetricsPort},
-    {"--event-log", 0, Arity::kValue, false, applyEventLog},
-    {"--strict-numa-binding", 0, Arity::kFlag, false,
-     applyFlag<&LaunchConfig::strict_numa_binding>},
-    {"--help", 'h', Arity::kHelp, false, nullptr},
-    {"--version", 0, Arity::kVersion, false, nullptr},
+    {"--dry-run", 0, Arity::kFlag, false, applyFlag<&LaunchConfig::dry_run>, Section::kExtras,
+     nullptr, nullptr,
+     "Print the resolved plan (nodes, ranks, devices, each worker's environment, store address) "
+     "and exit 0 without running anything."},
+    {"--check", 0, Arity::kFlag, false, applyFlag<&LaunchConfig::check>, Section::kExtras, nullptr,
+     nullptr,
+     "Preflight: check what would break this job on this node (the program, GPUs and driver, "
+     "NCCL, the interfaces NCCL and gloo pick, the rendezvous endpoint, open files, CPUs and "
+     "NUMA), print a report and exit 0, or 1 when something would fail. Takes the options of "
+     "the run; the entry point is optional."},
+    {"--worker-hosts-store", 0, Arity::kFlag, false, applyFlag<&LaunchConfig::worker_hosts_store>,
+     Section::kExtras, nullptr, nullptr,
+     "Worker rank 0 hosts its own store instead of the agent (for trainers that create their "
+     "TCPStore themselves)."},
+    {"--stall-timeout", 0, Arity::kValue, false, applyStallTimeout, Section::kOperations, "SECONDS",
+     "off",
+     "A rank whose progress file ($CPPRUN_PROGRESS_FILE, bumped by the trainer each step) has "
+     "not changed for this long while its process runs is stalled: its stacks (gdb; Python "
+     "faulthandler via examples/python/cpprun_progress.py) go to its log directory and the "
+     "report, then the attempt fails (restart or end)."},
+    {"--metrics-port", 0, Arity::kValue, false, applyMetricsPort, Section::kOperations,
+     "[HOST:]PORT", "off",
+     "Serve /healthz, /metrics (Prometheus) and /status (JSON) over HTTP on HOST (default "
+     "127.0.0.1; 0.0.0.0 for every interface). Port 0 picks a free one (logged)."},
+    {"--event-log", 0, Arity::kValue, false, applyEventLog, Section::kOperations, "FILE", "none",
+     "Append one JSON line per event (rendezvous, worker start and exit, restart, signal, "
+     "stall, failure, root cause)."},
+    {"--strict-numa-binding", 0, Arity::kFlag, false, applyFlag<&LaunchConfig::strict_numa_binding>,
+     Section::kExtras, nullptr, nullptr,
+     "With --numa-binding: a worker that cannot be bound (no topology, no GPU for its local "
+     "rank) stops the job from starting (exit 3), as torchrun does, instead of starting "
+     "unbound."},
+    {"--help", 'h', Arity::kHelp, false, nullptr, Section::kOperations, nullptr, nullptr,
+     "Show this text and exit."},
+    {"--version", 0, Arity::kVersion, false, nullptr, Section::kOperations, nullptr, nullptr,
+     "Show the version and exit."},
 };
 
 const OptionSpec* findLong(const std::string& name) {
@@ -706,8 +797,56 @@ void applyOneNodeRunId(LaunchConfig& config, bool run_id_discovered) {
   }
 }
 
-const char* usageText() {
-  return R"(usage: cpprun [options] ENTRYPOINT [ARGS...]
+namespace {
+
+constexpr size_t kHelpWidth = 96;   // the longest line of --help
+constexpr size_t kHelpColumn = 30;  // where an option's description starts
+constexpr const char* kHelpIndent = "  ";
+
+// Appends `text` word by word: the first line goes after `first` (padded to `column`, or on a
+// line of its own when `first` is longer), the following lines are indented by `column`.
+void appendWrapped(std::string& out, const std::string& first, const std::string& text,
+                   size_t column) {
+  std::string line = first;
+  if (!line.empty() && line.size() + 1 > column) {
+    out += line + "\n";
+    line.clear();
+  }
+  line.resize(column, ' ');
+  bool has_words = false;
+  for (const std::string& word : splitOn(text, ' ')) {
+    if (word.empty()) continue;
+    if (has_words && line.size() + 1 + word.size() > kHelpWidth) {
+      out += line + "\n";
+      line.assign(column, ' ');
+      has_words = false;
+    }
+    if (has_words) line += ' ';
+    line += word;
+    has_words = true;
+  }
+  out += line + "\n";
+}
+
+// "  -r, --redirects MODE"
+std::string helpSynopsis(const OptionSpec& spec) {
+  std::string s = kHelpIndent;
+  if (spec.short_name != 0) s += std::string("-") + spec.short_name + ", ";
+  s += spec.name;
+  if (spec.metavar != nullptr) s += std::string(" ") + spec.metavar;
+  return s;
+}
+
+// The help sentence, its default and the environment variable it falls back to.
+std::string helpDescription(const OptionSpec& spec) {
+  std::string s = spec.help;
+  if (spec.default_text != nullptr) s += std::string(" Default ") + spec.default_text + ".";
+  if (spec.env) s += " [" + envName(spec) + "]";
+  return s;
+}
+
+std::string makeUsageText() {
+  std::string out = R"(usage: cpprun [options] ENTRYPOINT [ARGS...]
 
 Runs one agent on this node: it joins the rendezvous with the other nodes' agents, starts the
 workers, serves their key-value store and supervises them. A drop-in for torchrun.
@@ -721,125 +860,62 @@ Entry point
   ${local_rank} in any argument becomes the worker's local rank.
 
 Options take `--opt=VALUE` or `--opt VALUE`, '-' or '_' inside names (--nproc_per_node), and
-any unambiguous prefix of a name (--nproc). An option marked [env] that is absent is read from
-PET_<NAME> (--nproc-per-node: PET_NPROC_PER_NODE); a flag marked [env] is on when
-PET_<NAME> is a non-zero integer. The command line wins over the environment.
-
-Launch
-  --nnodes N|MIN:MAX          Number of nodes (agents), 0 < MIN <= MAX: N for the static
-                              backend, MIN to MAX for c10d (elastic). Under srun, mpirun and
-                              other launchers: from their environment. Default 1:1. [env]
-  --nproc-per-node N|gpu|cpu|auto
-                              Workers on this node: a positive number, one per GPU, one per
-                              usable CPU, or GPUs if any else CPUs. Default 1. [env]
-  -m, --module                Run ENTRYPOINT as a Python module (python3 -u -m). [env]
-  --no-python                 Execute ENTRYPOINT directly, without python3. Not with -m. [env]
-  --run-path                  Accepted for torchrun compatibility; runs like the default. [env]
-  --role NAME                 Role of the workers (ROLE_NAME, log prefix). Default default. [env]
-  --start-method spawn|fork|forkserver
-                              Accepted for compatibility; workers are always new processes.
-                              Default spawn. [env]
-  --virtual-local-rank        Each worker sees only its own GPU and gets LOCAL_RANK=0. [env]
-  --numa-binding node|socket|exclusive|core-complex
-                              Bind each worker's CPUs (and prefer its memory) near the GPU
-                              whose index is its local rank: that GPU's NUMA node, its socket,
-                              an exclusive share of the node's cores, or one core complex (L3).
-                              A worker that cannot be bound starts unbound after a warning
-                              (see --strict-numa-binding). Default off. [env]
-
-Rendezvous
-  --rdzv-backend static|c10d|etcd|etcd-v2
-                              static: fixed node ranks, node 0 serves the store; c10d: nodes
-                              join in rounds at --rdzv-endpoint, re-forming when a node is
-                              lost or joins; etcd, etcd-v2 (one backend): rounds in etcd v3 at
-                              --rdzv-endpoint, no node is special. Default static. [env]
-  --rdzv-endpoint HOST[:PORT] Where the store is (IPv6 as [ADDR]:PORT; port default 29400 for
-                              c10d, else --master-port); etcd: HOST[:PORT][,HOST[:PORT]...],
-                              port default 2379. Default none. [env]
-  --rdzv-id ID                Job id shared by every node (TORCHELASTIC_RUN_ID). Default none;
-                              one node, static, no --master-port: a random UUID4, as
-                              torchrun 2.15 does. [env]
-  --rdzv-conf K=V,K=V         Rendezvous settings, seconds: join_timeout (600),
-                              last_call_timeout (30), keep_alive_interval (5),
-                              keep_alive_max_attempt (3), close_timeout (10); is_host=BOOL;
-                              store_legacy_numbering=1.13|2.1 (how the store reads clients
-                              without the torch >= 2.2 handshake); etcd: protocol=http|https,
-                              cacert, cert, key (PEM files). Default none. [env]
-  --standalone                Single node: c10d on localhost:0 with a random job id; overrides
-                              the options above. [env]
-  --node-rank N               This node's rank, static backend only. Default 0. [env]
-  --master-addr HOST          Address of node rank 0, static backend only. Default 127.0.0.1.
-                              [env]
-  --master-port PORT          Port of the store on node rank 0, 0-65535, static backend only.
-                              Default on one node: a free port picked at start (two jobs on
-                              one host never collide); else 29500. [env]
-  --local-addr HOST           This node's name in reports and logs. Default: host name. [env]
-
-Restarts and signals
-  --max-restarts N            Restarts of the worker group after a failure, >= 0; one budget
-                              for the whole job, across nodes. Default 0. [env]
-  --monitor-interval SECONDS  Accepted for compatibility; cpprun reacts to events at once.
-                              Default 0.1. [env]
-  --signals-to-handle LIST    Signals forwarded to the workers before teardown, e.g.
-                              SIGTERM,SIGUSR1 (SIG prefix optional). Default
-                              SIGTERM,SIGINT,SIGHUP,SIGQUIT. [env]
-  --shutdown-timeout SECONDS  Grace between SIGTERM to the workers and SIGKILL, >= 0. Default
-                              $TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30. [env]
-
-Output (every worker line reaches the console whole, prefixed "[<role><rank>]:")
-  --log-dir DIR               Write <DIR>/<run id>/attempt_<n>/<local rank>/{stdout,stderr}.log.
-                              Default none (console only). [env]
-  -r, --redirects MODE        Send worker output to the log files instead of the console: 0
-                              none, 1 stdout, 2 stderr, 3 both, or per local rank 0:1,1:2.
-                              Default 0. [env]
-  -t, --tee MODE              Like -r, but to the log files and the console. Default 0. [env]
-  --log-line-prefix-template TEMPLATE
-                              The console line prefix, with ${role_name}, ${rank},
-                              ${local_rank} and ${hostname} substituted. Default
-                              $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else
-                              "[${role_name}${rank}]:". [env]
-  --local-ranks-filter LIST   Only these local ranks (e.g. 0,1) reach the console; log files
-                              keep everything. Default all. [env]
-
-cpprun extras
-  --dry-run                   Print the resolved plan (nodes, ranks, devices, each worker's
-                              environment, store address) and exit 0 without running anything.
-  --check                     Preflight: check what would break this job on this node (the
-                              program, GPUs and driver, NCCL, the interfaces NCCL and gloo
-                              pick, the rendezvous endpoint, open files, CPUs and NUMA), print
-                              a report and exit 0, or 1 when something would fail. Takes the
-                              options of the run; the entry point is optional.
-  --worker-hosts-store        Worker rank 0 hosts its own store instead of the agent (for
-                              trainers that create their TCPStore themselves).
-  --strict-numa-binding       With --numa-binding: a worker that cannot be bound (no topology,
-                              no GPU for its local rank) stops the job from starting (exit 3),
-                              as torchrun does, instead of starting unbound.
-
-Operations (docs/operations.md)
-  --stall-timeout SECONDS     A rank whose progress file ($CPPRUN_PROGRESS_FILE, bumped by
-                              the trainer each step) has not changed for this long while its
-                              process runs is stalled: its stacks (gdb; Python faulthandler
-                              via examples/python/cpprun_progress.py) go to its log directory
-                              and the report, then the attempt fails (restart or end).
-                              Default off.
-  --metrics-port [HOST:]PORT  Serve /healthz, /metrics (Prometheus) and /status (JSON) over
-                              HTTP on HOST (default 127.0.0.1; 0.0.0.0 for every interface).
-                              Port 0 picks a free one (logged). Default off.
-  --event-log FILE            Append one JSON line per event (rendezvous, worker start and
-                              exit, restart, signal, stall, failure, root cause). Default
-                              none.
-  -h, --help                  Show this text and exit.
-  --version                   Show the version and exit.
-
-Not supported (rejected with a message): --logs-specs, --print-completion,
---event-log-handler other than null, --duplicate-stdout-filters and --duplicate-stderr-filters
-other than empty, and the etcd rendezvous backends.
-
+any unambiguous prefix of a name (--nproc). An option followed by [PET_<NAME>] that is absent
+from the command line is read from that environment variable (a flag is on when it holds a
+non-zero integer). The command line wins over the environment.
+)";
+  const Section kSections[] = {Section::kLaunch, Section::kRendezvous, Section::kRestarts,
+                               Section::kOutput, Section::kExtras,     Section::kOperations};
+  for (Section section : kSections) {
+    out += std::string("\n") + sectionTitle(section) + "\n";
+    for (const OptionSpec& spec : kOptions) {
+      if (spec.section == section) {
+        appendWrapped(out, helpSynopsis(spec), helpDescription(spec), kHelpColumn);
+      }
+    }
+  }
+  std::string unsupported;
+  for (const OptionSpec& spec : kOptions) {
+    if (spec.section != Section::kUnsupported) continue;
+    unsupported += (unsupported.empty() ? " " : ", ") + std::string(spec.name);
+    if (*spec.help != '\0') unsupported += std::string(" ") + spec.help;
+  }
+  out += "\n";
+  appendWrapped(out, "", std::string(sectionTitle(Section::kUnsupported)) + ":" + unsupported + ".",
+                0);
+  out += R"(
 Exit codes: 0 every worker succeeded; 1 a worker failed and no restart was left (the report
 names the root cause); 2 usage error; 3 the job could not start (a port in use, a program that
 cannot run); 4 the agent lost the rest of a multi-node job (the store host, or the join
 timed out); 128+N stopped by signal N (forwarded to the workers first).
 )";
+  return out;
 }
+
+}  // namespace
+
+const char* usageText() {
+  static const std::string text = makeUsageText();
+  return text.c_str();
+}
+
+namespace internal {
+
+std::vector<OptionRow> optionRows() {
+  std::vector<OptionRow> rows;
+  for (const OptionSpec& spec : kOptions) {
+    OptionRow row;
+    row.name = spec.name;
+    row.short_name = spec.short_name;
+    row.takes_value = spec.arity == Arity::kValue;
+    row.env_var = spec.env ? envName(spec) : "";
+    row.default_text = spec.default_text != nullptr ? spec.default_text : "";
+    row.supported = spec.section != Section::kUnsupported;
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+}  // namespace internal
 
 }  // namespace cpprun::launcher

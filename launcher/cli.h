@@ -44,7 +44,7 @@ Result<CliResult> parseCommandLine(const std::vector<std::string>& args,
 // which can change the node count, the port and the run id.
 void applyOneNodeRunId(LaunchConfig& config, bool run_id_discovered);
 
-// The --help text (ends with a newline).
+// The --help text, generated from the option table (ends with a newline).
 const char* usageText();
 
 namespace internal {
@@ -54,6 +54,18 @@ namespace internal {
 // ambiguous with the candidates listed. Exposed for tests.
 Result<std::string> resolveLongOption(const std::string& typed,
                                       const std::vector<std::string>& names);
+
+// One row of the option table, as `cpprun --help` shows it. Exposed so that tests check the
+// help (and the bash completion) against the table instead of a hand-kept list.
+struct OptionRow {
+  std::string name;  // "--nproc-per-node"
+  char short_name = 0;
+  bool takes_value = false;
+  std::string env_var;       // "PET_NPROC_PER_NODE"; empty: no environment fallback
+  std::string default_text;  // shown as "Default <text>."; empty: none shown
+  bool supported = true;     // false: rejected with a reason, listed under "Not supported"
+};
+std::vector<OptionRow> optionRows();
 
 // A random RFC 4122 version-4 UUID in its 36-character text form (lower-case hex).
 std::string randomUuid4();

@@ -2,15 +2,20 @@
 // messages and REMAINDER semantics.
 #include "launcher/cli.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <csignal>
+#include <fstream>
 #include <regex>
+#include <set>
+#include <sstream>
 
 using cpprun::launcher::CliResult;
 using cpprun::launcher::LaunchConfig;
 using cpprun::launcher::NprocKind;
 using cpprun::launcher::parseCommandLine;
 using cpprun::launcher::usageText;
+using cpprun::launcher::internal::OptionRow;
 using Args = std::vector<std::string>;
 using Env = std::map<std::string, std::string>;
 
@@ -497,11 +502,9 @@ TEST_CASE("cli unsupported torchrun options are rejected with a reason", "[unit]
 
 TEST_CASE("cli usage text covers every group and the exit codes", "[unit]") {
   const std::string text = usageText();
-  for (const char* needle :
-       {"usage: cpprun", "Launch", "Rendezvous", "Restarts", "Output", "cpprun extras",
-        "--nproc-per-node", "--nnodes", "--rdzv-conf", "--standalone", "--signals-to-handle",
-        "--shutdown-timeout", "--local-ranks-filter", "--dry-run", "--worker-hosts-store",
-        "--version", "PET_", "Exit codes: 0 every worker succeeded", "128+N stopped by signal N"}) {
+  for (const char* needle : {"usage: cpprun", "Entry point", "Launch", "Rendezvous", "Restarts",
+                             "Output", "cpprun extras", "Operations", "Not supported", "PET_<NAME>",
+                             "Exit codes: 0 every worker succeeded", "128+N stopped by signal N"}) {
     INFO(needle);
     CHECK(text.find(needle) != std::string::npos);
   }
@@ -513,6 +516,127 @@ TEST_CASE("cli usage text covers every group and the exit codes", "[unit]") {
     CHECK(end - start <= 100);
     start = end + 1;
   }
+}
+
+namespace {
+
+std::vector<std::string> lines(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    out.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+// The help lines of one option: its synopsis line ("  -r, --redirects MODE ..." or
+// "  --nnodes N|MIN:MAX ...") and the indented lines after it, joined by spaces. Empty when the
+// option has no synopsis line; `count` says how many it has.
+std::string optionBlock(const std::vector<std::string>& help, const OptionRow& row, int& count) {
+  std::string synopsis = "  ";
+  if (row.short_name != 0) synopsis += std::string("-") + row.short_name + ", ";
+  synopsis += row.name;
+  std::string block;
+  count = 0;
+  for (size_t i = 0; i < help.size(); ++i) {
+    const std::string& line = help[i];
+    if (line.compare(0, synopsis.size(), synopsis) != 0 ||
+        (line.size() > synopsis.size() && line[synopsis.size()] != ' ')) {
+      continue;
+    }
+    ++count;
+    block = line;
+    for (size_t j = i + 1; j < help.size() && help[j].compare(0, 4, "    ") == 0; ++j) {
+      block += " " + help[j].substr(help[j].find_first_not_of(' '));
+    }
+  }
+  return block;
+}
+
+}  // namespace
+
+TEST_CASE("cli usage text shows every option of the table with its env var and default", "[unit]") {
+  const std::string text = usageText();
+  const std::vector<std::string> help = lines(text);
+  const std::vector<OptionRow> rows = cpprun::launcher::internal::optionRows();
+  REQUIRE(rows.size() >= 40);
+  const size_t unsupported_at = text.find("Not supported (rejected with a message):");
+  REQUIRE(unsupported_at != std::string::npos);
+  // The paragraph runs to the next blank line; joined, so that a wrapped name still matches.
+  std::string unsupported =
+      text.substr(unsupported_at, text.find("\n\n", unsupported_at) - unsupported_at);
+  std::replace(unsupported.begin(), unsupported.end(), '\n', ' ');
+  for (const OptionRow& row : rows) {
+    INFO(row.name);
+    int count = 0;
+    const std::string block = optionBlock(help, row, count);
+    if (!row.supported) {
+      CHECK(count == 0);
+      CHECK(std::regex_search(unsupported, std::regex(row.name + "([ ,.]|$)")));
+      CHECK(row.env_var.empty());
+      continue;
+    }
+    REQUIRE(count == 1);
+    INFO(block);
+    if (!row.env_var.empty()) {
+      CHECK(row.env_var.rfind("PET_", 0) == 0);
+      CHECK(block.find("[" + row.env_var + "]") != std::string::npos);
+    } else {
+      CHECK(block.find("[PET_") == std::string::npos);
+    }
+    if (!row.default_text.empty()) {
+      CHECK(block.find("Default " + row.default_text + ".") != std::string::npos);
+    }
+  }
+  // Spot checks of the generated names and defaults.
+  int count = 0;
+  auto find = [&](const std::string& name) {
+    for (const OptionRow& row : rows) {
+      if (row.name == name) return row;
+    }
+    FAIL("no row " << name);
+    return OptionRow{};
+  };
+  CHECK(find("--nproc-per-node").env_var == "PET_NPROC_PER_NODE");
+  CHECK(find("--nnodes").default_text == "1:1");
+  CHECK(find("--dry-run").env_var.empty());
+  CHECK(optionBlock(help, find("--redirects"), count).rfind("  -r, --redirects MODE", 0) == 0);
+  CHECK(optionBlock(help, find("--module"), count).find("[PET_MODULE]") != std::string::npos);
+}
+
+// The completion tells a flag from an option that takes a value by a list of the flags: that
+// list must be the table's, or the word after a forgotten flag is taken for its value.
+TEST_CASE("cli bash completion knows every flag of the option table", "[unit]") {
+  std::string here = __FILE__;
+  const std::string path =
+      here.substr(0, here.rfind("/tests/launcher/")) + "/packaging/completion/cpprun.bash";
+  std::ifstream in(path);
+  REQUIRE(in.is_open());
+  std::stringstream all;
+  all << in.rdbuf();
+  const std::string script = all.str();
+  const size_t begin = script.find("--*=* |");
+  REQUIRE(begin != std::string::npos);
+  const std::string flags_case = script.substr(begin, script.find(") ;;", begin) - begin);
+  INFO(flags_case);
+  std::set<std::string> listed;
+  std::regex word("(-[-a-z]+)");
+  for (auto it = std::sregex_iterator(flags_case.begin(), flags_case.end(), word);
+       it != std::sregex_iterator(); ++it) {
+    listed.insert(it->str());
+  }
+  listed.erase("--");  // of "--*=*"
+  std::set<std::string> flags;
+  for (const OptionRow& row : cpprun::launcher::internal::optionRows()) {
+    if (row.takes_value || !row.supported) continue;
+    if (row.name == "--help" || row.name == "--version") continue;  // nothing follows them
+    flags.insert(row.name);
+    if (row.short_name != 0) flags.insert(std::string("-") + row.short_name);
+  }
+  CHECK(listed == flags);
 }
 
 TEST_CASE("cli operations options: --stall-timeout, --metrics-port, --event-log", "[unit]") {
