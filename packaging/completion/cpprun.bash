@@ -1,7 +1,8 @@
 # bash completion for cpprun. Options come from `cpprun --help` (so they never drift from the
 # binary), values for the options that take a fixed set, files and programs elsewhere. After
-# the entry point every word belongs to the workers: files only. The list of flags (options
-# without a value) is checked against cpprun's option table by tests/launcher/cli_test.cc.
+# the entry point every word belongs to the workers: files only. The lists of flags (options
+# without a value) and of short options with a value are checked against cpprun's option table
+# by tests/launcher/cli_test.cc.
 _cpprun() {
   local cur prev words cword
   if declare -F _init_completion >/dev/null; then
@@ -20,6 +21,7 @@ _cpprun() {
       --) COMPREPLY=($(compgen -f -- "$cur")); return ;;
       --*=* | -m | --module | --no-python | --standalone | --dry-run | --check | \
         --worker-hosts-store | --virtual-local-rank | --run-path | --strict-numa-binding) ;;
+      -r | -t) takes_value=1 ;;
       -*) [[ ${words[i]} == --* ]] && takes_value=1 ;;
       *)
         if [[ -n $takes_value ]]; then

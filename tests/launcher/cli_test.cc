@@ -609,7 +609,7 @@ TEST_CASE("cli usage text shows every option of the table with its env var and d
 
 // The completion tells a flag from an option that takes a value by a list of the flags: that
 // list must be the table's, or the word after a forgotten flag is taken for its value.
-TEST_CASE("cli bash completion knows every flag of the option table", "[unit]") {
+TEST_CASE("cli bash completion knows every flag and short valued option of the table", "[unit]") {
   std::string here = __FILE__;
   const std::string path =
       here.substr(0, here.rfind("/tests/launcher/")) + "/packaging/completion/cpprun.bash";
@@ -637,6 +637,24 @@ TEST_CASE("cli bash completion knows every flag of the option table", "[unit]") 
     if (row.short_name != 0) flags.insert(std::string("-") + row.short_name);
   }
   CHECK(listed == flags);
+
+  // A short option with a value ("-r 3") makes the next word its value, not the entry point.
+  const size_t short_at = script.find("\n      -r |");
+  REQUIRE(short_at != std::string::npos);
+  const std::string short_case =
+      script.substr(short_at, script.find(") takes_value=1", short_at) - short_at);
+  std::set<std::string> listed_short;
+  for (auto it = std::sregex_iterator(short_case.begin(), short_case.end(), word);
+       it != std::sregex_iterator(); ++it) {
+    listed_short.insert(it->str());
+  }
+  std::set<std::string> short_with_value;
+  for (const OptionRow& row : cpprun::launcher::internal::optionRows()) {
+    if (row.takes_value && row.short_name != 0) {
+      short_with_value.insert(std::string("-") + row.short_name);
+    }
+  }
+  CHECK(listed_short == short_with_value);
 }
 
 TEST_CASE("cli operations options: --stall-timeout, --metrics-port, --event-log", "[unit]") {
