@@ -12,6 +12,12 @@
 // /healthz, /metrics and /status over HTTP from the same loop (agent_status.h), and the
 // supervisor's stall detection reads the workers' progress files.
 //
+// Inside, a LocalAgent (local_agent.cc) holds the parts as members in the order each needs the
+// ones before it — NCCL ids, event log, store, process launcher, rendezvous (single-node) or
+// coordinator (multi-node), supervisor, HTTP server, child reaper, signals — so they are made in
+// that order and taken down in reverse. A new part is one member in its place and one line in
+// LocalAgent::open() (plus its stop in run() when it must stop while the loop still runs).
+//
 // Thread safety: runLocalAgent() blocks the calling thread until the job ends; the agent must
 // be that thread for the workers' parent-death signal to stay armed.
 #pragma once

@@ -1,4 +1,5 @@
-// /metrics and /status renderings of an agent's snapshot, and the event log's lines.
+// /metrics and /status renderings of an agent's snapshot, the HTTP routes that serve them, the
+// one-node rendezvous's events and progress, and the event log's lines.
 #include "agent/agent_status.h"
 
 #include <unistd.h>
@@ -9,7 +10,9 @@
 #include <sstream>
 #include <string>
 
+#include "agent/agent_http_routes.h"
 #include "agent/event_log.h"
+#include "agent/single_node_rendezvous.h"
 #include "tests/support/test_support.h"
 
 namespace {
@@ -173,4 +176,79 @@ TEST_CASE("event log: one JSON object per line with time, host and pid, appended
   auto bad = EventLog::open(dir.path() + "/no/such/dir/events.jsonl", "n1");
   REQUIRE_FALSE(bad.isOk());
   CHECK_THAT(bad.status().message(), Catch::StartsWith("--event-log: cannot open "));
+}
+
+TEST_CASE("routes: /healthz /metrics and /status from a fresh snapshot and 404 elsewhere",
+          "[unit]") {
+  int snapshots = 0;
+  HttpHandler routes = agentStatusRoutes([&] {
+    ++snapshots;
+    return twoWorkers();
+  });
+  HttpResponse health = routes("/healthz");
+  CHECK(health.status == 200);
+  CHECK(health.body == "ok\n");
+  CHECK(snapshots == 0);  // liveness needs no snapshot
+
+  HttpResponse metrics = routes("/metrics?x=1");  // the query is not part of the path
+  CHECK(metrics.status == 200);
+  CHECK(metrics.content_type == "text/plain; version=0.0.4; charset=utf-8");
+  CHECK(metrics.body == prometheusText(twoWorkers()));
+
+  HttpResponse status = routes("/status");
+  CHECK(status.status == 200);
+  CHECK(status.content_type == "application/json");
+  CHECK(status.body == statusJson(twoWorkers()).dump(2) + "\n");
+  CHECK(snapshots == 2);
+
+  HttpResponse other = routes("/statusz");
+  CHECK(other.status == 404);
+  CHECK(other.body == "not found; cpprun serves /healthz, /metrics and /status\n");
+  CHECK(snapshots == 2);
+}
+
+TEST_CASE("single-node rendezvous: started and completed once with the first world", "[unit]") {
+  cpprun::testing::TempDir dir;
+  const std::string path = dir.path() + "/events.jsonl";
+  auto log = EventLog::open(path, "n1");
+  REQUIRE(log.isOk());
+  SingleNodeRendezvous rendezvous(log.value().get(), "n1");
+  CHECK(rendezvous.progress().round == -1);
+  CHECK(rendezvous.progress().rounds_completed == 0);
+  rendezvous.begin();
+  rendezvous.complete(3);
+  // A restart does not rendezvous again, whatever its world.
+  rendezvous.begin();
+  rendezvous.complete(5);
+  const RendezvousProgress p = rendezvous.progress();
+  CHECK(p.round == 0);
+  CHECK(p.rounds_completed == 1);
+  CHECK(p.nodes == 1);
+  CHECK(p.world_size == 3);
+  CHECK(p.waiting_for.empty());
+
+  std::ifstream in(path);
+  std::vector<Json> lines;
+  std::string line;
+  while (std::getline(in, line)) lines.push_back(Json::parse(line));
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[0]["event"] == "rendezvous_started");
+  CHECK(lines[0]["backend"] == "single-node");
+  CHECK(lines[0]["round"] == 0);
+  CHECK(lines[0]["min_nodes"] == 1);
+  CHECK(lines[0]["max_nodes"] == 1);
+  CHECK(lines[1]["event"] == "rendezvous_completed");
+  CHECK(lines[1]["round"] == 0);
+  CHECK(lines[1]["nodes"] == 1);
+  CHECK(lines[1]["world_size"] == 3);
+  CHECK(lines[1]["group_rank"] == 0);
+  CHECK(lines[1]["base_rank"] == 0);
+  CHECK(lines[1]["hosts"] == Json::array({"n1"}));
+  CHECK(lines[1]["duration_s"] == 0.0);
+
+  // Without an event log it still keeps its progress.
+  SingleNodeRendezvous quiet(nullptr, "n1");
+  quiet.begin();
+  quiet.complete(2);
+  CHECK(quiet.progress().world_size == 2);
 }
