@@ -18,13 +18,13 @@
 #include <string>
 #include <vector>
 
-#include "agent/etcd_connector.h"
 #include "agent/failure_report.h"
 #include "agent/guardian.h"
 #include "agent/local_agent.h"
 #include "agent/nccl_unique_id.h"
 #include "common/logging.h"
 #include "common/system.h"
+#include "launcher/agent_options.h"
 #include "launcher/cli.h"
 #include "launcher/launch_plan.h"
 #include "launcher/node_resources.h"
@@ -70,21 +70,6 @@ Result<int> pickFreePort(const std::string& host) {
   const int port = pickFreeTcpPort();
   if (port <= 0) return unavailable("cannot pick a free port on " + host);
   return port;
-}
-
-agent::OutputOptions outputOptions(const LaunchConfig& config,
-                                   const std::map<std::string, std::string>& env) {
-  agent::OutputOptions o;
-  o.prefix_template = !config.log_line_prefix_template.empty()
-                          ? config.log_line_prefix_template
-                          : envOr(env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", o.prefix_template);
-  o.role_name = config.role;
-  o.redirects_default = config.redirects_default;
-  o.redirects_by_rank = config.redirects_by_rank;
-  o.tee_default = config.tee_default;
-  o.tee_by_rank = config.tee_by_rank;
-  o.local_ranks_filter = config.local_ranks_filter;
-  return o;
 }
 
 // The run's directory: <log dir>/<run id> when --log-dir is given, else a fresh temporary one
@@ -167,171 +152,214 @@ Status prepareRunDirectory(const LaunchConfig& config,
   return Status::ok();
 }
 
-// `scheduler_rank`: this agent's rank as the scheduler gave it (elastic ordering), -1 if none.
-// `shared_run_dir`: made by prepareRunDirectory in the guardian; the agent removes a temporary
-// one when the job ends.
-int runJob(const LaunchConfig& config, const RendezvousSettings& rdzv_settings,
-           const NodeResources& node, int nproc, const std::map<std::string, std::string>& env,
-           int scheduler_rank, const std::vector<std::string>& expected_hosts,
-           const RunDirectory& shared_run_dir, const std::optional<NumaBindingPlan>& numa) {
-  RunDirectory run_dir{shared_run_dir.path, shared_run_dir.temporary};
+// The job as the command line, the scheduler's environment and this node define it.
+struct Job {
+  LaunchConfig config;
+  std::map<std::string, std::string> env;
+  SchedulerEnvironment sched;
+  Provenance provenance;
+  RendezvousSettings rdzv;
+  NodeResources node;
+  Result<int> nproc{0};     // an error is reported by --check, or stops a run or a dry run
+  int scheduler_rank = -1;  // this agent's rank as the scheduler gave it (elastic ordering)
+};
 
-  agent::LocalAgentOptions options;
-  options.host_store = !config.worker_hosts_store && rdzv_settings.node_rank == 0;
-  options.store_host = rdzv_settings.store.host;
-  options.store_port = rdzv_settings.store.port;
-  if (rdzv_settings.store_torch21_numbering) {
-    options.store_no_handshake_dialect = rendezvous::wire::Dialect::kV21;
+// What --numa-binding makes of this node, planned once for the job (the topology and the GPUs
+// do not change between attempts).
+struct NumaDecision {
+  std::optional<NumaBindingPlan> plan;
+  std::string notice;  // why some or all workers start unbound; empty when none does
+};
+
+int usageError(const Status& status) {
+  std::fprintf(stderr, "cpprun: error: %s\n", status.message().c_str());
+  return kExitUsage;
+}
+
+// Fills the command line in from the scheduler, resolves the rendezvous and discovers the node.
+// Errors are usage errors (exit 2).
+Result<Job> resolveJob(LaunchConfig config, std::map<std::string, std::string> env) {
+  Job job;
+  job.env = std::move(env);
+  auto sched = discoverScheduler(job.env);
+  if (!sched.isOk()) return sched.status();
+  job.sched = std::move(sched).value();
+  Status applied = applySchedulerEnvironment(job.sched, config, job.provenance);
+  if (!applied.isOk()) return applied;
+  applyOneNodeRunId(config, job.provenance.count("--rdzv-id") != 0);
+  auto rdzv = resolveRendezvous(config);
+  if (!rdzv.isOk()) return rdzv.status();
+  job.rdzv = std::move(rdzv).value();
+  // The scheduler's rank orders an elastic job's nodes (flags do not: torchrun ignores
+  // --node-rank with c10d).
+  if (job.provenance.count("--node-rank") && job.sched.agent_rank) {
+    job.scheduler_rank = job.sched.agent_rank->value;
   }
-  if (rdzv_settings.multi_node) {
-    options.store_bind_host = rdzv_settings.bind_host;
-    agent::StoreCoordinatorOptions co;
-    co.group_rank = rdzv_settings.node_rank;
-    co.group_world_size = rdzv_settings.nnodes;
-    const std::string name = config.local_addr.empty() ? node.hostname : config.local_addr;
-    co.self = agent::AgentInfo{name, nproc, uniqueAgentId(name), scheduler_rank};
-    co.join_timeout = rdzv_settings.join_timeout;
-    co.keep_alive_interval = rdzv_settings.keep_alive_interval;
-    co.keep_alive_max_attempt = rdzv_settings.keep_alive_max_attempt;
-    co.final_linger = rdzv_settings.close_timeout;
-    co.expected_hosts = expected_hosts;
-    if (rdzv_settings.elastic) {
-      co.elastic = true;
-      co.min_nodes = rdzv_settings.min_nodes;
-      co.max_nodes = rdzv_settings.nnodes;
-      co.last_call_timeout = rdzv_settings.last_call_timeout;
-      using Hosting = RendezvousSettings::StoreHosting;
-      options.host_store = rdzv_settings.store_hosting == Hosting::kAlways;
-      options.host_store_if_free =
-          rdzv_settings.store_hosting == Hosting::kAuto && isLocalHost(rdzv_settings.store.host);
-    }
-    if (rdzv_settings.etcd) {
-      // The agents meet in etcd; every one serves a workers' store on a free port of its host
-      // (the round's node 0's is the workers'), reachable at --local-addr, else at this host's
-      // name (127.0.0.1 when etcd too runs only on this machine).
-      agent::EtcdConnectorOptions eo;
-      eo.endpoints = rdzv_settings.etcd_endpoints;
-      eo.tls = rdzv_settings.etcd_tls;
-      eo.ca_file = rdzv_settings.etcd_cacert;
-      eo.cert_file = rdzv_settings.etcd_cert;
-      eo.key_file = rdzv_settings.etcd_key;
-      eo.run_id = config.rdzv_id;
-      co.store = agent::etcdStoreConnector(eo);
-      co.host_per_round = true;
-      bool etcd_local = true;
-      for (const std::string& e : eo.endpoints) {
-        auto parsed = parseEndpoint(e, kDefaultEtcdPort);
-        etcd_local = etcd_local && parsed.isOk() && isLocalHost(parsed.value().host);
-      }
-      options.host_store = true;
-      options.host_store_if_free = false;
-      options.store_port = 0;
-      options.store_host = !config.local_addr.empty() ? config.local_addr
-                           : etcd_local               ? "127.0.0.1"
-                                                      : node.hostname;
-      options.store_bind_host =
-          options.store_host.find(':') != std::string::npos ? "::" : "0.0.0.0";
-    }
-    for (const std::string& key : rdzv_settings.ignored_conf_keys) {
+  if (job.rdzv.multi_node && config.worker_hosts_store) {
+    return invalidArgument(
+        "--worker-hosts-store is for one node: the agents of a multi-node job meet in the store "
+        "the agent of node 0 serves");
+  }
+  job.node = discoverNodeResources(job.env);
+  job.nproc = resolveNproc(config, job.node);
+  job.config = std::move(config);
+  return job;
+}
+
+// --check: the preflight report; exit 1 when something fails.
+int runCheck(const Job& job) {
+  const LaunchConfig& config = job.config;
+  raiseOpenFileLimit();  // as a run does: the workers inherit the raised limit
+  SystemFacts facts = probeSystem(config, job.rdzv, job.env);
+  PreflightReport report = runPreflight(config, job.rdzv, job.node,
+                                        job.nproc.isOk() ? job.nproc.value() : 0, job.env, facts);
+  // Each worker's GPU, NUMA node and nearest NIC; its CPUs too with --numa-binding.
+  const bool numa_requested = !config.numa_binding.empty();
+  const int numa_workers = job.nproc.isOk()
+                               ? job.nproc.value()
+                               : static_cast<int>(std::max<size_t>(job.node.gpus.size(), 1));
+  for (auto& finding : numaBindingFindings(
+           prepareNumaBinding(
+               numa_requested ? *parseNumaBindingMode(config.numa_binding) : NumaBindingMode::kNode,
+               job.node, numa_workers, job.env),
+           numa_requested, config.strict_numa_binding)) {
+    report.findings.push_back(std::move(finding));
+  }
+  if (!job.nproc.isOk()) {
+    report.findings.insert(report.findings.begin(),
+                           {CheckLevel::kFail, "workers", job.nproc.status().message()});
+  }
+  std::fputs(report
+                 .format("cpprun --check on " + job.node.hostname + " (cpprun " + CPPRUN_VERSION +
+                         ", node " + std::to_string(job.rdzv.node_rank) + " of " +
+                         std::to_string(job.rdzv.nnodes) + ")")
+                 .c_str(),
+             stdout);
+  return report.failures() > 0 ? 1 : 0;
+}
+
+// --numa-binding: a worker that cannot be bound is reported once, and stops the start (an
+// error) only under --strict-numa-binding. REQUIRES: job.nproc is a number.
+Result<NumaDecision> planNumaBinding(const Job& job) {
+  const LaunchConfig& config = job.config;
+  NumaDecision numa;
+  if (config.numa_binding.empty()) return numa;
+  const NumaBindingMode mode = *parseNumaBindingMode(config.numa_binding);
+  auto planned = prepareNumaBinding(mode, job.node, job.nproc.value(), job.env);
+  if (!planned.isOk()) {
+    numa.notice = "--numa-binding=" + config.numa_binding + ": no topology (" +
+                  planned.status().message() + ")";
+  } else {
+    numa.plan = std::move(planned).value();
+    numa.notice = numa.plan->unboundSummary();
+  }
+  if (numa.notice.empty()) return numa;
+  if (config.strict_numa_binding) {
+    return unavailable(numa.notice + "; --strict-numa-binding: not starting");
+  }
+  const auto unbound = numa.plan
+                           ? std::count_if(numa.plan->workers.begin(), numa.plan->workers.end(),
+                                           [](const WorkerBinding& w) { return !w.bound(); })
+                           : 0;
+  numa.notice += !numa.plan    ? "; starting unbound"
+                 : unbound > 1 ? "; starting them unbound"
+                               : "; starting it unbound";
+  return numa;
+}
+
+// --dry-run: the first attempt's plan, nothing started.
+int dryRun(const Job& job, const NumaDecision& numa) {
+  const LaunchConfig& config = job.config;
+  // The agent makes a fresh NCCL id per attempt when the workers see a GPU; the dry run loads
+  // NCCL and says whether the agent would make one, or why not, without making one.
+  auto nccl = agent::NcclUniqueIdProvider::create(agent::ncclLibrary(job.env));
+  const RendezvousOutcome rdzv = rendezvousOutcome(
+      config.rdzv_id, job.nproc.value(),
+      dryRunAttempt(config, job.rdzv, job.nproc.value(), nccl.isOk() && !job.node.gpus.empty()));
+  std::string run_dir = (config.log_dir.empty() ? std::string("<temporary run dir>")
+                                                : config.log_dir + "/" + config.rdzv_id);
+  auto plan = makeLaunchPlan(config, job.node, rdzv, job.env, run_dir);
+  if (!plan.isOk()) return usageError(plan.status());
+  if (!nccl.isOk()) {
+    plan.value().notes.push_back(nccl.status().message());
+  } else if (job.node.gpus.empty()) {
+    plan.value().notes.push_back(
+        "no GPU for the workers: the agent loads no NCCL and sets no CPPRUN_NCCL_UNIQUE_ID");
+  }
+  if (numa.plan) {
+    applyNumaBinding(*numa.plan, plan.value());
+    plan.value().notes.push_back("--numa-binding=" + config.numa_binding + ": topology from " +
+                                 numa.plan->topology_source + ", GPUs from " +
+                                 numa.plan->gpu_source);
+  }
+  if (!numa.notice.empty()) plan.value().notes.push_back(numa.notice);
+  std::fputs(describeDryRun(config, job.rdzv, job.node, rdzv, plan.value(), job.sched.scheduler,
+                            job.provenance)
+                 .c_str(),
+             stdout);
+  return 0;
+}
+
+// The agent's options for this job: the system looked up here (a unique agent id, gdb, a free
+// port), the rest by makeAgentOptions. Runs in the agent process (the id names its pid).
+Result<agent::LocalAgentOptions> agentOptions(const Job& job) {
+  const LaunchConfig& config = job.config;
+  AgentOptionsInputs in;
+  in.config = config;
+  in.rdzv = job.rdzv;
+  in.node = job.node;
+  in.nproc = job.nproc.value();
+  in.env = job.env;
+  in.scheduler_rank = job.scheduler_rank;
+  // The scheduler's node names, by node rank, for "waiting for" notices (static ranks only).
+  if (job.sched.hosts && !job.rdzv.elastic && job.provenance.count("--node-rank")) {
+    in.expected_hosts = job.sched.hosts->value;
+  }
+  if (job.rdzv.multi_node) {
+    in.agent_id = uniqueAgentId(agentName(config, job.node));
+    for (const std::string& key : job.rdzv.ignored_conf_keys) {
       CPPRUN_LOG(kWarn) << "--rdzv-conf " << key << ": not a key cpprun uses; ignored";
     }
-    options.multi_node = co;
   }
-  options.nccl_library = agent::ncclLibrary(env);
-  // NCCL needs a GPU: workers that see none cannot use an NCCL id, so the agent does not load
-  // the library (~200 MB; with its first ncclGetUniqueId ~3 ms of a job's start here).
-  options.use_nccl = !node.gpus.empty();
-  options.host_name = config.local_addr.empty() ? node.hostname : config.local_addr;
-  options.run_id = config.rdzv_id;
-  options.event_log_path = config.event_log;
-  options.metrics_host = config.metrics_host;
-  options.metrics_port = config.metrics_port;
   if (config.stall_timeout > 0) {
-    options.supervisor.stall.timeout =
-        std::chrono::milliseconds(static_cast<int64_t>(config.stall_timeout * 1000));
-    options.supervisor.stall.gdb_path = findExecutable("gdb", envOr(env, "PATH", ""));
+    in.gdb_path = findExecutable("gdb", envOr(job.env, "PATH", ""));
     CPPRUN_LOG(kInfo) << "stall detection: a rank is stalled after " << config.stall_timeout
                       << " s without progress; stacks by "
-                      << (options.supervisor.stall.gdb_path.empty()
-                              ? "Python faulthandler only (gdb not found)"
-                              : options.supervisor.stall.gdb_path + " and Python faulthandler");
+                      << (in.gdb_path.empty() ? "Python faulthandler only (gdb not found)"
+                                              : in.gdb_path + " and Python faulthandler");
   }
-  options.signals_to_handle = config.signals_to_handle;
-  options.supervisor.max_restarts = config.max_restarts;
-  options.supervisor.shutdown_timeout =
-      std::chrono::milliseconds(static_cast<int64_t>(config.shutdown_timeout * 1000));
-  options.supervisor.output = outputOptions(config, env);
   if (config.worker_hosts_store && !config.master_port_given) {
     auto port = pickFreePort(config.master_addr);
-    if (!port.isOk()) {
-      CPPRUN_LOG(kError) << port.status().message();
-      return kExitLaunchError;
-    }
-    options.store_port = port.value();
+    if (!port.isOk()) return port.status();
+    in.worker_store_port = port.value();
   }
+  return makeAgentOptions(in);
+}
 
-  bool logged_notes = false;
-  int world_size = nproc;
-  int group_world_size = 1;
-  auto make_attempt = [&](const agent::AttemptContext& context) -> Result<agent::AttemptSpec> {
-    RendezvousOutcome rdzv;
-    rdzv.group_rank = 0;
-    rdzv.group_world_size = 1;
-    rdzv.base_rank = 0;
-    rdzv.world_size = nproc;
-    if (context.membership) {
-      rdzv.group_rank = context.membership->group_rank;
-      rdzv.group_world_size = context.membership->group_world_size;
-      rdzv.base_rank = context.membership->base_rank;
-      rdzv.world_size = context.membership->world_size;
-    }
-    world_size = rdzv.world_size;
-    group_world_size = rdzv.group_world_size;
-    rdzv.master_addr = context.store_host;
-    rdzv.master_port = context.store_port;
-    rdzv.run_id = config.rdzv_id;
-    rdzv.restart_count = context.restart_count;
-    rdzv.nccl_unique_id_hex = context.nccl_unique_id_hex;
-    auto plan = makeLaunchPlan(config, node, rdzv, env, run_dir.path);
-    if (!plan.isOk()) return plan.status();
-    if (numa) applyNumaBinding(*numa, plan.value());
-    if (!logged_notes) {
-      for (const auto& note : plan.value().notes) CPPRUN_LOG(kInfo) << note;
-      logged_notes = true;
-    }
-    agent::AttemptSpec attempt;
-    attempt.attempt_dir = run_dir.path + "/attempt_" + std::to_string(context.restart_count);
-    std::error_code ec;
-    std::filesystem::remove_all(attempt.attempt_dir, ec);  // torchrun wipes it too
-    attempt.workers = std::move(plan.value().workers);
-    return attempt;
-  };
-
-  auto result = agent::runLocalAgent(options, make_attempt);
-  if (!result.isOk()) {
-    CPPRUN_LOG(kError) << result.status().message();
-    return kExitLaunchError;
-  }
-  const agent::JobOutcome& outcome = result.value();
+// The job's end as the user reads it (and the root cause in $TORCHELASTIC_ERROR_FILE); the
+// agent's exit code.
+int reportOutcome(const Job& job, const agent::JobOutcome& outcome, int world_size,
+                  int group_world_size) {
   switch (outcome.kind) {
     case agent::JobOutcome::Kind::kSucceeded:
       CPPRUN_LOG(kInfo)
           << "all " << world_size << " workers"
-          << (rdzv_settings.multi_node ? " of " + std::to_string(group_world_size) + " nodes"
-                                       : std::string())
+          << (job.rdzv.multi_node ? " of " + std::to_string(group_world_size) + " nodes"
+                                  : std::string())
           << " succeeded"
           << (outcome.restarts ? " after " + std::to_string(outcome.restarts) + " restart(s)" : "");
       break;
     case agent::JobOutcome::Kind::kWorkersFailed: {
-      if (rdzv_settings.multi_node && !outcome.summary.empty()) {
+      if (job.rdzv.multi_node && !outcome.summary.empty()) {
         CPPRUN_LOG(kError) << "the job failed; first failure: " << outcome.summary;
       }
       std::fputs(
-          agent::formatFailureReport(config.entrypoint, node.hostname, outcome.failures).c_str(),
+          agent::formatFailureReport(job.config.entrypoint, job.node.hostname, outcome.failures)
+              .c_str(),
           stderr);
       std::fflush(stderr);
-      auto own_error_file = env.find("TORCHELASTIC_ERROR_FILE");
-      if (own_error_file != env.end() && !own_error_file->second.empty() &&
+      auto own_error_file = job.env.find("TORCHELASTIC_ERROR_FILE");
+      if (own_error_file != job.env.end() && !own_error_file->second.empty() &&
           !outcome.failures.empty()) {
         const auto& root = outcome.failures[agent::rootCauseIndex(outcome.failures)];
         Status s = agent::writeRootCauseFile(own_error_file->second, root);
@@ -355,6 +383,86 @@ int runJob(const LaunchConfig& config, const RendezvousSettings& rdzv_settings,
   return outcome.exitCode();
 }
 
+// What the agent process runs: the job, its NUMA plan, the run directory the guardian made (the
+// agent removes a temporary one when the job ends) and the agent's options.
+struct AgentRun {
+  const Job& job;
+  const NumaDecision& numa;
+  const RunDirectory& shared_run_dir;
+  agent::LocalAgentOptions options;
+};
+
+int runJob(const AgentRun& run) {
+  const Job& job = run.job;
+  RunDirectory run_dir{run.shared_run_dir.path, run.shared_run_dir.temporary};
+  bool logged_notes = false;
+  int world_size = job.nproc.value();
+  int group_world_size = 1;
+  auto make_attempt = [&](const agent::AttemptContext& context) -> Result<agent::AttemptSpec> {
+    const RendezvousOutcome rdzv =
+        rendezvousOutcome(job.config.rdzv_id, job.nproc.value(), context);
+    world_size = rdzv.world_size;
+    group_world_size = rdzv.group_world_size;
+    auto plan = makeLaunchPlan(job.config, job.node, rdzv, job.env, run_dir.path);
+    if (!plan.isOk()) return plan.status();
+    if (run.numa.plan) applyNumaBinding(*run.numa.plan, plan.value());
+    if (!logged_notes) {
+      for (const auto& note : plan.value().notes) CPPRUN_LOG(kInfo) << note;
+      logged_notes = true;
+    }
+    agent::AttemptSpec attempt;
+    attempt.attempt_dir = run_dir.path + "/attempt_" + std::to_string(context.restart_count);
+    std::error_code ec;
+    std::filesystem::remove_all(attempt.attempt_dir, ec);  // torchrun wipes it too
+    attempt.workers = std::move(plan.value().workers);
+    return attempt;
+  };
+  auto result = agent::runLocalAgent(run.options, make_attempt);
+  if (!result.isOk()) {
+    CPPRUN_LOG(kError) << result.status().message();
+    return kExitLaunchError;
+  }
+  return reportOutcome(job, result.value(), world_size, group_world_size);
+}
+
+// A run: the run directory, then the agent under its guardian.
+int launch(const Job& job, const NumaDecision& numa) {
+  const LaunchConfig& config = job.config;
+  RunDirectory run_dir;
+  if (Status s = prepareRunDirectory(config, job.env, &run_dir); !s.isOk()) {
+    std::fprintf(stderr, "cpprun: error: %s\n", s.message().c_str());
+    return kExitLaunchError;
+  }
+  raiseOpenFileLimit();
+  if (!numa.notice.empty()) {
+    CPPRUN_LOG(kWarn) << numa.notice;
+  }
+  if (numa.plan) {
+    CPPRUN_LOG(kInfo) << "--numa-binding=" << config.numa_binding << ": topology from "
+                      << numa.plan->topology_source << ", GPUs from " << numa.plan->gpu_source;
+    for (const WorkerBinding& w : numa.plan->workers) {
+      if (w.bound()) {
+        CPPRUN_LOG(kInfo) << "local rank " << w.local_rank << ": " << describeWorkerBinding(w);
+      }
+    }
+  }
+  int code = agent::runUnderGuardian(
+      [&] {
+        auto options = agentOptions(job);
+        if (!options.isOk()) {
+          CPPRUN_LOG(kError) << options.status().message();
+          return kExitLaunchError;
+        }
+        return runJob(AgentRun{job, numa, run_dir, std::move(options).value()});
+      },
+      config.signals_to_handle);
+  if (code < 0) {
+    std::perror("cpprun: fork");
+    return kExitLaunchError;
+  }
+  return code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -375,197 +483,15 @@ int main(int argc, char** argv) {
     std::printf("cpprun %s\n", CPPRUN_VERSION);
     return 0;
   }
-  LaunchConfig config = parsed.value().config;
-  auto sched = discoverScheduler(env);
-  Provenance provenance;
-  Status discovered =
-      sched.isOk() ? applySchedulerEnvironment(sched.value(), config, provenance) : sched.status();
-  if (!discovered.isOk()) {
-    std::fprintf(stderr, "cpprun: error: %s\n", discovered.message().c_str());
-    return kExitUsage;
-  }
-  applyOneNodeRunId(config, provenance.count("--rdzv-id") != 0);
-  auto rdzv_settings = resolveRendezvous(config);
-  if (!rdzv_settings.isOk()) {
-    std::fprintf(stderr, "cpprun: error: %s\n", rdzv_settings.status().message().c_str());
-    return kExitUsage;
-  }
-  // The scheduler's rank orders an elastic job's nodes (flags do not: torchrun ignores
-  // --node-rank with c10d).
-  const int scheduler_rank = provenance.count("--node-rank") && sched.value().agent_rank
-                                 ? sched.value().agent_rank->value
-                                 : -1;
-  if (rdzv_settings.value().multi_node && config.worker_hosts_store) {
-    std::fprintf(stderr,
-                 "cpprun: error: --worker-hosts-store is for one node: the agents of a "
-                 "multi-node job meet in the store the agent of node 0 serves\n");
-    return kExitUsage;
-  }
-  NodeResources node = discoverNodeResources(env);
-  auto nproc = resolveNproc(config, node);
-  if (config.check) {
-    raiseOpenFileLimit();  // as a run does: the workers inherit the raised limit
-    SystemFacts facts = probeSystem(config, rdzv_settings.value(), env);
-    PreflightReport report = runPreflight(config, rdzv_settings.value(), node,
-                                          nproc.isOk() ? nproc.value() : 0, env, facts);
-    // Each worker's GPU, NUMA node and nearest NIC; its CPUs too with --numa-binding.
-    const bool numa_requested = !config.numa_binding.empty();
-    const int numa_workers =
-        nproc.isOk() ? nproc.value() : static_cast<int>(std::max<size_t>(node.gpus.size(), 1));
-    for (auto& finding : numaBindingFindings(
-             prepareNumaBinding(numa_requested ? *parseNumaBindingMode(config.numa_binding)
-                                               : NumaBindingMode::kNode,
-                                node, numa_workers, env),
-             numa_requested, config.strict_numa_binding)) {
-      report.findings.push_back(std::move(finding));
-    }
-    if (!nproc.isOk()) {
-      report.findings.insert(report.findings.begin(),
-                             {CheckLevel::kFail, "workers", nproc.status().message()});
-    }
-    std::fputs(report
-                   .format("cpprun --check on " + node.hostname + " (cpprun " + CPPRUN_VERSION +
-                           ", node " + std::to_string(rdzv_settings.value().node_rank) + " of " +
-                           std::to_string(rdzv_settings.value().nnodes) + ")")
-                   .c_str(),
-               stdout);
-    return report.failures() > 0 ? 1 : 0;
-  }
-  if (!nproc.isOk()) {
-    std::fprintf(stderr, "cpprun: error: %s\n", nproc.status().message().c_str());
-    return kExitUsage;
-  }
-
-  // --numa-binding: planned once for the job (the topology and the GPUs do not change between
-  // attempts); a worker that cannot be bound is reported once, and stops the start only under
-  // --strict-numa-binding.
-  std::optional<NumaBindingPlan> numa;
-  std::string numa_notice;
-  if (!config.numa_binding.empty()) {
-    const NumaBindingMode mode = *parseNumaBindingMode(config.numa_binding);
-    auto planned = prepareNumaBinding(mode, node, nproc.value(), env);
-    if (!planned.isOk()) {
-      numa_notice = "--numa-binding=" + config.numa_binding + ": no topology (" +
-                    planned.status().message() + ")";
-    } else {
-      numa = std::move(planned).value();
-      numa_notice = numa->unboundSummary();
-    }
-    if (!numa_notice.empty() && config.strict_numa_binding) {
-      std::fprintf(stderr, "cpprun: error: %s; --strict-numa-binding: not starting\n",
-                   numa_notice.c_str());
-      return kExitLaunchError;
-    }
-    if (!numa_notice.empty()) {
-      const auto unbound = numa ? std::count_if(numa->workers.begin(), numa->workers.end(),
-                                                [](const WorkerBinding& w) { return !w.bound(); })
-                                : 0;
-      numa_notice += !numa         ? "; starting unbound"
-                     : unbound > 1 ? "; starting them unbound"
-                                   : "; starting it unbound";
-    }
-  }
-
-  if (config.dry_run) {
-    RendezvousOutcome rdzv;
-    rdzv.group_rank = config.node_rank;
-    rdzv.group_world_size = config.max_nodes;
-    rdzv.world_size = nproc.value();
-    rdzv.master_addr = rdzv_settings.value().store.host;
-    rdzv.master_port = rdzv_settings.value().store.port;
-    rdzv.run_id = config.rdzv_id;
-    // The agent makes a fresh NCCL id per attempt when the workers see a GPU; the dry run loads
-    // NCCL and says whether the agent would make one, or why not, without making one.
-    auto nccl = agent::NcclUniqueIdProvider::create(agent::ncclLibrary(env));
-    if (nccl.isOk() && !node.gpus.empty()) {
-      rdzv.nccl_unique_id_hex = "<a fresh ncclUniqueId per attempt>";
-    }
-    std::string run_dir = (config.log_dir.empty() ? std::string("<temporary run dir>")
-                                                  : config.log_dir + "/" + config.rdzv_id);
-    auto plan = makeLaunchPlan(config, node, rdzv, env, run_dir);
-    if (!plan.isOk()) {
-      std::fprintf(stderr, "cpprun: error: %s\n", plan.status().message().c_str());
-      return kExitUsage;
-    }
-    if (!nccl.isOk()) {
-      plan.value().notes.push_back(nccl.status().message());
-    } else if (node.gpus.empty()) {
-      plan.value().notes.push_back(
-          "no GPU for the workers: the agent loads no NCCL and sets no CPPRUN_NCCL_UNIQUE_ID");
-    }
-    if (numa) {
-      applyNumaBinding(*numa, plan.value());
-      plan.value().notes.push_back("--numa-binding=" + config.numa_binding + ": topology from " +
-                                   numa->topology_source + ", GPUs from " + numa->gpu_source);
-    }
-    if (!numa_notice.empty()) plan.value().notes.push_back(numa_notice);
-    std::fputs(describeLaunchPlan(config, node, rdzv, plan.value()).c_str(), stdout);
-    if (sched.value().scheduler.empty()) {
-      std::puts("  discovered  no scheduler or MPI launcher in the environment");
-    } else {
-      std::printf("  discovered  %s\n", sched.value().scheduler.c_str());
-    }
-    for (const auto& [option, source] : provenance) {
-      if (option == "note") {
-        std::printf("  note        %s", source.c_str());
-      } else {
-        std::printf("  %-11s from %s\n", option.c_str(), source.c_str());
-      }
-    }
-    if (rdzv_settings.value().etcd && rdzv_settings.value().multi_node) {
-      const RendezvousSettings& rs = rdzv_settings.value();
-      std::string endpoints;
-      for (const std::string& e : rs.etcd_endpoints)
-        endpoints += (endpoints.empty() ? "" : ",") + e;
-      std::printf("  rendezvous  %s: etcd v3 at %s://%s, keys under /cpprun/%s/, %d..%d nodes\n",
-                  config.rdzv_backend.c_str(), rs.etcd_tls ? "https" : "http", endpoints.c_str(),
-                  config.rdzv_id.c_str(), rs.min_nodes, rs.nnodes);
-      std::puts(
-          "  (ranks shown as if this node came first: every agent serves a workers' store on a "
-          "free port; each round's node 0's is MASTER_ADDR:MASTER_PORT)");
-    } else if (rdzv_settings.value().multi_node) {
-      std::printf(
-          "  (ranks shown as if this node came first: the rendezvous decides the base rank and "
-          "the world size; node 0 serves the store on %s:%d)\n",
-          rdzv_settings.value().bind_host.c_str(), rdzv_settings.value().store.port);
-    }
-    if (rdzv.master_port == 0) {
-      std::puts("  (store port 0: the agent binds a free port at start; MASTER_PORT is that port)");
-    }
-    return 0;
-  }
-
-  RunDirectory run_dir;
-  if (Status s = prepareRunDirectory(config, env, &run_dir); !s.isOk()) {
-    std::fprintf(stderr, "cpprun: error: %s\n", s.message().c_str());
+  auto job = resolveJob(parsed.value().config, std::move(env));
+  if (!job.isOk()) return usageError(job.status());
+  if (job.value().config.check) return runCheck(job.value());
+  if (!job.value().nproc.isOk()) return usageError(job.value().nproc.status());
+  auto numa = planNumaBinding(job.value());
+  if (!numa.isOk()) {
+    std::fprintf(stderr, "cpprun: error: %s\n", numa.status().message().c_str());
     return kExitLaunchError;
   }
-  raiseOpenFileLimit();
-  if (!numa_notice.empty()) {
-    CPPRUN_LOG(kWarn) << numa_notice;
-  }
-  if (numa) {
-    CPPRUN_LOG(kInfo) << "--numa-binding=" << config.numa_binding << ": topology from "
-                      << numa->topology_source << ", GPUs from " << numa->gpu_source;
-    for (const WorkerBinding& w : numa->workers) {
-      if (w.bound()) {
-        CPPRUN_LOG(kInfo) << "local rank " << w.local_rank << ": " << describeWorkerBinding(w);
-      }
-    }
-  }
-  // The scheduler's node names, by node rank, for "waiting for" notices (static ranks only).
-  std::vector<std::string> expected_hosts;
-  if (sched.value().hosts && !rdzv_settings.value().elastic && provenance.count("--node-rank"))
-    expected_hosts = sched.value().hosts->value;
-  int code = agent::runUnderGuardian(
-      [&] {
-        return runJob(config, rdzv_settings.value(), node, nproc.value(), env, scheduler_rank,
-                      expected_hosts, run_dir, numa);
-      },
-      config.signals_to_handle);
-  if (code < 0) {
-    std::perror("cpprun: fork");
-    return kExitLaunchError;
-  }
-  return code;
+  if (job.value().config.dry_run) return dryRun(job.value(), numa.value());
+  return launch(job.value(), numa.value());
 }

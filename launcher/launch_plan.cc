@@ -206,6 +206,42 @@ Result<LaunchPlan> makeLaunchPlan(const LaunchConfig& config, const NodeResource
   return plan;
 }
 
+RendezvousOutcome rendezvousOutcome(const std::string& run_id, int nproc,
+                                    const agent::AttemptContext& context) {
+  RendezvousOutcome rdzv;
+  rdzv.group_rank = 0;
+  rdzv.group_world_size = 1;
+  rdzv.base_rank = 0;
+  rdzv.world_size = nproc;
+  if (context.membership) {
+    rdzv.group_rank = context.membership->group_rank;
+    rdzv.group_world_size = context.membership->group_world_size;
+    rdzv.base_rank = context.membership->base_rank;
+    rdzv.world_size = context.membership->world_size;
+  }
+  rdzv.master_addr = context.store_host;
+  rdzv.master_port = context.store_port;
+  rdzv.run_id = run_id;
+  rdzv.restart_count = context.restart_count;
+  rdzv.nccl_unique_id_hex = context.nccl_unique_id_hex;
+  return rdzv;
+}
+
+agent::AttemptContext dryRunAttempt(const LaunchConfig& config, const RendezvousSettings& rdzv,
+                                    int nproc, bool makes_nccl_id) {
+  agent::AttemptContext context;
+  agent::Membership membership;
+  membership.group_rank = config.node_rank;
+  membership.group_world_size = config.max_nodes;
+  membership.base_rank = 0;
+  membership.world_size = nproc;
+  context.membership = membership;
+  context.store_host = rdzv.store.host;
+  context.store_port = rdzv.store.port;
+  if (makes_nccl_id) context.nccl_unique_id_hex = "<a fresh ncclUniqueId per attempt>";
+  return context;
+}
+
 std::string describeLaunchPlan(const LaunchConfig& config, const NodeResources& node,
                                const RendezvousOutcome& rdzv, const LaunchPlan& plan) {
   std::ostringstream out;
@@ -233,6 +269,49 @@ std::string describeLaunchPlan(const LaunchConfig& config, const NodeResources& 
     for (const auto& kv : w.env) out << "      " << kv.first << "=" << kv.second << "\n";
   }
   return out.str();
+}
+
+std::string describeDryRun(const LaunchConfig& config, const RendezvousSettings& settings,
+                           const NodeResources& node, const RendezvousOutcome& rdzv,
+                           const LaunchPlan& plan, const std::string& scheduler,
+                           const Provenance& provenance) {
+  std::string out = describeLaunchPlan(config, node, rdzv, plan);
+  if (scheduler.empty()) {
+    out += "  discovered  no scheduler or MPI launcher in the environment\n";
+  } else {
+    out += "  discovered  " + scheduler + "\n";
+  }
+  for (const auto& [option, source] : provenance) {
+    if (option == "note") {
+      out += "  note        " + source;
+    } else {
+      std::string name = option;  // left-aligned in 11 columns, as printf's %-11s
+      if (name.size() < 11) name.resize(11, ' ');
+      out += "  " + name + " from " + source + "\n";
+    }
+  }
+  if (settings.etcd && settings.multi_node) {
+    std::string endpoints;
+    for (const std::string& e : settings.etcd_endpoints) {
+      endpoints += (endpoints.empty() ? "" : ",") + e;
+    }
+    out += "  rendezvous  " + config.rdzv_backend + ": etcd v3 at " +
+           (settings.etcd_tls ? "https" : "http") + "://" + endpoints + ", keys under /cpprun/" +
+           config.rdzv_id + "/, " + std::to_string(settings.min_nodes) + ".." +
+           std::to_string(settings.nnodes) + " nodes\n";
+    out +=
+        "  (ranks shown as if this node came first: every agent serves a workers' store on a "
+        "free port; each round's node 0's is MASTER_ADDR:MASTER_PORT)\n";
+  } else if (settings.multi_node) {
+    out +=
+        "  (ranks shown as if this node came first: the rendezvous decides the base rank and "
+        "the world size; node 0 serves the store on " +
+        settings.bind_host + ":" + std::to_string(settings.store.port) + ")\n";
+  }
+  if (rdzv.master_port == 0) {
+    out += "  (store port 0: the agent binds a free port at start; MASTER_PORT is that port)\n";
+  }
+  return out;
 }
 
 }  // namespace cpprun::launcher

@@ -14,10 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "agent/local_agent.h"
 #include "agent/worker_spec.h"
 #include "common/status.h"
 #include "launcher/launch_config.h"
 #include "launcher/node_resources.h"
+#include "launcher/rendezvous_settings.h"
+#include "launcher/scheduler_env.h"
 
 namespace cpprun::launcher {
 
@@ -33,6 +36,17 @@ struct RendezvousOutcome {
   int restart_count = 0;           // attempt number, 0 first
   std::string nccl_unique_id_hex;  // empty when NCCL is not available
 };
+
+// What the rendezvous decided for the attempt the agent prepares (`context`): the nodes'
+// agreement on several nodes, else node 0 of 1 whose `nproc` workers are the whole world.
+RendezvousOutcome rendezvousOutcome(const std::string& run_id, int nproc,
+                                    const agent::AttemptContext& context);
+
+// The first attempt as `cpprun --dry-run` shows it, as if this node came first: node
+// --node-rank of --max-nodes with ranks from 0 and a world of its `nproc` workers, the store of
+// the settings, and a placeholder NCCL id when the agent would make one (`makes_nccl_id`).
+agent::AttemptContext dryRunAttempt(const LaunchConfig& config, const RendezvousSettings& rdzv,
+                                    int nproc, bool makes_nccl_id);
 
 // One worker: ranks, command line, and the variables cpprun sets or overrides (the worker
 // inherits the rest of the agent's environment).
@@ -67,5 +81,12 @@ Result<LaunchPlan> makeLaunchPlan(const LaunchConfig& config, const NodeResource
 // The plan as `cpprun --dry-run` prints it.
 std::string describeLaunchPlan(const LaunchConfig& config, const NodeResources& node,
                                const RendezvousOutcome& rdzv, const LaunchPlan& plan);
+
+// All `cpprun --dry-run` prints: the plan (describeLaunchPlan), then the scheduler found
+// (`scheduler`, empty: none), where each option came from, and how the rendezvous will go.
+std::string describeDryRun(const LaunchConfig& config, const RendezvousSettings& settings,
+                           const NodeResources& node, const RendezvousOutcome& rdzv,
+                           const LaunchPlan& plan, const std::string& scheduler,
+                           const Provenance& provenance);
 
 }  // namespace cpprun::launcher

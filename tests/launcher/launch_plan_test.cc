@@ -238,3 +238,67 @@ TEST_CASE("workers get the signals the agent handles, spelled as torchrun 2.x ex
   REQUIRE(plan.isOk());
   CHECK(plan.value().workers[0].env.at("TORCHELASTIC_SIGNALS_TO_HANDLE") == "SIGUSR1,SIGTERM");
 }
+
+TEST_CASE("rendezvous outcome: node 0 of 1 on one node and the agreement on several", "[unit]") {
+  cpprun::agent::AttemptContext context;
+  context.restart_count = 2;
+  context.store_host = "10.0.0.1";
+  context.store_port = 29500;
+  context.nccl_unique_id_hex = "abcd";
+  RendezvousOutcome one = rendezvousOutcome("job7", 4, context);
+  CHECK(one.group_rank == 0);
+  CHECK(one.group_world_size == 1);
+  CHECK(one.base_rank == 0);
+  CHECK(one.world_size == 4);
+  CHECK(one.master_addr == "10.0.0.1");
+  CHECK(one.master_port == 29500);
+  CHECK(one.run_id == "job7");
+  CHECK(one.restart_count == 2);
+  CHECK(one.nccl_unique_id_hex == "abcd");
+  cpprun::agent::Membership m;
+  m.group_rank = 1;
+  m.group_world_size = 3;
+  m.base_rank = 4;
+  m.world_size = 12;
+  context.membership = m;
+  RendezvousOutcome several = rendezvousOutcome("job7", 4, context);
+  CHECK(several.group_rank == 1);
+  CHECK(several.group_world_size == 3);
+  CHECK(several.base_rank == 4);
+  CHECK(several.world_size == 12);
+}
+
+TEST_CASE("dry run: this node first with the settings' store and an NCCL placeholder", "[unit]") {
+  LaunchConfig c = script(2);
+  c.min_nodes = c.max_nodes = 2;
+  c.node_rank = 1;
+  c.master_addr = "10.0.0.1";
+  auto settings = resolveRendezvous(c);
+  REQUIRE(settings.isOk());
+  auto context = dryRunAttempt(c, settings.value(), 2, true);
+  REQUIRE(context.membership.has_value());
+  CHECK(context.membership->group_rank == 1);
+  CHECK(context.membership->group_world_size == 2);
+  CHECK(context.membership->base_rank == 0);
+  CHECK(context.membership->world_size == 2);
+  CHECK(context.restart_count == 0);
+  CHECK(context.store_host == "10.0.0.1");
+  CHECK(context.store_port == settings.value().store.port);
+  CHECK(context.nccl_unique_id_hex == "<a fresh ncclUniqueId per attempt>");
+  CHECK(dryRunAttempt(c, settings.value(), 2, false).nccl_unique_id_hex.empty());
+
+  const RendezvousOutcome rdzv = rendezvousOutcome(c.rdzv_id, 2, context);
+  auto plan = makeLaunchPlan(c, node({"0", "1"}), rdzv, {}, "/logs");
+  REQUIRE(plan.isOk());
+  Provenance provenance = {{"--rdzv-id", "SLURM_JOB_ID=77"},
+                           {"note", "a note with its own newline\n"}};
+  const std::string text = describeDryRun(c, settings.value(), node({"0", "1"}), rdzv, plan.value(),
+                                          "slurm", provenance);
+  CHECK_THAT(text, Catch::StartsWith(describeLaunchPlan(c, node({"0", "1"}), rdzv, plan.value())));
+  CHECK_THAT(text, Catch::Contains("  discovered  slurm\n"));
+  CHECK_THAT(text, Catch::Contains("  --rdzv-id   from SLURM_JOB_ID=77\n"));
+  CHECK_THAT(text, Catch::Contains("  note        a note with its own newline\n"));
+  CHECK_THAT(text, Catch::Contains("node 0 serves the store on 0.0.0.0:29500)\n"));
+  CHECK_THAT(describeDryRun(c, settings.value(), node({}), rdzv, plan.value(), "", {}),
+             Catch::Contains("  discovered  no scheduler or MPI launcher in the environment\n"));
+}
