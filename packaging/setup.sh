@@ -20,14 +20,14 @@ esac
 
 build_packages=(
   build-essential cmake g++ pkg-config
-  libboost-dev libboost-system-dev libboost-filesystem-dev nlohmann-json3-dev catch2 zlib1g-dev
+  libboost-dev nlohmann-json3-dev catch2 zlib1g-dev
   libgloo-dev libopenblas-dev help2man libssl-dev libhwloc-dev
 )
 packages=(
   # toolchain
   build-essential cmake g++ clang clang-format libclang-rt-14-dev pkg-config git
   # libraries
-  libboost-dev libboost-system-dev libboost-filesystem-dev nlohmann-json3-dev catch2 zlib1g-dev
+  libboost-dev nlohmann-json3-dev catch2 zlib1g-dev
   # the bundled MNIST trainer's CPU data parallelism
   libgloo-dev libopenblas-dev
   # --numa-binding: the node's CPUs, caches, NUMA nodes and PCI devices (and XML topologies)

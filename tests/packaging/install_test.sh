@@ -27,9 +27,13 @@ case $mode in
     grep -q "^ Package: cpprun$" "$scratch/info" || fail "package name"
     grep -q "^ Version: $version$" "$scratch/info" || fail "package version"
     # dpkg-shlibdeps computed the dependencies from the binaries' libraries.
-    for lib in libc6 libboost-filesystem libopenblas libgloo; do
+    for lib in libc6 libhwloc libopenblas libgloo; do
       grep "^ Depends:" "$scratch/info" | grep "$lib" > /dev/null || fail "Depends lacks $lib: $(grep Depends "$scratch/info")"
     done
+    # Workers start without Boost.Process since issue 16: no Boost library is linked.
+    if grep "^ Depends:" "$scratch/info" | grep libboost > /dev/null; then
+      fail "Depends names a Boost library: $(grep Depends "$scratch/info")"
+    fi
     dpkg-deb -x "$deb" "$scratch/root"
     prefix=$scratch/root/usr
     ;;
