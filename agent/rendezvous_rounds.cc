@@ -7,6 +7,7 @@
 
 #include "agent/job_keys.h"
 #include "agent/liveness.h"
+#include "agent/rendezvous_events.h"
 #include "common/logging.h"
 #include "rendezvous/store.h"
 
@@ -45,13 +46,13 @@ void RendezvousRounds::started(int round) {
     progress_.round = round;
     round_began_ = SteadyClock::now();
   }
-  emitEvent(opts_.event_log, "rendezvous_started",
-            {{"round", round},
-             {"backend", opts_.host_per_round ? "etcd"
+  emitRendezvousStarted(opts_.event_log,
+                        {round,
+                         opts_.host_per_round ? "etcd"
                          : opts_.elastic      ? "c10d"
-                                              : "static"},
-             {"min_nodes", opts_.elastic ? opts_.min_nodes : opts_.group_world_size},
-             {"max_nodes", opts_.elastic ? opts_.max_nodes : opts_.group_world_size}});
+                                              : "static",
+                         opts_.elastic ? opts_.min_nodes : opts_.group_world_size,
+                         opts_.elastic ? opts_.max_nodes : opts_.group_world_size});
 }
 
 void RendezvousRounds::completed(int round, const Membership& m) {
@@ -64,16 +65,11 @@ void RendezvousRounds::completed(int round, const Membership& m) {
     progress_.nodes = m.group_world_size;
     progress_.world_size = m.world_size;
   }
-  json hosts = json::array();
+  std::vector<std::string> hosts;
+  hosts.reserve(m.agents.size());
   for (const AgentInfo& a : m.agents) hosts.push_back(a.host);
-  emitEvent(opts_.event_log, "rendezvous_completed",
-            {{"round", round},
-             {"nodes", m.group_world_size},
-             {"world_size", m.world_size},
-             {"group_rank", m.group_rank},
-             {"base_rank", m.base_rank},
-             {"hosts", hosts},
-             {"duration_s", seconds}});
+  emitRendezvousCompleted(opts_.event_log, {round, m.group_world_size, m.world_size, m.group_rank,
+                                            m.base_rank, std::move(hosts), seconds});
 }
 
 void RendezvousRounds::logMembership(const Membership& m) const {
