@@ -450,6 +450,22 @@ TEST_CASE("cpprun --dry-run shows each worker's binding on a DGX H100-like topol
                         "70-83,182-195") != std::string::npos);
 }
 
+TEST_CASE("with --virtual-local-rank each worker is still bound near its own GPU",
+          "[integration]") {
+  // Every worker sees LOCAL_RANK=0 then, but its GPU is the one of its real local rank (torch's
+  // SubprocessHandler passes the real local rank as the device index too).
+  Run run = runCpprun({"--dry-run", "--virtual-local-rank", "--numa-binding=node",
+                       "--nproc-per-node=8", "--no-python", "/bin/true"},
+                      {{"HWLOC_XMLFILE", kTopologies + "/dgx-h100-like-2s-8gpu.xml"}}, 0);
+  INFO(run.output);
+  CHECK(run.code == 0);
+  CHECK(run.output.find("numa binding: node: GPU 0 (0000:1b:00.0), NUMA node 0: ") !=
+        std::string::npos);
+  CHECK(run.output.find("numa binding: node: GPU 5 (0000:c3:00.0), NUMA node 1: ") !=
+        std::string::npos);
+  CHECK(run.output.find("numa binding: node: GPU 7 (") != std::string::npos);
+}
+
 TEST_CASE("cpprun with a bad --numa-binding exits 2 naming it", "[integration]") {
   Run run = runCpprun({"--numa-binding=ccx", "--no-python", "/bin/true"}, {}, 0);
   CHECK(run.code == 2);
