@@ -162,6 +162,8 @@ struct ChildArgs {
   // Written by the child before it exits; read by the parent once it runs again.
   ChildStep failed_step = ChildStep::kNone;
   int error = 0;
+  // Under ThreadSanitizer only (forkChild): where the child reports its failed step and errno.
+  int report_fd = -1;
 };
 
 #if defined(__clang__) || defined(__GNUC__)
@@ -171,10 +173,15 @@ struct ChildArgs {
 #endif
 
 // Failed: record the step and errno, exit with 127 (what a shell says for "cannot execute").
+// exit_group, not exit: a forked child (ThreadSanitizer's) may have a runtime thread of its own.
 [[noreturn]] CPPRUN_NO_SANITIZE void childFail(ChildArgs* a, ChildStep step, int error) {
   a->error = error;
   a->failed_step = step;
-  for (;;) ::syscall(SYS_exit, 127);
+  if (a->report_fd >= 0) {
+    const int report[2] = {static_cast<int>(step), error};
+    ::syscall(SYS_write, a->report_fd, report, sizeof report);
+  }
+  for (;;) ::syscall(SYS_exit_group, 127);
 }
 
 // Makes `from` the child's descriptor `to`, without close-on-exec.
@@ -217,8 +224,16 @@ CPPRUN_NO_SANITIZE int childMain(void* arg) {
   }
   // Nothing of the agent's beyond stdio reaches the worker: not the store's listening socket
   // (a worker outliving its agent would keep the port), not its connections or pipes.
-  if (::syscall(SYS_close_range, 3U, ~0U, 0U) != 0) {
-    for (unsigned int fd = 3; fd < a->fd_limit; ++fd) ::syscall(SYS_close, fd);
+  // (Under ThreadSanitizer the report pipe stays; it is close-on-exec.)
+  const unsigned int keep = a->report_fd >= 3 ? static_cast<unsigned int>(a->report_fd) : 0U;
+  const bool closed = keep == 0U
+                          ? ::syscall(SYS_close_range, 3U, ~0U, 0U) == 0
+                          : (keep == 3U || ::syscall(SYS_close_range, 3U, keep - 1U, 0U) == 0) &&
+                                ::syscall(SYS_close_range, keep + 1U, ~0U, 0U) == 0;
+  if (!closed) {
+    for (unsigned int fd = 3; fd < a->fd_limit; ++fd) {
+      if (fd != keep) ::syscall(SYS_close, fd);
+    }
   }
   if (a->cpus != nullptr && ::syscall(SYS_sched_setaffinity, 0, a->cpus_bytes, a->cpus) != 0) {
     childFail(a, ChildStep::kCpuAffinity, errno);
@@ -232,6 +247,46 @@ CPPRUN_NO_SANITIZE int childMain(void* arg) {
   ::syscall(SYS_execve, a->path, a->argv, a->envp);
   childFail(a, ChildStep::kExec, errno);
 }
+
+#if defined(__SANITIZE_THREAD__)
+#define CPPRUN_SPAWN_BY_FORK 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define CPPRUN_SPAWN_BY_FORK 1
+#endif
+#endif
+
+#ifdef CPPRUN_SPAWN_BY_FORK
+// ThreadSanitizer's clone interceptor treats every clone as a fork and runs its child-side fork
+// handling in the child, which with CLONE_VM is the parent's own runtime state: the agent then
+// believes it forked while multi-threaded and dies at its next thread. Under TSan only, the
+// child is forked and reports a failed step through a close-on-exec pipe (EOF: it exec'd).
+pid_t forkChild(ChildArgs& child) {
+  int report[2];
+  if (::pipe2(report, O_CLOEXEC) != 0) return -1;
+  child.report_fd = report[1];
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    childMain(&child);
+    ::_exit(127);
+  }
+  const int fork_errno = errno;
+  ::close(report[1]);
+  if (pid > 0) {
+    int failed[2] = {0, 0};
+    ssize_t n;
+    while ((n = ::read(report[0], failed, sizeof failed)) < 0 && errno == EINTR) {
+    }
+    if (n == static_cast<ssize_t>(sizeof failed)) {
+      child.failed_step = static_cast<ChildStep>(failed[0]);
+      child.error = failed[1];
+    }
+  }
+  ::close(report[0]);
+  errno = fork_errno;
+  return pid;
+}
+#endif
 
 class SystemProcessLauncher : public ProcessLauncher {
  public:
@@ -333,7 +388,11 @@ class SystemProcessLauncher : public ProcessLauncher {
     sigset_t saved;
     sigfillset(&all);
     ::pthread_sigmask(SIG_SETMASK, &all, &saved);
+#ifdef CPPRUN_SPAWN_BY_FORK
+    const pid_t pid = forkChild(child);
+#else
     const pid_t pid = ::clone(childMain, stackTop(), CLONE_VM | CLONE_VFORK | SIGCHLD, &child);
+#endif
     const int clone_errno = errno;
     ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
     if (pid < 0) {
