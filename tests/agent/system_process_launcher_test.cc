@@ -235,9 +235,17 @@ TEST_CASE("a worker starts with an empty signal mask and default dispositions",
   // (sed): the probe may be built with a sanitizer whose runtime catches SIGSEGV, SIGBUS and
   // SIGFPE before main.
   ProcessSpec spec;
-  spec.argv = {"/bin/sed",  "-n", "-e", "s/^SigBlk:\\s*/sigblk=/p",  "-e",
-               "s/^SigIgn:\\s*/sigign=/p", "-e", "s/^SigCgt:\\s*/sigcgt=/p", "-e",
-               "$ s/.*/end=1/p", "/proc/self/status"};
+  spec.argv = {"/bin/sed",
+               "-n",
+               "-e",
+               "s/^SigBlk:\\s*/sigblk=/p",
+               "-e",
+               "s/^SigIgn:\\s*/sigign=/p",
+               "-e",
+               "s/^SigCgt:\\s*/sigcgt=/p",
+               "-e",
+               "$ s/.*/end=1/p",
+               "/proc/self/status"};
   ProbeRun run = runProbe(*launcher, spec);
   REQUIRE(run.pid.isOk());
   REQUIRE(run.status.has_value());
