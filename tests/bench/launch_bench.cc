@@ -726,16 +726,16 @@ std::optional<int64_t> readNs(const std::string& path) {
 
 // ---- the three scenarios; each returns nullopt on failure (the error is recorded).
 
-std::optional<double> runLaunch(Bench* b, const Variant& v, int nproc) {
-  TempDir dir;
-  uint16_t port = pickFreePort();
-  std::string what = "launch np=" + std::to_string(nproc) + " " + v.label;
+// One timed launcher run of `argv` with its log in `dir`: its wall time, or nullopt after
+// recording why (an error, a timeout, or processes left behind) under `what`.
+std::optional<double> timedRun(Bench* b, const std::vector<std::string>& argv, const TempDir& dir,
+                               const std::string& what) {
   auto deadline =
       Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(b->opt.timeout_s * 1000));
   std::string err;
   double ms = 0;
   {
-    Launcher l(launcherArgv(*b, v, nproc, 0, port, {"launch", dir.path()}), dir.path() + "/log");
+    Launcher l(argv, dir.path() + "/log");
     err = finishRun(*b, &l, deadline);
     ms = l.wallMs();
   }
@@ -746,6 +746,13 @@ std::optional<double> runLaunch(Bench* b, const Variant& v, int nproc) {
   }
   if (!clean) return std::nullopt;
   return ms;
+}
+
+std::optional<double> runLaunch(Bench* b, const Variant& v, int nproc) {
+  TempDir dir;
+  uint16_t port = pickFreePort();
+  return timedRun(b, launcherArgv(*b, v, nproc, 0, port, {"launch", dir.path()}), dir,
+                  "launch np=" + std::to_string(nproc) + " " + v.label);
 }
 
 // The floor figure: N processes of /bin/true, started and reaped by cpprun, by a shell (the
@@ -776,23 +783,8 @@ std::vector<std::string> floorArgv(const Bench& b, const Variant& v, int nproc, 
 std::optional<double> runFloor(Bench* b, const Variant& v, int nproc) {
   TempDir dir;
   uint16_t port = pickFreePort();
-  std::string what = "floor np=" + std::to_string(nproc) + " " + v.label;
-  auto deadline =
-      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(b->opt.timeout_s * 1000));
-  std::string err;
-  double ms = 0;
-  {
-    Launcher l(floorArgv(*b, v, nproc, port), dir.path() + "/log");
-    err = finishRun(*b, &l, deadline);
-    ms = l.wallMs();
-  }
-  bool clean = checkLeftovers(b, what);
-  if (!err.empty()) {
-    b->errors.push_back(what + ": " + err);
-    return std::nullopt;
-  }
-  if (!clean) return std::nullopt;
-  return ms;
+  return timedRun(b, floorArgv(*b, v, nproc, port), dir,
+                  "floor np=" + std::to_string(nproc) + " " + v.label);
 }
 
 struct FailureSample {
