@@ -431,12 +431,18 @@ Run runCpprun(const std::vector<std::string>& args, std::map<std::string, std::s
   return run;
 }
 
+// `cpprun --dry-run <flags> --nproc-per-node=8 --no-python /bin/true` on the DGX H100-like
+// topology. The stand-in driver answers with no devices: the GPUs come from the topology's PCI
+// tree.
+Run dryRunOnDgxH100(std::vector<std::string> flags) {
+  flags.insert(flags.begin(), "--dry-run");
+  for (const char* rest : {"--nproc-per-node=8", "--no-python", "/bin/true"}) flags.push_back(rest);
+  return runCpprun(flags, {{"HWLOC_XMLFILE", kTopologies + "/dgx-h100-like-2s-8gpu.xml"}}, 0);
+}
+
 TEST_CASE("cpprun --dry-run shows each worker's binding on a DGX H100-like topology",
           "[integration]") {
-  // The stand-in driver answers with no devices: the GPUs come from the topology's PCI tree.
-  Run run = runCpprun(
-      {"--dry-run", "--numa-binding=exclusive", "--nproc-per-node=8", "--no-python", "/bin/true"},
-      {{"HWLOC_XMLFILE", kTopologies + "/dgx-h100-like-2s-8gpu.xml"}}, 0);
+  Run run = dryRunOnDgxH100({"--numa-binding=exclusive"});
   INFO(run.output);
   CHECK(run.code == 0);
   CHECK(run.output.find("note        --numa-binding=exclusive: topology from XML file ") !=
@@ -454,9 +460,7 @@ TEST_CASE("with --virtual-local-rank each worker is still bound near its own GPU
           "[integration]") {
   // Every worker sees LOCAL_RANK=0 then, but its GPU is the one of its real local rank (torch's
   // SubprocessHandler passes the real local rank as the device index too).
-  Run run = runCpprun({"--dry-run", "--virtual-local-rank", "--numa-binding=node",
-                       "--nproc-per-node=8", "--no-python", "/bin/true"},
-                      {{"HWLOC_XMLFILE", kTopologies + "/dgx-h100-like-2s-8gpu.xml"}}, 0);
+  Run run = dryRunOnDgxH100({"--virtual-local-rank", "--numa-binding=node"});
   INFO(run.output);
   CHECK(run.code == 0);
   CHECK(run.output.find("numa binding: node: GPU 0 (0000:1b:00.0), NUMA node 0: ") !=
