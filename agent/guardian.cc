@@ -6,28 +6,50 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <set>
 
 #include "agent/child_reaper.h"
+#include "agent/job_containment.h"
 #include "agent/process_launcher.h"
+#include "agent/signal_policy.h"
 #include "common/logging.h"
 
 namespace cpprun::agent {
 
 namespace {
 
+// The state letter of /proc/<pid>/stat ('Z' zombie, 'D' uninterruptible, ...); 0 when gone.
+char processState(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "re");
+  if (f == nullptr) return 0;
+  char text[512] = {};
+  size_t n = std::fread(text, 1, sizeof text - 1, f);
+  std::fclose(f);
+  const char* close = static_cast<const char*>(::memrchr(text, ')', n));
+  return close != nullptr && close + 2 < text + n ? close[2] : 0;
+}
+
 // Kills every descendant and reaps until none is left (bounded: a process stuck in
-// uninterruptible sleep cannot be waited for forever).
-void killRemainingDescendants() {
+// uninterruptible sleep cannot be waited for forever). Returns how many distinct live processes
+// it found (zombies already dead are not counted; each process is counted once however often it
+// is signalled).
+size_t killRemainingDescendants() {
   timespec deadline{};
   ::clock_gettime(CLOCK_MONOTONIC, &deadline);
   deadline.tv_sec += 10;
-  size_t killed = 0;
+  std::set<pid_t> killed;
   for (;;) {
     for (pid_t pid : descendantsOf(::getpid())) {
-      if (::kill(pid, SIGKILL) == 0) ++killed;
+      const char state = processState(pid);
+      if (state == 0 || state == 'Z') continue;
+      if (::kill(pid, SIGKILL) == 0) killed.insert(pid);
     }
     int status = 0;
     pid_t pid = ::waitpid(-1, &status, WNOHANG);
@@ -46,36 +68,43 @@ void killRemainingDescendants() {
     timespec tick{0, 50 * 1000 * 1000};
     ::sigtimedwait(&chld, nullptr, &tick);
   }
-  if (killed > 0) {
-    CPPRUN_LOG(kWarn) << "the agent ended abnormally; killed " << killed
-                      << " process(es) it left behind";
-  }
+  return killed.size();
 }
 
 }  // namespace
 
-int runUnderGuardian(const std::function<int()>& agent_main,
-                     const std::vector<int>& forwarded_signals) {
-  becomeChildSubreaper();
-  sigset_t waited;
-  sigemptyset(&waited);
-  sigaddset(&waited, SIGCHLD);
-  for (int signo : forwarded_signals) sigaddset(&waited, signo);
+int runUnderGuardian(const std::function<int(const WorkerContainment&)>& agent_main,
+                     const GuardianOptions& options) {
+  // Every signal that could end the guardian is taken over (signal_policy.h): waited for here,
+  // never delivered. The agent starts with them blocked too and unblocks them once its loop
+  // catches them, so no signal sent in between ends it either.
+  std::vector<int> taken_over = signalsToTakeOver();
+  for (int signo : options.forwarded_signals) {
+    if (std::find(taken_over.begin(), taken_over.end(), signo) == taken_over.end()) {
+      taken_over.push_back(signo);
+    }
+  }
+  taken_over.push_back(SIGCHLD);
+  const sigset_t waited = signalSetOf(taken_over);
   sigset_t previous;
   ::sigprocmask(SIG_BLOCK, &waited, &previous);
+  // Before becoming a subreaper: the sentinel must not be re-parented to the guardian.
+  std::unique_ptr<JobContainment> containment = JobContainment::start(options.temporary_run_dir);
+  const WorkerContainment for_workers = containment->forWorkers();
+  becomeChildSubreaper();
 
   pid_t guardian = ::getpid();
   std::fflush(nullptr);
   pid_t agent = ::fork();
   if (agent < 0) {
+    containment->finish();
     ::sigprocmask(SIG_SETMASK, &previous, nullptr);
     return -1;
   }
   if (agent == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != guardian) std::_Exit(128 + SIGTERM);
-    ::sigprocmask(SIG_SETMASK, &previous, nullptr);
-    int code = agent_main();
+    int code = agent_main(for_workers);
     std::fflush(nullptr);
     std::_Exit(code);
   }
@@ -86,8 +115,10 @@ int runUnderGuardian(const std::function<int()>& agent_main,
     int signo = ::sigwaitinfo(&waited, &info);
     if (signo < 0) continue;  // EINTR
     if (signo != SIGCHLD) {
-      // From the terminal (SI_KERNEL): the agent is in our process group and got it too.
-      if (info.si_code != SI_KERNEL) ::kill(agent, signo);
+      // From the terminal (SI_KERNEL): the agent is in our process group and got it too. From
+      // ourselves (SIGPIPE of a write to a closed console): nothing to pass on. Anything else
+      // goes to the agent, which acts on the handled ones and logs and ignores the rest.
+      if (info.si_code != SI_KERNEL && info.si_pid != guardian) ::kill(agent, signo);
       continue;
     }
     for (;;) {
@@ -98,12 +129,21 @@ int runUnderGuardian(const std::function<int()>& agent_main,
     }
     if (agent_status != -1) break;
   }
-  if (WIFSIGNALED(agent_status)) {
+  // First the job's processes, then the words: a console that stalls the log line must not
+  // keep them alive.
+  size_t killed = killRemainingDescendants();
+  killed += containment->finish();
+  const bool abnormal = WIFSIGNALED(agent_status);
+  if (abnormal) {
     CPPRUN_LOG(kError) << "the agent (pid " << agent << ") was killed by signal "
                        << WTERMSIG(agent_status);
   }
-  killRemainingDescendants();
-  ::sigprocmask(SIG_SETMASK, &previous, nullptr);
+  if (killed > 0) {
+    CPPRUN_LOG(kWarn) << (abnormal ? "the agent ended abnormally; " : "") << "killed " << killed
+                      << " process(es) it left behind";
+  }
+  // The mask stays as it is: a signal arriving from here on must not end the guardian by its
+  // default action before it has returned the agent's result (the caller exits with it).
   return WIFEXITED(agent_status) ? WEXITSTATUS(agent_status) : 128 + WTERMSIG(agent_status);
 }
 

@@ -10,23 +10,38 @@
 // Agent killed: its workers die by their parent-death signal, and everything below them is
 // re-parented to the guardian (the nearest subreaper), which kills every descendant left and
 // exits 128+signal. Guardian killed: the agent receives SIGTERM and tears the workers down
-// as for any handled signal. Signals sent to the guardian with kill(2) are passed to the agent;
-// ones the terminal sends to the whole foreground group already reached the agent and are not
-// sent twice.
+// as for any handled signal. Both killed at once (kill -9 of cpprun's process group): the job's
+// sentinel and cgroup end what is left (job_containment.h). Signals sent to the guardian with
+// kill(2) are passed to the agent; ones the terminal sends to the whole foreground group already
+// reached the agent and are not sent twice.
 //
 // Thread safety: call runUnderGuardian() from main() before any thread exists.
 #pragma once
 
 #include <functional>
+#include <string>
 #include <vector>
+
+#include "agent/process_launcher.h"
 
 namespace cpprun::agent {
 
-// Forks: the child runs `agent_main` and exits with its result; the calling process becomes the
-// guardian and returns the agent's exit code (128+N when it died by signal N) once the agent
-// and every descendant are gone. `forwarded_signals` are passed on to the agent. Returns -1
-// (nothing forked) when fork fails.
-int runUnderGuardian(const std::function<int()>& agent_main,
-                     const std::vector<int>& forwarded_signals);
+struct GuardianOptions {
+  // The signals that stop the job (--signals-to-handle). Every other signal that would end a
+  // process by default is passed on too; the agent logs and ignores those (signal_policy.h).
+  std::vector<int> forwarded_signals;
+  // A run directory made for this run only (removed at the end): the sentinel removes it when
+  // both cpprun processes are killed. Empty: none.
+  std::string temporary_run_dir;
+};
+
+// Starts the job's containment (job_containment.h), then forks: the child runs `agent_main`
+// with what its launcher needs of the containment and exits with its result; the calling
+// process becomes the guardian and returns the agent's exit code (128+N when it died by signal
+// N) once the agent and every descendant are gone. Returns -1 (nothing forked) when fork fails.
+// Signals stay blocked in the caller when it returns (a signal arriving then must not end it
+// by its default action before it has exited with the agent's code).
+int runUnderGuardian(const std::function<int(const WorkerContainment&)>& agent_main,
+                     const GuardianOptions& options);
 
 }  // namespace cpprun::agent

@@ -5,20 +5,24 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <future>
 #include <memory>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "agent/agent_http_routes.h"
 #include "agent/agent_status.h"
 #include "agent/child_reaper.h"
 #include "agent/event_log.h"
+#include "agent/failure_report.h"
 #include "agent/http_server.h"
 #include "agent/nccl_unique_id.h"
 #include "agent/process_launcher.h"
+#include "agent/signal_policy.h"
 #include "agent/single_node_rendezvous.h"
 #include "common/asio.h"
 #include "common/logging.h"
@@ -27,6 +31,9 @@
 namespace cpprun::agent {
 
 namespace {
+
+// How long the console may take, at the agent's exit, to take the lines still queued for it.
+constexpr std::chrono::milliseconds kConsoleExitFlush{10000};
 
 // Whether a TCP connection to host:port (0.0.0.0 / :: mean this machine) is accepted now.
 bool somethingAccepts(const std::string& host, uint16_t port) {
@@ -216,6 +223,7 @@ class LocalAgent {
  public:
   LocalAgent(const LocalAgentOptions& options, MakeAttempt make_attempt)
       : options_(options), make_attempt_(std::move(make_attempt)), nccl_ids_(options_) {}
+  ~LocalAgent() { stopOutput(); }
   LocalAgent(const LocalAgent&) = delete;
   LocalAgent& operator=(const LocalAgent&) = delete;
 
@@ -233,25 +241,38 @@ class LocalAgent {
   // The supervisor's PrepareAttempt: the attempt's context, then the caller's workers.
   Result<AttemptSpec> prepareAttempt(int restart_count);
   AgentStatus statusNow() const;
+  // The loop is over: the console and log-file writers finish (bounded) and stop.
+  void stopOutput();
 
   const LocalAgentOptions options_;
   const MakeAttempt make_attempt_;
   asio::io_context io_{1};
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
-  NcclIds nccl_ids_;                     // loading from construction
+  NcclIds nccl_ids_;  // loading from construction
+  // The console and log-file writers (threads of their own): first made, last stopped.
+  // The caller's (which then stops them) or the agent's own.
+  const bool own_sinks_ = options_.supervisor.sinks == nullptr;
+  std::shared_ptr<OutputSinks> sinks_ =
+      own_sinks_ ? std::make_shared<OutputSinks>(options_.supervisor.output.console_stdout_fd,
+                                                 options_.supervisor.output.console_stderr_fd)
+                 : options_.supervisor.sinks;
   std::unique_ptr<EventLog> event_log_;  // null without --event-log
   StoreEndpoint store_;                  // store_.server null when another agent serves it
-  std::unique_ptr<ProcessLauncher> launcher_ = makeSystemProcessLauncher();
+  std::unique_ptr<ProcessLauncher> launcher_ = makeSystemProcessLauncher(options_.containment);
   std::unique_ptr<SingleNodeRendezvous> single_node_;  // one node
   std::unique_ptr<JobCoordinator> coordinator_;        // multi-node
   std::unique_ptr<Supervisor> supervisor_;
   std::unique_ptr<HttpServer> metrics_;  // null without --metrics-port
   std::unique_ptr<ChildReaper> reaper_;
   asio::signal_set signals_{io_};
+  std::set<int> ignored_signals_;  // caught, not handled, already logged once
+  bool output_stopped_ = false;
   std::optional<JobOutcome> outcome_;  // set when the supervisor is done
 };
 
 Status LocalAgent::open() {
+  // From here the agent's log lines queue behind the workers' on the console writer's thread.
+  if (own_sinks_) sinks_->routeLogHere();
   if (!options_.event_log_path.empty()) {
     auto opened = EventLog::open(options_.event_log_path, options_.host_name);
     if (!opened.isOk()) return opened.status();
@@ -265,14 +286,26 @@ Status LocalAgent::open() {
   if (Status s = openMetrics(); !s.isOk()) return s;
   reaper_ = std::make_unique<ChildReaper>(
       io_, [this](pid_t pid, int status) { supervisor_->onChildExit(pid, status); });
-  for (int signo : options_.signals_to_handle) signals_.add(signo);
-  if (!options_.signals_to_handle.empty()) armSignals();
+  // Every signal that would end the agent by its default action is caught (signal_policy.h):
+  // the handled ones stop the job in order, the rest are logged and ignored.
+  std::vector<int> caught = signalsToTakeOver();
+  for (int signo : options_.signals_to_handle) {
+    if (std::find(caught.begin(), caught.end(), signo) == caught.end()) caught.push_back(signo);
+  }
+  for (int signo : caught) signals_.add(signo);
+  armSignals();
+  // Under the guardian they arrive blocked (so none ended the agent before this point); from
+  // here the loop catches them, and SIGCHLD reaches the reaper.
+  caught.push_back(SIGCHLD);
+  const sigset_t unblocked = signalSetOf(caught);
+  ::pthread_sigmask(SIG_UNBLOCK, &unblocked, nullptr);
   return Status::ok();
 }
 
 void LocalAgent::makeCoordinatorAndSupervisor() {
   SupervisorOptions supervisor_options = options_.supervisor;
   supervisor_options.event_log = event_log_.get();
+  supervisor_options.sinks = sinks_;
   supervisor_options.track_progress =
       supervisor_options.track_progress || options_.metrics_port >= 0;
   if (options_.multi_node) {
@@ -330,7 +363,16 @@ Status LocalAgent::openMetrics() {
 void LocalAgent::armSignals() {
   signals_.async_wait([this](const boost::system::error_code& ec, int signo) {
     if (ec) return;
-    supervisor_->onSignal(signo);
+    const auto& handled = options_.signals_to_handle;
+    if (std::find(handled.begin(), handled.end(), signo) != handled.end()) {
+      supervisor_->onSignal(signo);
+    } else if (ignored_signals_.insert(signo).second) {
+      // Once per signal: a storm of them must not flood the console.
+      CPPRUN_LOG(kWarn) << "received " << signalName(signo)
+                        << ", which is not in --signals-to-handle: ignored (list it there to "
+                           "forward it to the workers and stop the job)";
+      emitEvent(event_log_.get(), "signal_ignored", {{"signal", signalName(signo)}});
+    }
     armSignals();
   });
 }
@@ -369,6 +411,14 @@ Result<AttemptSpec> LocalAgent::prepareAttempt(int restart_count) {
   return attempt;
 }
 
+void LocalAgent::stopOutput() {
+  if (output_stopped_ || !own_sinks_) return;
+  output_stopped_ = true;
+  // The console gets what is queued for a bounded time (a reader who never reads again must
+  // not hold the agent forever); the log files get everything, within a minute.
+  (void)sinks_->close(kConsoleExitFlush, std::chrono::minutes(1));
+}
+
 AgentStatus LocalAgent::statusNow() const {
   AgentStatus s;
   s.host = options_.host_name;
@@ -387,6 +437,10 @@ AgentStatus LocalAgent::statusNow() const {
 Result<JobOutcome> LocalAgent::run() {
   supervisor_->start();
   if (!outcome_) io_.run();
+  // The job is down. From here to the agent's exit no signal may end it before it reports: hold
+  // them (the signal set's handlers go with this object).
+  const sigset_t held = signalSetOf(terminatingSignals());
+  ::pthread_sigmask(SIG_BLOCK, &held, nullptr);
   reaper_->stop();
   if (coordinator_) {
     // Its threads may be in the middle of a store request, and on node 0 that store is served
@@ -401,6 +455,7 @@ Result<JobOutcome> LocalAgent::run() {
   }
   if (metrics_) metrics_->stop();
   if (store_.server) store_.server->stop();
+  stopOutput();
   if (!outcome_) return internalError("the agent's event loop ended before the job did");
   return *outcome_;
 }

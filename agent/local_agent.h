@@ -63,6 +63,8 @@ struct LocalAgentOptions {
   // picks one; the log and the event log say which). Off when metrics_port < 0.
   std::string metrics_host = "127.0.0.1";
   int metrics_port = -1;
+  // The job's cgroup and sentinel, for the workers the agent starts (the guardian's).
+  WorkerContainment containment;
 };
 
 struct AttemptContext {

@@ -62,15 +62,33 @@ class ProcessLauncher {
   // Sends `signo` to the one process `pid` (not its group). A process that no longer exists
   // is not an error.
   virtual Status signalProcess(pid_t pid, int signo) = 0;
+  // Sends `signo` to a worker started by spawn(): to the process `pid` itself while it has not
+  // been reaped (`running`; it may have moved to another process group, where a signal to its
+  // group would never reach it), to every process left in its group `pid` (its children, also
+  // after it exited), and with SIGKILL also to every process below it, whatever group or session
+  // it moved to. Processes that no longer exist are not an error.
+  virtual Status signalWorker(pid_t pid, bool running, int signo) = 0;
   // SIGKILLs every child of this process that is not in `known` — processes that double-forked
   // out of a worker's group and were re-parented to the agent (a child subreaper). Returns how
   // many were killed; the reaper collects them.
   virtual size_t killAdoptedOrphans(const std::vector<pid_t>& known) = 0;
 };
 
+// Where the real launcher contains its workers beyond their process groups (JobContainment,
+// agent/job_containment.h): the job's cgroup, and the sentinel's pipe.
+struct WorkerContainment {
+  // <job cgroup>/cgroup.procs: each worker moves itself into it before exec (a failure to do
+  // so fails its start, naming the file). Empty: no cgroup.
+  std::string cgroup_procs;
+  // Non-blocking write end of the sentinel's pipe: "+<pgid>\n" for every worker started,
+  // "-<pgid>\n" once its group has been killed after its exit (a group number that may be
+  // reused). -1: none.
+  int group_report_fd = -1;
+};
+
 // The real launcher (clone + execve, Linux process groups, PR_SET_PDEATHSIG, sched_setaffinity,
 // set_mempolicy; agent/system_process_launcher.cc).
-std::unique_ptr<ProcessLauncher> makeSystemProcessLauncher();
+std::unique_ptr<ProcessLauncher> makeSystemProcessLauncher(WorkerContainment containment = {});
 
 // Children of `parent` according to /proc (for subreaper clean-up and for tests).
 std::vector<pid_t> childrenOf(pid_t parent);

@@ -140,6 +140,9 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
       : io_(io),
         launcher_(launcher),
         options_(std::move(options)),
+        sinks_(options_.sinks ? options_.sinks
+                              : std::make_shared<OutputSinks>(options_.output.console_stdout_fd,
+                                                              options_.output.console_stderr_fd)),
         prepare_(std::move(prepare)),
         on_done_(std::move(on_done)),
         stop_timer_(io),
@@ -266,9 +269,9 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     auto eof = [weak = weak_from_this()] {
       if (auto self = weak.lock()) self->maybeFinishDrain();
     };
-    auto out = WorkerOutput::create(io_, out_pipe[0], plan.out, 0, eof);
-    auto err =
-        WorkerOutput::create(io_, err_pipe[0], plan.err, options_.output.stderr_tail_lines, eof);
+    auto out = WorkerOutput::create(io_, out_pipe[0], plan.out, 0, eof, sinks_);
+    auto err = WorkerOutput::create(io_, err_pipe[0], plan.err, options_.output.stderr_tail_lines,
+                                    eof, sinks_);
     ProcessSpec spec;
     spec.argv = w.spec.argv;
     spec.env = w.spec.env;
@@ -360,7 +363,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
         beginStop(signo);
         break;
       case State::kStopping:
-        signalAllGroups(signo);  // the user insists: pass it on again
+        signalWorkers(signo);  // the user insists: pass it on again
         break;
       case State::kDraining:
       case State::kDone:
@@ -408,9 +411,9 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
   void beginStop(int signo) {
     setState(State::kStopping);
     stop_signal_ = signo;
-    signalAllGroups(signo);
+    signalWorkers(signo);
     // A stopped worker (SIGSTOP, a debugger) cannot act on SIGTERM: wake it to receive it.
-    if (signo == SIGTERM) signalAllGroups(SIGCONT);
+    if (signo == SIGTERM) signalWorkers(SIGCONT);
     if (allExited()) {
       beginDrain();
       return;
@@ -465,14 +468,13 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     CPPRUN_LOG(kWarn) << "ranks " << ranks << " still running "
                       << options_.shutdown_timeout.count() / 1000.0 << " s after "
                       << signalName(stop_signal_) << "; sending SIGKILL";
-    signalAllGroups(SIGKILL);
+    signalWorkers(SIGKILL);
   }
 
-  void signalAllGroups(int signo) {
+  void signalWorkers(int signo) {
     for (const Worker& w : workers_) {
       if (w.pid <= 0) continue;
-      Status s = launcher_.signalGroup(w.pid, signo);
-      if (!s.isOk()) {
+      if (Status s = launcher_.signalWorker(w.pid, !w.exited, signo); !s.isOk()) {
         CPPRUN_LOG(kWarn) << s.message();
       }
     }
@@ -485,7 +487,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     sent_kill_ = false;
     // Whatever is left in the workers' groups (grandchildren) and whatever double-forked out of
     // them and was re-parented to us goes now, so the pipes reach EOF.
-    signalAllGroups(SIGKILL);
+    signalWorkers(SIGKILL);
     size_t orphans = launcher_.killAdoptedOrphans({});
     if (orphans > 0) {
       CPPRUN_LOG(kInfo) << "killed " << orphans << " process(es) left behind by the workers";
@@ -738,6 +740,8 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     snap.seconds_in_state[stateName(state_)] +=
         std::chrono::duration<double>(now - state_since_).count();
     snap.output_bytes_total = output_bytes_before_;
+    snap.console_lines_dropped_total = sinks_->dropped_console_lines.load();
+    snap.log_lines_dropped_total = sinks_->dropped_log_lines.load();
     for (size_t i = 0; i < workers_.size(); ++i) {
       const Worker& w = workers_[i];
       const WorkerProgress& p = watchdog_.worker(i);
@@ -781,6 +785,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
   asio::io_context& io_;
   ProcessLauncher& launcher_;
   SupervisorOptions options_;
+  std::shared_ptr<OutputSinks> sinks_;
   PrepareAttempt prepare_;
   OnDone on_done_;
   asio::steady_timer stop_timer_;
@@ -820,7 +825,13 @@ Supervisor::Supervisor(asio::io_context& io, ProcessLauncher& launcher, Supervis
     : impl_(std::make_shared<Impl>(io, launcher, std::move(options), std::move(prepare),
                                    std::move(on_done))) {}
 
-Supervisor::~Supervisor() = default;
+Supervisor::~Supervisor() {
+  // Writers the supervisor made itself end with it: their callbacks post to the loop, which may
+  // not outlive the handlers that hold the sinks. (Sinks from the options are their owner's.)
+  if (!impl_->options_.sinks) {
+    impl_->sinks_->stop(std::chrono::seconds(10), std::chrono::minutes(1));
+  }
+}
 
 void Supervisor::start() { impl_->startAttempt(); }
 void Supervisor::onChildExit(pid_t pid, int wait_status) { impl_->onChildExit(pid, wait_status); }

@@ -74,6 +74,10 @@ struct SupervisorOptions {
   // Read progress files even without stall detection (for /status and /metrics).
   bool track_progress = false;
   EventLog* event_log = nullptr;  // may be null; must outlive the supervisor
+  // Where the workers' console lines and log files are written (threads of their own, so a
+  // stalled console never blocks the loop). Null: the supervisor makes its own for
+  // output.console_stdout_fd / console_stderr_fd.
+  std::shared_ptr<OutputSinks> sinks;
 };
 
 // What the supervisor is doing now, for /status and /metrics (loop thread).
@@ -102,6 +106,10 @@ struct SupervisorSnapshot {
   uint64_t workers_started_total = 0;
   uint64_t worker_failures_total = 0;  // exits that were not 0, teardown excluded
   uint64_t stalls_total = 0;
+  // Worker lines not shown because the console did not keep up (the log files have them), and
+  // the agent's own log lines dropped for the same reason.
+  uint64_t console_lines_dropped_total = 0;
+  uint64_t log_lines_dropped_total = 0;
 };
 
 struct JobOutcome {

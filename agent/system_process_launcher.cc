@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -124,6 +125,7 @@ enum class ChildStep : int {
   kNone = 0,
   kSignals,
   kProcessGroup,
+  kCgroup,
   kParentDeathSignal,
   kAgentGone,
   kStdio,
@@ -156,7 +158,8 @@ struct ChildArgs {
   unsigned int fd_limit = 0;  // for closing descriptors without close_range
   const cpu_set_t* cpus = nullptr;
   size_t cpus_bytes = 0;
-  int mempolicy_mode = -1;  // -1: inherit
+  const char* cgroup_procs = nullptr;  // the job's cgroup.procs, or none
+  int mempolicy_mode = -1;             // -1: inherit
   const unsigned long* nodemask = nullptr;
   unsigned long maxnode = 0;
   // Written by the child before it exits; read by the parent once it runs again.
@@ -210,6 +213,16 @@ CPPRUN_NO_SANITIZE int childMain(void* arg) {
     }
   }
   if (::syscall(SYS_setpgid, 0, 0) != 0) childFail(a, ChildStep::kProcessGroup, errno);
+  if (a->cgroup_procs != nullptr) {
+    const long fd = ::syscall(SYS_openat, AT_FDCWD, a->cgroup_procs, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) childFail(a, ChildStep::kCgroup, errno);
+    if (::syscall(SYS_write, fd, "0", 1) != 1) {
+      const int error = errno;
+      ::syscall(SYS_close, fd);
+      childFail(a, ChildStep::kCgroup, error);
+    }
+    ::syscall(SYS_close, fd);
+  }
   if (::syscall(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) {
     childFail(a, ChildStep::kParentDeathSignal, errno);
   }
@@ -290,6 +303,8 @@ pid_t forkChild(ChildArgs& child) {
 
 class SystemProcessLauncher : public ProcessLauncher {
  public:
+  explicit SystemProcessLauncher(WorkerContainment containment)
+      : containment_(std::move(containment)) {}
   ~SystemProcessLauncher() override {
     if (stack_ != nullptr) ::munmap(stack_, stackMappingBytes());
     if (dev_null_ >= 0) ::close(dev_null_);
@@ -378,6 +393,8 @@ class SystemProcessLauncher : public ProcessLauncher {
     child.fd_limit = fd_limit_;
     child.cpus = cpus;
     child.cpus_bytes = cpus_bytes;
+    child.cgroup_procs =
+        containment_.cgroup_procs.empty() ? nullptr : containment_.cgroup_procs.c_str();
     child.mempolicy_mode = mempolicy_mode;
     child.nodemask = nodemask.empty() ? nullptr : nodemask.data();
     child.maxnode = maxnode;
@@ -404,8 +421,9 @@ class SystemProcessLauncher : public ProcessLauncher {
       int status = 0;
       while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
       }
-      return childError(program, path, spec, child);
+      return childError(program, path, spec, child, containment_);
     }
+    reportGroup('+', pid);
     return pid;
   }
 
@@ -425,6 +443,22 @@ class SystemProcessLauncher : public ProcessLauncher {
                            "): " + std::strerror(errno));
     }
     return Status::ok();
+  }
+
+  Status signalWorker(pid_t pid, bool running, int signo) override {
+    if (pid <= 0) return invalidArgument("bad pid " + std::to_string(pid));
+    Status first = Status::ok();
+    if (running) {
+      // Below it first: once it is dead its children are re-parented and harder to find.
+      if (signo == SIGKILL) {
+        for (pid_t below : descendantsOf(pid)) ::kill(below, SIGKILL);
+      }
+      first = signalProcess(pid, signo);
+    }
+    Status group = signalGroup(pid, signo);
+    // Its group is gone now (or going): the sentinel must not kill that number later.
+    if (!running && signo == SIGKILL) reportGroup('-', pid);
+    return first.isOk() ? group : first;
   }
 
   size_t killAdoptedOrphans(const std::vector<pid_t>& known) override {
@@ -462,8 +496,17 @@ class SystemProcessLauncher : public ProcessLauncher {
     return Status::ok();
   }
 
+  // Best effort: a sentinel that stopped reading (SIGSTOP) must not block the agent.
+  void reportGroup(char sign, pid_t pgid) {
+    if (containment_.group_report_fd < 0) return;
+    char line[32];
+    const int n = std::snprintf(line, sizeof line, "%c%d\n", sign, static_cast<int>(pgid));
+    (void)!::write(containment_.group_report_fd, line, static_cast<size_t>(n));
+  }
+
   static Status childError(const std::string& program, const std::string& path,
-                           const ProcessSpec& spec, const ChildArgs& child) {
+                           const ProcessSpec& spec, const ChildArgs& child,
+                           const WorkerContainment& containment) {
     const std::string head = "cannot run '" + program + "'";
     const std::string why = errnoText(child.error);
     switch (child.failed_step) {
@@ -482,7 +525,11 @@ class SystemProcessLauncher : public ProcessLauncher {
       case ChildStep::kSignals:
         return internalError(head + ": cannot reset its signal handlers: " + why);
       case ChildStep::kProcessGroup:
-        return internalError(head + ": cannot give it a process group of its own: " + why);
+        return internalError(head +
+                             ": cannot give it a process group of its own (setpgid): " + why);
+      case ChildStep::kCgroup:
+        return internalError(head + ": cannot move it into the job's cgroup (write " +
+                             containment.cgroup_procs + "): " + why);
       case ChildStep::kParentDeathSignal:
         return internalError(head + ": cannot set its parent-death signal: " + why);
       case ChildStep::kAgentGone:
@@ -495,6 +542,7 @@ class SystemProcessLauncher : public ProcessLauncher {
     return internalError(head + ": " + why);
   }
 
+  const WorkerContainment containment_;
   void* stack_ = nullptr;
   int dev_null_ = -1;
   unsigned int fd_limit_ = 0;
@@ -526,8 +574,8 @@ std::map<pid_t, pid_t> parentsByPid() {
 
 }  // namespace
 
-std::unique_ptr<ProcessLauncher> makeSystemProcessLauncher() {
-  return std::make_unique<SystemProcessLauncher>();
+std::unique_ptr<ProcessLauncher> makeSystemProcessLauncher(WorkerContainment containment) {
+  return std::make_unique<SystemProcessLauncher>(std::move(containment));
 }
 
 // The kernel's own list of a process's children: /proc/<pid>/task/<tid>/children for each of

@@ -1,7 +1,7 @@
 #include "agent/worker_output.h"
 
 #include <fcntl.h>
-#include <poll.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -64,25 +64,6 @@ std::string substitute(std::string text, const std::string& token, const std::st
   return text;
 }
 
-// Writes everything or gives up on a broken console (logged once by the caller's errno).
-bool writeAll(int fd, const char* data, size_t size) {
-  while (size > 0) {
-    ssize_t n = ::write(fd, data, size);
-    if (n > 0) {
-      data += n;
-      size -= static_cast<size_t>(n);
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else if (n < 0 && errno == EAGAIN) {
-      pollfd p{fd, POLLOUT, 0};
-      ::poll(&p, 1, 1000);
-    } else {
-      return false;
-    }
-  }
-  return true;
-}
-
 }  // namespace
 
 WorkerOutputPlan planWorkerOutput(const OutputOptions& options, int local_rank, int rank,
@@ -129,21 +110,110 @@ bool anyRedirect(const OutputOptions& options) {
   return false;
 }
 
+namespace {
+
+bool sameFile(int a, int b) {
+  if (a == b) return true;
+  struct stat sa {};
+  struct stat sb {};
+  return ::fstat(a, &sa) == 0 && ::fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
+}
+
+}  // namespace
+
+OutputSinks::OutputSinks(int console_stdout_fd, int console_stderr_fd)
+    : stdout_fd_(console_stdout_fd),
+      stderr_fd_(console_stderr_fd),
+      stdout_writer_(std::make_unique<OutputWriter>()) {
+  if (!sameFile(console_stdout_fd, console_stderr_fd)) {
+    stderr_writer_ = std::make_unique<OutputWriter>();
+  }
+  // Log files are not given up on at exit as the console is: they must lose nothing.
+  files_.setExitFlushBound(std::chrono::minutes(1));
+}
+
+OutputWriter& OutputSinks::console(int fd) {
+  return fd == stderr_fd_ && stderr_writer_ ? *stderr_writer_ : *stdout_writer_;
+}
+
+void OutputSinks::writeLog(std::string line) {
+  OutputWriter& w = console(stderr_fd_);
+  if (log_queued_->load() + line.size() > kLogBytesWaiting ||
+      w.queuedBytes() + line.size() > kConsoleBytesPerSink) {
+    ++dropped_log_lines;
+    return;
+  }
+  w.write(stderr_fd_, std::move(line), log_queued_);
+}
+
+OutputSinks::~OutputSinks() {
+  if (routed_log_) setLogSink(nullptr);
+}
+
+void OutputSinks::routeLogHere() {
+  setLogSink([this](std::string line) { writeLog(std::move(line)); });
+  routed_log_ = true;
+}
+
+bool OutputSinks::close(std::chrono::milliseconds console_bound,
+                        std::chrono::milliseconds file_bound) {
+  const uint64_t dropped = dropped_console_lines.load();
+  const uint64_t dropped_log = dropped_log_lines.load();
+  if (dropped > 0 || dropped_log > 0) {
+    CPPRUN_LOG(kWarn) << dropped << " worker line(s) and " << dropped_log
+                      << " agent line(s) were not shown because the console did not keep up"
+                      << " (log files, with --log-dir and -r/-t, keep every worker line)";
+  }
+  setLogSink(nullptr);
+  routed_log_ = false;
+  return stop(console_bound, file_bound);
+}
+
+bool OutputSinks::flush(std::chrono::milliseconds bound) {
+  bool done = files_.flush(bound);
+  done = stdout_writer_->flush(bound) && done;
+  if (stderr_writer_) done = stderr_writer_->flush(bound) && done;
+  return done;
+}
+
+bool OutputSinks::stop(std::chrono::milliseconds console_bound,
+                       std::chrono::milliseconds file_bound) {
+  bool done = files_.stop(file_bound);
+  done = stdout_writer_->stop(console_bound) && done;
+  if (stderr_writer_) done = stderr_writer_->stop(console_bound) && done;
+  return done;
+}
+
 struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
-  Impl(asio::io_context& io, int fd, StreamRoute r, size_t tail_lines, std::function<void()> cb)
-      : pipe(io, fd), route(std::move(r)), tail_limit(tail_lines), on_eof(std::move(cb)) {}
+  Impl(asio::io_context& loop, int fd, StreamRoute r, size_t tail_lines, std::function<void()> cb,
+       std::shared_ptr<OutputSinks> s)
+      : io(loop),
+        pipe(loop, fd),
+        route(std::move(r)),
+        tail_limit(tail_lines),
+        on_eof(std::move(cb)),
+        sinks(std::move(s)) {}
 
   void read() {
+    if (closed || reading) return;
+    reading = true;
     pipe.async_read_some(asio::buffer(buffer, sizeof buffer),
                          [self = shared_from_this()](const boost::system::error_code& ec,
                                                      size_t n) { self->onRead(ec, n); });
   }
 
   void onRead(const boost::system::error_code& ec, size_t n) {
+    reading = false;
     if (closed) return;
     if (n > 0) consume(std::string_view(buffer, n));
     if (ec) {
       finish();
+      return;
+    }
+    // The log file lags: leave the rest in the pipe until the file writer catches up.
+    if (file_fd >= 0 && file_queued->load() > kFileBytesPerStream) {
+      paused = true;
       return;
     }
     read();
@@ -151,15 +221,34 @@ struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
 
   void consume(std::string_view data) {
     bytes_read += data.size();
-    if (file_fd >= 0 && !writeAll(file_fd, data.data(), data.size())) {
-      CPPRUN_LOG(kWarn) << "cannot write " << route.file << ": " << std::strerror(errno)
+    if (file_fd >= 0) writeFile(data);
+    splitter.feed(data, [this](std::string_view line) { addLine(line); });
+    flushConsole();
+  }
+
+  void writeFile(std::string_view data) {
+    std::weak_ptr<Impl> weak = weak_from_this();
+    asio::io_context* loop = &io;
+    sinks->files().write(file_fd, std::string(data), file_queued, [weak, loop](int error) {
+      // On the file writer's thread: back to the loop.
+      asio::post(*loop, [weak, error] {
+        if (auto self = weak.lock()) self->onFileWritten(error);
+      });
+    });
+  }
+
+  void onFileWritten(int error) {
+    if (error != 0 && file_fd >= 0) {
+      CPPRUN_LOG(kWarn) << "cannot write " << route.file << ": " << std::strerror(error)
                         << "; its output goes to the console only from now on";
-      ::close(file_fd);
+      sinks->files().closeAfterWrites(file_fd);
       file_fd = -1;
       route.to_console = true;
     }
-    splitter.feed(data, [this](std::string_view line) { addLine(line); });
-    flushConsole();
+    if (paused && (file_fd < 0 || file_queued->load() <= kFileBytesPerStream / 2)) {
+      paused = false;
+      read();
+    }
   }
 
   void addLine(std::string_view line) {
@@ -167,6 +256,7 @@ struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
       console.append(route.prefix);
       console.append(line);
       console.push_back('\n');
+      ++console_lines;
     }
     if (tail_limit > 0) {
       if (tail.size() == tail_limit) tail.pop_front();
@@ -176,10 +266,27 @@ struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
 
   void flushConsole() {
     if (console.empty()) return;
-    if (!writeAll(route.console_fd, console.data(), console.size()) && !console_broken) {
-      console_broken = true;  // e.g. the terminal went away; files and tails keep working
+    OutputWriter& writer = sinks->console(route.console_fd);
+    if (console_queued->load() + console.size() > kConsoleBytesPerStream ||
+        writer.queuedBytes() + console.size() > kConsoleBytesPerSink) {
+      // The console does not keep up: these lines are not shown (the tail and files keep them).
+      dropped_lines += console_lines;
+      dropped_unreported += console_lines;
+      sinks->dropped_console_lines += console_lines;
+      console.clear();
+      console_lines = 0;
+      return;
     }
+    if (dropped_unreported > 0) {
+      std::string notice = route.prefix + "[cpprun: " + std::to_string(dropped_unreported) +
+                           " line(s) not shown: the console did not keep up" +
+                           (file_fd >= 0 ? "; " + route.file + " has every line" : "") + "]\n";
+      console.insert(0, notice);
+      dropped_unreported = 0;
+    }
+    writer.write(route.console_fd, std::move(console), console_queued);
     console.clear();
+    console_lines = 0;
   }
 
   void finish() {
@@ -189,7 +296,7 @@ struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
     closed = true;
     boost::system::error_code ignored;
     pipe.close(ignored);
-    if (file_fd >= 0) ::close(file_fd);
+    if (file_fd >= 0) sinks->files().closeAfterWrites(file_fd);
     file_fd = -1;
     if (on_eof) {
       auto cb = std::move(on_eof);
@@ -198,23 +305,32 @@ struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
     }
   }
 
+  asio::io_context& io;
   asio::posix::stream_descriptor pipe;
   StreamRoute route;
   size_t tail_limit;
   std::function<void()> on_eof;
+  std::shared_ptr<OutputSinks> sinks;
   int file_fd = -1;
+  std::shared_ptr<std::atomic<size_t>> file_queued = std::make_shared<std::atomic<size_t>>(0);
+  std::shared_ptr<std::atomic<size_t>> console_queued = std::make_shared<std::atomic<size_t>>(0);
   LineSplitter splitter;
   std::string console;
+  size_t console_lines = 0;
+  uint64_t dropped_lines = 0;
+  uint64_t dropped_unreported = 0;
   std::deque<std::string> tail;
   uint64_t bytes_read = 0;
   bool closed = false;
-  bool console_broken = false;
+  bool reading = false;
+  bool paused = false;
   char buffer[16 * 1024];
 };
 
 Result<std::unique_ptr<WorkerOutput>> WorkerOutput::create(asio::io_context& io, int read_fd,
                                                            StreamRoute route, size_t tail_lines,
-                                                           std::function<void()> on_eof) {
+                                                           std::function<void()> on_eof,
+                                                           std::shared_ptr<OutputSinks> sinks) {
   int file_fd = -1;
   if (!route.file.empty()) {
     file_fd = ::open(route.file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -224,7 +340,8 @@ Result<std::unique_ptr<WorkerOutput>> WorkerOutput::create(asio::io_context& io,
       return invalidArgument("cannot create log file " + route.file + ": " + std::strerror(err));
     }
   }
-  auto impl = std::make_shared<Impl>(io, read_fd, std::move(route), tail_lines, std::move(on_eof));
+  auto impl = std::make_shared<Impl>(io, read_fd, std::move(route), tail_lines, std::move(on_eof),
+                                     std::move(sinks));
   impl->file_fd = file_fd;
   return std::unique_ptr<WorkerOutput>(new WorkerOutput(std::move(impl)));
 }
@@ -241,5 +358,6 @@ std::vector<std::string> WorkerOutput::tail() const {
   return std::vector<std::string>(impl_->tail.begin(), impl_->tail.end());
 }
 uint64_t WorkerOutput::bytesRead() const { return impl_->bytes_read; }
+uint64_t WorkerOutput::droppedConsoleLines() const { return impl_->dropped_lines; }
 
 }  // namespace cpprun::agent

@@ -9,10 +9,21 @@
 // stderr are kept for the failure report. A line longer than max_line_bytes is cut into
 // pieces so one runaway line cannot grow the agent without bound.
 //
-// Thread safety: a WorkerOutput lives on the agent's loop thread; LineSplitter and
-// planWorkerOutput are plain values/pure functions.
+// Nothing here blocks the agent's loop on a slow reader: the console and the log files are
+// written by OutputWriter threads (OutputSinks). When the console cannot keep up (a paused
+// pipe reader, a scrolled-back terminal), a stream with more than kConsoleBytesPerStream
+// waiting (or a console with kConsoleBytesPerSink) drops the lines it reads meanwhile and
+// counts them; once the console takes lines again, one line says how many were not shown. Log
+// files never lose a line: a worker whose file lags by kFileBytesPerStream is not read until
+// it caught up (the worker then waits in write(2), as it would writing the file itself). The
+// agent's own log lines go through the same stderr writer (in order with the workers').
+//
+// Thread safety: a WorkerOutput lives on the agent's loop thread; OutputSinks may be used from
+// any thread; LineSplitter and planWorkerOutput are plain values/pure functions.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <map>
@@ -21,6 +32,7 @@
 #include <string_view>
 #include <vector>
 
+#include "agent/output_writer.h"
 #include "common/status.h"
 
 namespace boost::asio {
@@ -83,13 +95,66 @@ WorkerOutputPlan planWorkerOutput(const OutputOptions& options, int local_rank, 
 // True when some local rank's stream goes to a file (a log directory is needed).
 bool anyRedirect(const OutputOptions& options);
 
+// Console bytes one worker stream may have waiting before its new lines are dropped.
+inline constexpr size_t kConsoleBytesPerStream = 256 * 1024;
+// Console bytes all streams (and the agent's log) may have waiting on one console descriptor.
+inline constexpr size_t kConsoleBytesPerSink = 16 * 1024 * 1024;
+// Log-file bytes one worker stream may have waiting before its pipe is no longer read.
+inline constexpr size_t kFileBytesPerStream = 1024 * 1024;
+// The agent's own log lines waiting on the console before new ones are dropped.
+inline constexpr size_t kLogBytesWaiting = 1024 * 1024;
+
+// The writers of the agent's console (its stdout and stderr: one writer when both are the same
+// file, so their lines never interleave mid-line) and of the workers' log files.
+class OutputSinks {
+ public:
+  OutputSinks(int console_stdout_fd, int console_stderr_fd);
+  ~OutputSinks();
+  OutputSinks(const OutputSinks&) = delete;
+  OutputSinks& operator=(const OutputSinks&) = delete;
+
+  // The writer for a console descriptor (the stdout or stderr given at construction).
+  OutputWriter& console(int fd);
+  OutputWriter& files() { return files_; }
+  // An agent log line, dropped (and counted) when kLogBytesWaiting are waiting already.
+  void writeLog(std::string line);
+  // Makes this process's log lines (common/logging.h) go to writeLog.
+  void routeLogHere();
+  // The end of the agent's output: says (through the log) how many lines the console did not
+  // show, routes log lines back to a plain stderr write, and stop()s. False when something was
+  // given up.
+  bool close(std::chrono::milliseconds console_bound, std::chrono::milliseconds file_bound);
+  // Waits for every console and file write queued so far, at most `bound` each; false when one
+  // was not done in time.
+  bool flush(std::chrono::milliseconds bound);
+  // Writes what is queued (each writer at most `console_bound` for the console, `file_bound`
+  // for the files), then stops the writers: later output is dropped and no callback runs any
+  // more. The agent calls it once its loop is over, before anything a callback posts to is gone.
+  // False when something was given up.
+  bool stop(std::chrono::milliseconds console_bound, std::chrono::milliseconds file_bound);
+
+  // Counted by the worker streams when they drop lines, and here for the agent's log.
+  std::atomic<uint64_t> dropped_console_lines{0};
+  std::atomic<uint64_t> dropped_log_lines{0};
+
+ private:
+  int stdout_fd_;
+  int stderr_fd_;
+  OutputWriter files_;
+  std::unique_ptr<OutputWriter> stdout_writer_;
+  std::unique_ptr<OutputWriter> stderr_writer_;  // null when it is stdout's
+  std::shared_ptr<std::atomic<size_t>> log_queued_ = std::make_shared<std::atomic<size_t>>(0);
+  bool routed_log_ = false;
+};
+
 // Reads one pipe until EOF and routes what it reads. Construct, then start().
 class WorkerOutput {
  public:
   // Takes ownership of `read_fd`. Opens the route's file (create/truncate) now.
   static Result<std::unique_ptr<WorkerOutput>> create(boost::asio::io_context& io, int read_fd,
                                                       StreamRoute route, size_t tail_lines,
-                                                      std::function<void()> on_eof);
+                                                      std::function<void()> on_eof,
+                                                      std::shared_ptr<OutputSinks> sinks);
   ~WorkerOutput();
   WorkerOutput(const WorkerOutput&) = delete;
   WorkerOutput& operator=(const WorkerOutput&) = delete;
@@ -101,6 +166,8 @@ class WorkerOutput {
   // The last lines read, oldest first.
   std::vector<std::string> tail() const;
   uint64_t bytesRead() const;
+  // Lines read but not shown on the console because it did not keep up.
+  uint64_t droppedConsoleLines() const;
 
   struct Impl;
 

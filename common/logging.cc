@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
+#include <memory>
 #include <mutex>
 
 namespace cpprun {
@@ -24,6 +25,8 @@ LogLevel levelFromEnvironment() {
 std::atomic<int> g_level{static_cast<int>(levelFromEnvironment())};
 std::mutex g_name_mutex;
 std::string g_program = "cpprun";
+std::mutex g_sink_mutex;
+std::shared_ptr<std::function<void(std::string)>> g_sink;  // guarded by g_sink_mutex
 
 const char* levelName(LogLevel level) {
   switch (level) {
@@ -46,6 +49,11 @@ void setLogLevel(LogLevel level) { g_level.store(static_cast<int>(level)); }
 void setLogProgramName(const std::string& name) {
   std::lock_guard<std::mutex> lock(g_name_mutex);
   g_program = name;
+}
+
+void setLogSink(std::function<void(std::string line)> sink) {
+  std::lock_guard<std::mutex> lock(g_sink_mutex);
+  g_sink = sink ? std::make_shared<std::function<void(std::string)>>(std::move(sink)) : nullptr;
 }
 
 bool logEnabled(LogLevel level) { return static_cast<int>(level) >= g_level.load(); }
@@ -73,9 +81,22 @@ void logLine(LogLevel level, const std::string& message) {
   line += ' ';
   line += message;
   line += '\n';
+  logText(std::move(line));
+}
+
+void logText(std::string text) {
+  std::shared_ptr<std::function<void(std::string)>> sink;
+  {
+    std::lock_guard<std::mutex> lock(g_sink_mutex);
+    sink = g_sink;
+  }
+  if (sink) {
+    (*sink)(std::move(text));
+    return;
+  }
   // One write per line: whole lines, never interleaved with other writers.
-  const char* p = line.data();
-  size_t left = line.size();
+  const char* p = text.data();
+  size_t left = text.size();
   while (left > 0) {
     ssize_t n = ::write(STDERR_FILENO, p, left);
     if (n <= 0) break;

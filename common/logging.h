@@ -6,6 +6,7 @@
 // Thread safety: every function may be called from any thread.
 #pragma once
 
+#include <functional>
 #include <sstream>
 #include <string>
 
@@ -18,6 +19,12 @@ void setLogLevel(LogLevel level);
 void setLogProgramName(const std::string& name);
 bool logEnabled(LogLevel level);
 void logLine(LogLevel level, const std::string& message);
+// Where whole log lines (newline included) go instead of a blocking write to stderr; null
+// restores stderr. A process whose stderr may stall (the agent, whose console a paused reader
+// can hold) hands its lines to a writer thread this way.
+void setLogSink(std::function<void(std::string line)> sink);
+// Writes `text` (whole lines, no header added) where log lines go: a report of several lines.
+void logText(std::string text);
 
 namespace detail {
 class LogMessage {

@@ -22,6 +22,7 @@
 #include "agent/guardian.h"
 #include "agent/local_agent.h"
 #include "agent/nccl_unique_id.h"
+#include "agent/signal_policy.h"
 #include "common/logging.h"
 #include "common/system.h"
 #include "launcher/agent_options.h"
@@ -353,11 +354,8 @@ int reportOutcome(const Job& job, const agent::JobOutcome& outcome, int world_si
       if (job.rdzv.multi_node && !outcome.summary.empty()) {
         CPPRUN_LOG(kError) << "the job failed; first failure: " << outcome.summary;
       }
-      std::fputs(
-          agent::formatFailureReport(job.config.entrypoint, job.node.hostname, outcome.failures)
-              .c_str(),
-          stderr);
-      std::fflush(stderr);
+      logText(
+          agent::formatFailureReport(job.config.entrypoint, job.node.hostname, outcome.failures));
       auto own_error_file = job.env.find("TORCHELASTIC_ERROR_FILE");
       if (own_error_file != job.env.end() && !own_error_file->second.empty() &&
           !outcome.failures.empty()) {
@@ -425,9 +423,23 @@ int runJob(const AgentRun& run) {
   return reportOutcome(job, result.value(), world_size, group_world_size);
 }
 
+// How long the console may take, at the agent's exit, to take the lines still queued for it
+// (a reader who never reads again must not hold the agent forever; the log files get
+// everything), and the same after a signal ended the job.
+constexpr std::chrono::milliseconds kConsoleExitFlush{10000};
+constexpr std::chrono::milliseconds kConsoleExitFlushAfterSignal{2000};
+
 // A run: the run directory, then the agent under its guardian.
 int launch(const Job& job, const NumaDecision& numa) {
   const LaunchConfig& config = job.config;
+  // From the run directory's creation on, no signal may end this process by its default action
+  // (it would leave the directory behind): they stay pending until the guardian waits for them
+  // and passes them on (agent/signal_policy.h).
+  std::vector<int> taken_over = agent::signalsToTakeOver();
+  taken_over.insert(taken_over.end(), config.signals_to_handle.begin(),
+                    config.signals_to_handle.end());
+  const sigset_t held = agent::signalSetOf(taken_over);
+  ::sigprocmask(SIG_BLOCK, &held, nullptr);
   RunDirectory run_dir;
   if (Status s = prepareRunDirectory(config, job.env, &run_dir); !s.isOk()) {
     std::fprintf(stderr, "cpprun: error: %s\n", s.message().c_str());
@@ -447,15 +459,28 @@ int launch(const Job& job, const NumaDecision& numa) {
     }
   }
   int code = agent::runUnderGuardian(
-      [&] {
+      [&](const agent::WorkerContainment& containment) {
+        // The agent's console (its log, the workers' lines, the final report) is written by
+        // threads of its own from here to the end, so no stalled reader blocks the agent.
+        auto sinks = std::make_shared<agent::OutputSinks>(STDOUT_FILENO, STDERR_FILENO);
+        sinks->routeLogHere();
+        int agent_code = kExitLaunchError;
         auto options = agentOptions(job);
         if (!options.isOk()) {
           CPPRUN_LOG(kError) << options.status().message();
-          return kExitLaunchError;
+        } else {
+          options.value().supervisor.sinks = sinks;
+          options.value().containment = containment;
+          agent_code = runJob(AgentRun{job, numa, run_dir, std::move(options).value()});
         }
-        return runJob(AgentRun{job, numa, run_dir, std::move(options).value()});
+        // A job ended by a signal: the user wants it over, not the console caught up.
+        const bool signalled = agent_code > 128;
+        sinks->close(signalled ? kConsoleExitFlushAfterSignal : kConsoleExitFlush,
+                     std::chrono::minutes(1));
+        return agent_code;
       },
-      config.signals_to_handle);
+      agent::GuardianOptions{config.signals_to_handle,
+                             run_dir.temporary ? run_dir.path : std::string()});
   if (code < 0) {
     std::perror("cpprun: fork");
     return kExitLaunchError;

@@ -42,6 +42,7 @@ class RecordingLauncher : public ProcessLauncher {
     log_.push_back("signal " + std::to_string(pid) + " " + std::to_string(signo));
     return Status::ok();
   }
+  Status signalWorker(pid_t pid, bool, int signo) override { return signalGroup(pid, signo); }
   size_t killAdoptedOrphans(const std::vector<pid_t>&) override { return 0; }
 
   std::vector<ProcessSpec> spawned;

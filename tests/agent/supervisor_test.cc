@@ -54,6 +54,7 @@ class FakeLauncher : public ProcessLauncher {
     process_signals.emplace_back(pid, signo);
     return Status::ok();
   }
+  Status signalWorker(pid_t pid, bool, int signo) override { return signalGroup(pid, signo); }
   size_t killAdoptedOrphans(const std::vector<pid_t>&) override {
     ++orphan_sweeps;
     return 0;
@@ -144,13 +145,26 @@ struct Fixture {
   std::vector<int> attempts_prepared;
   int nproc = 2;
   bool with_attempt_dir = false;  // give every attempt a directory (progress files, stacks)
+  std::shared_ptr<OutputSinks> sinks;
   std::unique_ptr<Supervisor> supervisor;
 
-  ~Fixture() { ::close(console_fd); }
+  ~Fixture() {
+    supervisor.reset();
+    if (sinks) sinks->stop(5s, 5s);
+    ::close(console_fd);
+  }
+
+  // The console as written so far (the writer thread writes it: wait for what is queued).
+  std::string consoleText() {
+    REQUIRE(sinks->flush(5s));
+    return readFile(console_path);
+  }
 
   void make(SupervisorOptions options) {
     options.output.console_stdout_fd = console_fd;
     options.output.console_stderr_fd = console_fd;
+    sinks = std::make_shared<OutputSinks>(console_fd, console_fd);
+    options.sinks = sinks;
     supervisor = std::make_unique<Supervisor>(
         io, launcher, options,
         [this](int restart) -> Result<AttemptSpec> {
@@ -205,7 +219,7 @@ TEST_CASE_METHOD(Fixture, "all workers exiting 0 ends the job with 0 and their o
   REQUIRE(runUntil([&] { return outcome.has_value(); }));
   CHECK(outcome->kind == JobOutcome::Kind::kSucceeded);
   CHECK(outcome->exitCode() == 0);
-  std::string console = readFile(console_path);
+  std::string console = consoleText();
   CHECK(console.find("[default0]:hello from zero\n") != std::string::npos);
   CHECK(console.find("[default1]:rank one\n") != std::string::npos);
   // The unterminated last line is not lost.

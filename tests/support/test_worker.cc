@@ -35,6 +35,8 @@
 //   wait-file PATH SECONDS   wait until PATH exists (10 ms polls); exit 124 after SECONDS
 //   sleep SECONDS            sleep (fractions allowed)
 //   sleep-forever            pause() forever
+//   leave-group              move into the parent's (the agent's) process group, leaving the
+//                            worker's own group empty
 //   progress N               write N to $CPPRUN_PROGRESS_FILE (common/progress_file.h)
 //   progress-every N SECONDS write 1..N to $CPPRUN_PROGRESS_FILE, SECONDS apart (a step each)
 //   stall-if-restart C       pause() forever (a stalled rank) when TORCHELASTIC_RESTART_COUNT
@@ -320,7 +322,7 @@ void sleepFor(double seconds) {
 // The actions, by how many arguments they take; -1: unknown.
 int argCount(const std::string& action) {
   static const char* const kByCount[] = {
-      " sleep-forever ",
+      " sleep-forever leave-group ",
       " env-json print eprint exit kill-self ignore fork-daemon touch sleep list-fds progress "
       "stall-if-restart stall-if-rank ",
       " flood progress-every exit-if-rank exit-if-restart kill-self-if-rank on-signal "
@@ -449,6 +451,11 @@ int main(int argc, char** argv) {
       sleepFor(parseSeconds(arg()));
     } else if (a == "sleep-forever") {
       pauseForever();
+    } else if (a == "leave-group") {
+      // A group leader cannot setsid(); it can join its parent's group (the agent's), which
+      // leaves its own group empty.
+      if (::setpgid(0, ::getpgid(::getppid())) != 0)
+        fail(1, std::string("setpgid: ") + std::strerror(errno));
     } else if (a == "progress") {
       cpprun::ProgressReporter::fromEnvironment().bump(static_cast<uint64_t>(parseInt(arg())));
     } else if (a == "progress-every") {
