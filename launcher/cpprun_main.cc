@@ -8,8 +8,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -22,6 +24,7 @@
 #include "agent/guardian.h"
 #include "agent/local_agent.h"
 #include "agent/nccl_unique_id.h"
+#include "common/clip.h"
 #include "common/logging.h"
 #include "common/system.h"
 #include "launcher/agent_options.h"
@@ -108,7 +111,10 @@ Status makeRunDirectory(const LaunchConfig& config, bool kept, RunDirectory* dir
   if (!config.log_dir.empty()) {
     dir->path = config.log_dir + "/" + config.rdzv_id;
     std::filesystem::create_directories(dir->path, ec);
-    if (ec) return invalidArgument("--log-dir: cannot create " + dir->path + ": " + ec.message());
+    if (ec) {
+      return invalidArgument("--log-dir: cannot create " + clipValue(dir->path, 4 * kClipKeep) +
+                             ": " + ec.message());
+    }
     return Status::ok();
   }
   std::string base = envOr(processEnvironment(), "TMPDIR", "");
@@ -117,7 +123,9 @@ Status makeRunDirectory(const LaunchConfig& config, bool kept, RunDirectory* dir
   std::vector<char> buf(templ.begin(), templ.end());
   buf.push_back('\0');
   if (::mkdtemp(buf.data()) == nullptr) {
-    return invalidArgument("cannot create a run directory under " + base);
+    const int err = errno;
+    return invalidArgument("cannot create a run directory under " + clipValue(base, 4 * kClipKeep) +
+                           ": " + std::strerror(err));
   }
   dir->path = buf.data();
   dir->temporary = true;
