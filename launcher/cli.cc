@@ -452,12 +452,13 @@ Status applyEventLog(LaunchConfig& c, const std::string& v, const std::string& s
 // "could match" in an ambiguous prefix's error; --help groups the rows by section, in this order.
 const OptionSpec kOptions[] = {
     {"--nnodes", 0, Arity::kValue, true, applyNnodes, Section::kLaunch, "N|MIN:MAX", "1:1",
-     "Number of nodes (agents), 0 < MIN <= MAX: N for the static backend, MIN to MAX for c10d "
-     "(elastic). Under srun, mpirun and other launchers: from their environment."},
+     "Number of nodes (agents), 0 < MIN <= MAX <= 65536: N for the static backend, MIN to MAX "
+     "for c10d (elastic). Under srun, mpirun and other launchers: from their environment."},
     {"--nproc-per-node", 0, Arity::kValue, true, applyNproc, Section::kLaunch, "N|gpu|cpu|auto",
      "1",
      "Workers on this node: a positive number, one per GPU, one per usable CPU, or GPUs if any "
-     "else CPUs."},
+     "else CPUs. At most 4096, and as many as the open-file and process limits allow "
+     "(docs/operations.md, Size limits)."},
     {"--rdzv-backend", 0, Arity::kValue, true, applyRdzvBackend, Section::kRendezvous,
      "static|c10d|etcd|etcd-v2", "static",
      "static: fixed node ranks, node 0 serves the store; c10d: nodes join in rounds at "
