@@ -219,8 +219,12 @@ int runCheck(const Job& job) {
   const LaunchConfig& config = job.config;
   raiseOpenFileLimit();  // as a run does: the workers inherit the raised limit
   SystemFacts facts = probeSystem(config, job.rdzv, job.env);
-  PreflightReport report = runPreflight(config, job.rdzv, job.node,
-                                        job.nproc.isOk() ? job.nproc.value() : 0, job.env, facts);
+  // A number over this node's limits is still what the job asks for: the other checks (open
+  // files, CPUs) are made for it. (Numbers are at most kMaxWorkersPerNode by then.)
+  const int nproc = job.nproc.isOk()                          ? job.nproc.value()
+                    : config.nproc_kind == NprocKind::kNumber ? config.nproc
+                                                              : 0;
+  PreflightReport report = runPreflight(config, job.rdzv, job.node, nproc, job.env, facts);
   // Each worker's GPU, NUMA node and nearest NIC; its CPUs too with --numa-binding.
   const bool numa_requested = !config.numa_binding.empty();
   const int numa_workers = job.nproc.isOk()
