@@ -39,18 +39,22 @@ Result<Discovered<int>> intVar(const Env& env, const std::string& name, int min)
   return Discovered<int>{static_cast<int>(v), sourceText(name, text)};
 }
 
-// A count of agents (a job's task count): at most kMaxNodes, as --nnodes.
+// A count of agents (a job's task count): at most kMaxNodes, as --nnodes; a larger number, even
+// one past INT_MAX, is named as over the limit.
 Result<Discovered<int>> agentCountVar(const Env& env, const std::string& name) {
-  auto count = intVar(env, name, 1);
-  if (count.isOk() && count.value().value > kMaxNodes) {
+  const std::string& text = *lookup(env, name);
+  const size_t first = text.find_first_not_of('0');
+  const bool digits = text.find_first_not_of("0123456789") == std::string::npos;
+  const std::string significant = first == std::string::npos ? "" : text.substr(first);
+  if (digits &&
+      (significant.size() > 9 || (!significant.empty() && std::stoll(significant) > kMaxNodes))) {
     return invalidArgument(
-        "environment variable " + count.value().source + ": " +
-        formatCount(static_cast<uint64_t>(count.value().value)) +
-        " agents, more than cpprun's limit of " + formatCount(kMaxNodes) +
+        "environment variable " + sourceText(name, text) + ": more than cpprun's limit of " +
+        formatCount(kMaxNodes) +
         " nodes; start one agent per node (srun --ntasks-per-node=1, mpirun --map-by ppr:1:node) "
         "and let it start the node's workers, or give --nnodes");
   }
-  return count;
+  return intVar(env, name, 1);
 }
 
 // Launchers that give every task a rank and a size, in the order they are tried.

@@ -169,6 +169,8 @@ TEST_CASE("a scheduler's task count over the node limit is refused naming the va
       {{{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "100000"}},
        "OMPI_COMM_WORLD_SIZE=100000"},
       {{{"PMI_RANK", "0"}, {"PMI_SIZE", "2147483647"}}, "PMI_SIZE=2147483647"},
+      {{{"FLUX_TASK_RANK", "0"}, {"FLUX_JOB_SIZE", "99999999999999999999"}},
+       "FLUX_JOB_SIZE=99999999999999999999"},  // past any integer type
   };
   for (const auto& [env, named] : cases) {
     auto r = discoverScheduler(env);
