@@ -330,7 +330,7 @@ Result<agent::LocalAgentOptions> agentOptions(const Job& job) {
   if (job.rdzv.multi_node) {
     in.agent_id = uniqueAgentId(agentName(config, job.node));
     for (const std::string& key : job.rdzv.ignored_conf_keys) {
-      CPPRUN_LOG(kWarn) << "--rdzv-conf " << key << ": not a key cpprun uses; ignored";
+      CPPRUN_LOG(kWarn) << "--rdzv-conf " << clipValue(key) << ": not a key cpprun uses; ignored";
     }
   }
   if (config.stall_timeout > 0) {
