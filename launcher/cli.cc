@@ -11,6 +11,8 @@
 #include <random>
 #include <set>
 
+#include "common/clip.h"
+#include "launcher/launch_limits.h"
 #include "launcher/numa_binding.h"
 
 namespace cpprun::launcher {
@@ -70,12 +72,18 @@ struct OptionSpec {
   const char* help;
 };
 
+// Every message that echoes a value shows it through clipValue (a 128 KiB variable stays a line).
+Status rejectValue(const std::string& value, const std::string& source, const std::string& why) {
+  return invalidArgument("invalid value '" + clipValue(value) + "' for " + source + ": " + why);
+}
+
 Status badValue(const std::string& value, const std::string& source, const std::string& expected) {
-  return invalidArgument("invalid value '" + value + "' for " + source + ": expected " + expected);
+  return rejectValue(value, source, "expected " + expected);
 }
 
 Status notSupported(const std::string& value, const std::string& source, const std::string& why) {
-  return invalidArgument(source + " (value '" + value + "') is not supported by cpprun: " + why);
+  return invalidArgument(source + " (value '" + clipValue(value) +
+                         "') is not supported by cpprun: " + why);
 }
 
 // A decimal integer with an optional sign (Python's int() without '_' or surrounding blanks).
@@ -154,17 +162,23 @@ Status applyString(LaunchConfig& c, const std::string& v, const std::string&) {
 Status applyNnodes(LaunchConfig& c, const std::string& v, const std::string& source) {
   const char* expected = "N or MIN:MAX with 0 < MIN <= MAX";
   auto colon = v.find(':');
-  int lo = 0;
-  int hi = 0;
+  long long lo = 0;
+  long long hi = 0;
   if (colon == std::string::npos) {
-    if (!parseIntIn(v, 1, INT_MAX, lo)) return badValue(v, source, expected);
+    if (!parseInteger(v, lo)) return badValue(v, source, expected);
     hi = lo;
-  } else if (!parseIntIn(v.substr(0, colon), 1, INT_MAX, lo) ||
-             !parseIntIn(v.substr(colon + 1), 1, INT_MAX, hi) || lo > hi) {
+  } else if (!parseInteger(v.substr(0, colon), lo) || !parseInteger(v.substr(colon + 1), hi)) {
     return badValue(v, source, expected);
   }
-  c.min_nodes = lo;
-  c.max_nodes = hi;
+  if (lo < 1 || lo > hi) return badValue(v, source, expected);
+  if (hi > kMaxNodes) {
+    return rejectValue(v, source,
+                       "more than cpprun's limit of " + formatCount(kMaxNodes) +
+                           " nodes (Slurm's own limit on a job's hosts); give the number of "
+                           "nodes (one agent each), not of workers");
+  }
+  c.min_nodes = static_cast<int>(lo);
+  c.max_nodes = static_cast<int>(hi);
   return Status::ok();
 }
 
@@ -175,9 +189,15 @@ Status applyNproc(LaunchConfig& c, const std::string& v, const std::string& sour
     c.nproc_kind = NprocKind::kCpu;
   } else if (v == "auto") {
     c.nproc_kind = NprocKind::kAuto;
-  } else if (int n = 0; parseIntIn(v, 1, INT_MAX, n)) {
+  } else if (long long n = 0; parseInteger(v, n) && n >= 1) {
+    if (n > kMaxWorkersPerNode) {
+      return rejectValue(v, source,
+                         "more than cpprun's limit of " + formatCount(kMaxWorkersPerNode) +
+                             " workers on one node; ask for fewer (one per GPU or per CPU is the "
+                             "usual count)");
+    }
     c.nproc_kind = NprocKind::kNumber;
-    c.nproc = n;
+    c.nproc = static_cast<int>(n);
   } else {
     return badValue(v, source, "a positive number, gpu, cpu or auto");
   }
@@ -207,7 +227,8 @@ Status applyRdzvConf(LaunchConfig& c, const std::string& v, const std::string& s
         return badValue(v, source, "KEY=VALUE,KEY=VALUE (found an empty key)");
       }
       if (value.empty()) {
-        return badValue(v, source, "KEY=VALUE,KEY=VALUE (key '" + key + "' has no value)");
+        return badValue(v, source,
+                        "KEY=VALUE,KEY=VALUE (key '" + clipValue(key) + "' has no value)");
       }
       conf[key] = value;
     }
@@ -369,7 +390,8 @@ Status applySignals(LaunchConfig& c, const std::string& v, const std::string& so
     auto it = std::find_if(std::begin(kSignals), std::end(kSignals),
                            [&](const SignalName& s) { return name == s.name; });
     if (name.empty() || it == std::end(kSignals)) {
-      return badValue(v, source, std::string(expected) + " ('" + strip(item) + "' is not one)");
+      return badValue(v, source,
+                      std::string(expected) + " ('" + clipValue(strip(item)) + "' is not one)");
     }
     if (it->number == SIGKILL || it->number == SIGSTOP) {
       return badValue(v, source, std::string(expected) + " (SIG" + it->name + " cannot be caught)");
@@ -430,12 +452,13 @@ Status applyEventLog(LaunchConfig& c, const std::string& v, const std::string& s
 // "could match" in an ambiguous prefix's error; --help groups the rows by section, in this order.
 const OptionSpec kOptions[] = {
     {"--nnodes", 0, Arity::kValue, true, applyNnodes, Section::kLaunch, "N|MIN:MAX", "1:1",
-     "Number of nodes (agents), 0 < MIN <= MAX: N for the static backend, MIN to MAX for c10d "
-     "(elastic). Under srun, mpirun and other launchers: from their environment."},
+     "Number of nodes (agents), 0 < MIN <= MAX <= 65536: N for the static backend, MIN to MAX "
+     "for c10d (elastic). Under srun, mpirun and other launchers: from their environment."},
     {"--nproc-per-node", 0, Arity::kValue, true, applyNproc, Section::kLaunch, "N|gpu|cpu|auto",
      "1",
      "Workers on this node: a positive number, one per GPU, one per usable CPU, or GPUs if any "
-     "else CPUs."},
+     "else CPUs. At most 4096, and as many as the open-file and process limits allow "
+     "(docs/operations.md, Size limits)."},
     {"--rdzv-backend", 0, Arity::kValue, true, applyRdzvBackend, Section::kRendezvous,
      "static|c10d|etcd|etcd-v2", "static",
      "static: fixed node ranks, node 0 serves the store; c10d: nodes join in rounds at "
@@ -625,12 +648,12 @@ Result<std::string> resolveLongOption(const std::string& typed,
     }
   }
   if (candidates.empty()) {
-    return invalidArgument("unrecognized option '" + typed + "' (see cpprun --help)");
+    return invalidArgument("unrecognized option '" + clipValue(typed) + "' (see cpprun --help)");
   }
   if (candidates.size() > 1) {
     std::string list;
     for (const std::string& c : candidates) list += (list.empty() ? "" : ", ") + c;
-    return invalidArgument("ambiguous option '" + typed + "' could match " + list);
+    return invalidArgument("ambiguous option '" + clipValue(typed) + "' could match " + list);
   }
   return candidates.front();
 }
@@ -695,7 +718,7 @@ Result<CliResult> parseCommandLine(const std::vector<std::string>& args, const E
     } else {
       spec = findShort(arg[1]);
       if (spec == nullptr) {
-        return invalidArgument("unrecognized option '" + arg + "' (see cpprun --help)");
+        return invalidArgument("unrecognized option '" + clipValue(arg) + "' (see cpprun --help)");
       }
       if (arg.size() > 2) {  // "-r3" or "-r=3"
         has_inline = true;
@@ -708,13 +731,15 @@ Result<CliResult> parseCommandLine(const std::vector<std::string>& args, const E
       case Arity::kHelp:
       case Arity::kVersion:
         if (has_inline) {
-          return invalidArgument("option " + source + " takes no value (got '" + arg + "')");
+          return invalidArgument("option " + source + " takes no value (got '" + clipValue(arg) +
+                                 "')");
         }
         (spec->arity == Arity::kHelp ? result.show_help : result.show_version) = true;
         return result;
       case Arity::kFlag: {
         if (has_inline) {
-          return invalidArgument("option " + source + " takes no value (got '" + arg + "')");
+          return invalidArgument("option " + source + " takes no value (got '" + clipValue(arg) +
+                                 "')");
         }
         Status s = spec->apply(config, "1", source);
         if (!s.isOk()) return s;
@@ -730,6 +755,7 @@ Result<CliResult> parseCommandLine(const std::vector<std::string>& args, const E
         }
         Status s = spec->apply(config, value, source);
         if (!s.isOk()) return s;
+        config.sources[spec->name] = source;
         break;
       }
     }
@@ -744,8 +770,10 @@ Result<CliResult> parseCommandLine(const std::vector<std::string>& args, const E
     std::string var = envName(spec);
     auto it = env.find(var);
     if (it == env.end()) continue;
-    Status s = spec.apply(config, it->second, var + " (" + spec.name + ")");
+    const std::string source = var + " (" + spec.name + ")";
+    Status s = spec.apply(config, it->second, source);
     if (!s.isOk()) return s;
+    config.sources[spec.name] = source;
     given.insert(&spec);
   }
 

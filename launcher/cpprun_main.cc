@@ -8,8 +8,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -23,6 +25,7 @@
 #include "agent/local_agent.h"
 #include "agent/nccl_unique_id.h"
 #include "agent/signal_policy.h"
+#include "common/clip.h"
 #include "common/logging.h"
 #include "common/system.h"
 #include "launcher/agent_options.h"
@@ -109,7 +112,10 @@ Status makeRunDirectory(const LaunchConfig& config, bool kept, RunDirectory* dir
   if (!config.log_dir.empty()) {
     dir->path = config.log_dir + "/" + config.rdzv_id;
     std::filesystem::create_directories(dir->path, ec);
-    if (ec) return invalidArgument("--log-dir: cannot create " + dir->path + ": " + ec.message());
+    if (ec) {
+      return invalidArgument("--log-dir: cannot create " + clipValue(dir->path, 4 * kClipKeep) +
+                             ": " + ec.message());
+    }
     return Status::ok();
   }
   std::string base = envOr(processEnvironment(), "TMPDIR", "");
@@ -118,7 +124,9 @@ Status makeRunDirectory(const LaunchConfig& config, bool kept, RunDirectory* dir
   std::vector<char> buf(templ.begin(), templ.end());
   buf.push_back('\0');
   if (::mkdtemp(buf.data()) == nullptr) {
-    return invalidArgument("cannot create a run directory under " + base);
+    const int err = errno;
+    return invalidArgument("cannot create a run directory under " + clipValue(base, 4 * kClipKeep) +
+                           ": " + std::strerror(err));
   }
   dir->path = buf.data();
   dir->temporary = true;
@@ -212,8 +220,12 @@ int runCheck(const Job& job) {
   const LaunchConfig& config = job.config;
   raiseOpenFileLimit();  // as a run does: the workers inherit the raised limit
   SystemFacts facts = probeSystem(config, job.rdzv, job.env);
-  PreflightReport report = runPreflight(config, job.rdzv, job.node,
-                                        job.nproc.isOk() ? job.nproc.value() : 0, job.env, facts);
+  // A number over this node's limits is still what the job asks for: the other checks (open
+  // files, CPUs) are made for it. (Numbers are at most kMaxWorkersPerNode by then.)
+  const int nproc = job.nproc.isOk()                          ? job.nproc.value()
+                    : config.nproc_kind == NprocKind::kNumber ? config.nproc
+                                                              : 0;
+  PreflightReport report = runPreflight(config, job.rdzv, job.node, nproc, job.env, facts);
   // Each worker's GPU, NUMA node and nearest NIC; its CPUs too with --numa-binding.
   const bool numa_requested = !config.numa_binding.empty();
   const int numa_workers = job.nproc.isOk()
@@ -319,7 +331,7 @@ Result<agent::LocalAgentOptions> agentOptions(const Job& job) {
   if (job.rdzv.multi_node) {
     in.agent_id = uniqueAgentId(agentName(config, job.node));
     for (const std::string& key : job.rdzv.ignored_conf_keys) {
-      CPPRUN_LOG(kWarn) << "--rdzv-conf " << key << ": not a key cpprun uses; ignored";
+      CPPRUN_LOG(kWarn) << "--rdzv-conf " << clipValue(key) << ": not a key cpprun uses; ignored";
     }
   }
   if (config.stall_timeout > 0) {

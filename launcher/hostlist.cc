@@ -3,6 +3,8 @@
 #include <cctype>
 #include <limits>
 
+#include "common/clip.h"
+
 namespace cpprun::launcher {
 
 namespace {
@@ -31,7 +33,7 @@ std::string padded(unsigned long long n, size_t width) {
 }
 
 Status tokenError(const std::string& token, const std::string& why) {
-  return invalidArgument("hostlist token '" + token + "': " + why);
+  return invalidArgument("hostlist token '" + clipValue(token) + "': " + why);
 }
 
 // The values of "1-3,07,9-10" (inside one pair of brackets), appended to `out` as strings.
@@ -44,7 +46,8 @@ Status expandRanges(const std::string& token, const std::string& ranges,
         ranges.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     if (range.empty()) return tokenError(token, "empty range");
     if (range.find_first_of("xX") != std::string::npos) {
-      return tokenError(token, "'" + range + "': multi-dimensional ranges are not supported");
+      return tokenError(token,
+                        "'" + clipValue(range) + "': multi-dimensional ranges are not supported");
     }
     const size_t dash = range.find('-');
     const std::string lo_text = range.substr(0, dash);
@@ -53,9 +56,9 @@ Status expandRanges(const std::string& token, const std::string& ranges,
     unsigned long long lo = 0;
     unsigned long long hi = 0;
     if (!parseNumber(lo_text, &lo) || !parseNumber(hi_text, &hi)) {
-      return tokenError(token, "'" + range + "' is not NUM or NUM-NUM");
+      return tokenError(token, "'" + clipValue(range) + "' is not NUM or NUM-NUM");
     }
-    if (lo > hi) return tokenError(token, "'" + range + "': low bound above high bound");
+    if (lo > hi) return tokenError(token, "'" + clipValue(range) + "': low bound above high bound");
     if (hi - lo >= kMaxHostlistHosts || out->size() + (hi - lo) >= kMaxHostlistHosts) {
       return tokenError(token, "more than " + std::to_string(kMaxHostlistHosts) + " hosts");
     }
@@ -132,7 +135,8 @@ Result<std::vector<int>> expandTaskCounts(const std::string& counts) {
     const std::string item =
         counts.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     auto bad = [&](const std::string& why) {
-      return invalidArgument("count list '" + counts + "': '" + item + "' " + why);
+      return invalidArgument("count list '" + clipValue(counts) + "': '" + clipValue(item) + "' " +
+                             why);
     };
     const size_t paren = item.find('(');
     const std::string count_text = item.substr(0, paren);

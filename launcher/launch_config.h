@@ -15,10 +15,10 @@ namespace cpprun::launcher {
 enum class NprocKind { kNumber, kGpu, kCpu, kAuto };
 
 struct LaunchConfig {
-  // --nnodes N or MIN:MAX (0 < min <= max).
+  // --nnodes N or MIN:MAX (0 < min <= max <= kMaxNodes, launch_limits.h).
   int min_nodes = 1;
   int max_nodes = 1;
-  // --nproc-per-node: a number (nproc), or gpu / cpu / auto.
+  // --nproc-per-node: a number (nproc, at most kMaxWorkersPerNode), or gpu / cpu / auto.
   NprocKind nproc_kind = NprocKind::kNumber;
   int nproc = 1;
 
@@ -73,6 +73,10 @@ struct LaunchConfig {
   // Canonical long names ("--node-rank") of the options set on the command line or by their
   // PET_ variable: scheduler discovery fills only the others.
   std::set<std::string> given;
+  // Where an option's value came from, as errors name it (launch_limits.h's sourceOf):
+  // "--nnodes", "PET_NNODES (--nnodes)", or the scheduler's variable ("SLURM_NTASKS=4").
+  // Absent: the default.
+  std::map<std::string, std::string> sources;
 
   std::string entrypoint;  // the script, module or program
   std::vector<std::string> entrypoint_args;

@@ -93,9 +93,11 @@ Result<int> nprocOf(const LaunchConfig& config, const NodeResources& node) {
                                  " is installed but fails: " + node.gpu_error +
                                  "; fix the driver, or use a number or cpu");
         }
-        return invalidArgument("--nproc-per-node gpu: no GPU is visible on " + node.hostname +
-                               " (GPU list from " + node.gpu_source +
-                               " is empty); use a number or cpu");
+        return invalidArgument(
+            "--nproc-per-node gpu: no GPU is visible on " + node.hostname + " (" +
+            (node.gpu_note.empty() ? "GPU list from " + node.gpu_source + " is empty"
+                                   : node.gpu_note) +
+            "); use a number or cpu");
       }
       return gpus;
     case NprocKind::kCpu:
@@ -106,10 +108,37 @@ Result<int> nprocOf(const LaunchConfig& config, const NodeResources& node) {
   return internalError("unknown nproc kind");
 }
 
+// How --nproc-per-node was resolved, for the limits' messages.
+std::string nprocWhat(const LaunchConfig& config, const NodeResources& node) {
+  const std::string source = sourceOf(config, "--nproc-per-node");
+  switch (config.nproc_kind) {
+    case NprocKind::kNumber:
+      return source;
+    case NprocKind::kGpu:
+      return source + " gpu (" + std::to_string(node.gpus.size()) + " GPUs from " +
+             node.gpu_source + ")";
+    case NprocKind::kCpu:
+      return source + " cpu (" + std::to_string(node.usable_cpus) + " usable CPUs)";
+    case NprocKind::kAuto:
+      return source + " auto (" +
+             (node.gpus.empty()
+                  ? std::to_string(node.usable_cpus) + " usable CPUs"
+                  : std::to_string(node.gpus.size()) + " GPUs from " + node.gpu_source) +
+             ")";
+  }
+  return source;
+}
+
 }  // namespace
 
 Result<int> resolveNproc(const LaunchConfig& config, const NodeResources& node) {
   auto nproc = nprocOf(config, node);
+  if (!nproc.isOk()) return nproc;
+  // Before anything is planned or started per worker.
+  if (Status s = checkWorkerCount(config, nproc.value(), nprocWhat(config, node), node.limits);
+      !s.isOk()) {
+    return s;
+  }
   const size_t gpus = node.gpus.size();
   if (nproc.isOk() && config.virtual_local_rank && gpus > 0 &&
       static_cast<size_t>(nproc.value()) > gpus) {
@@ -155,6 +184,7 @@ Result<LaunchPlan> makeLaunchPlan(const LaunchConfig& config, const NodeResource
   if (!node.gpu_error.empty()) {
     plan.notes.push_back("the CUDA driver fails (" + node.gpu_error + "): the workers get no GPUs");
   }
+  if (!node.gpu_note.empty()) plan.notes.push_back(node.gpu_note);
   if (rdzv.nccl_unique_id_hex.empty() && !node.gpus.empty()) {  // without GPUs none is made
     plan.notes.push_back(
         "no NCCL id: CPPRUN_NCCL_UNIQUE_ID is not set (NCCL does not load here, or "

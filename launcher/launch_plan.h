@@ -60,8 +60,10 @@ struct LaunchPlan {
 };
 
 // Resolves --nproc-per-node against the node: a number, the GPU count (error when there is
-// none, naming the driver's error when it fails), the usable CPUs, or auto (GPUs if any, else
-// CPUs). An error too when --virtual-local-rank asks for more workers than there are GPUs.
+// none, naming the driver's error when it fails, or why CUDA_VISIBLE_DEVICES hides them), the
+// usable CPUs, or auto (GPUs if any, else CPUs). An error too when the count is over a limit
+// (launch_limits.h: per node, the world size of --nnodes such nodes, the node's descriptor and
+// process limits) or --virtual-local-rank asks for more workers than there are GPUs.
 Result<int> resolveNproc(const LaunchConfig& config, const NodeResources& node);
 
 // The worker's command line for `local_rank`: python3 -u SCRIPT (PYTHON_EXEC overrides the

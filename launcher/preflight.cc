@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "agent/nccl_unique_id.h"
+#include "common/clip.h"
 #include "common/system.h"
 #include "launcher/cuda_driver.h"
 #include "launcher/launch_plan.h"
@@ -311,7 +312,7 @@ void checkNetwork(const RendezvousSettings& rdzv, const std::map<std::string, st
   const std::string nccl_rule =
       nccl_ifname.empty() ? "NCCL_SOCKET_IFNAME unset: NCCL's default order (ib*, then any but "
                             "docker* and lo, then docker*, then lo)"
-                          : "NCCL_SOCKET_IFNAME=" + nccl_ifname;
+                          : "NCCL_SOCKET_IFNAME=" + clipValue(nccl_ifname);
   if (!nccl) {
     out.fail("NCCL socket", "no interface matches (" + nccl_rule + "); NCCL cannot bootstrap");
   } else if (multi && nccl->loopback) {
@@ -328,11 +329,11 @@ void checkNetwork(const RendezvousSettings& rdzv, const std::map<std::string, st
     for (const std::string& name : splitComma(gloo_ifname)) {
       auto iface = findInterface(f.interfaces, name, false);
       if (!iface) {
-        out.fail("gloo socket", "GLOO_SOCKET_IFNAME names " + name +
+        out.fail("gloo socket", "GLOO_SOCKET_IFNAME names " + clipValue(name) +
                                     ", which this node does not have; torch's gloo fails to "
                                     "create its device");
       } else if (!iface->up) {
-        out.fail("gloo socket", "GLOO_SOCKET_IFNAME names " + name + ", which is down");
+        out.fail("gloo socket", "GLOO_SOCKET_IFNAME names " + clipValue(name) + ", which is down");
       } else if (multi && iface->loopback) {
         out.fail("gloo socket", "GLOO_SOCKET_IFNAME names " + describe(*iface) +
                                     ": loopback, other nodes cannot reach it");
@@ -671,7 +672,7 @@ PreflightReport runPreflight(const LaunchConfig& config, const RendezvousSetting
       omp.empty() ? "OMP_NUM_THREADS=" +
                         std::to_string(std::max(1, node.usable_cpus / std::max(1, nproc))) +
                         " each (set by cpprun)"
-                  : "OMP_NUM_THREADS=" + omp + " each (inherited)";
+                  : "OMP_NUM_THREADS=" + clipValue(omp) + " each (inherited)";
   const std::string cpu_text =
       std::to_string(node.usable_cpus) + " usable (" +
       (layout.empty() ? "no NUMA information" : layout) + "); " + std::to_string(nproc) +

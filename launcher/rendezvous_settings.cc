@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/clip.h"
 #include "rendezvous/etcd_client.h"
 
 namespace cpprun::launcher {
@@ -29,8 +30,8 @@ Result<std::chrono::milliseconds> confSeconds(const LaunchConfig& config, const 
   const double seconds = std::strtod(it->second.c_str(), &end);
   if (end == it->second.c_str() || *end != '\0' || !std::isfinite(seconds) || seconds <= 0 ||
       seconds > 1e7) {
-    return invalidArgument("--rdzv-conf " + key + "=" + it->second +
-                           ": expected a positive number of seconds");
+    return invalidArgument("--rdzv-conf " + key + "=" + clipValue(it->second) +
+                           ": expected a positive number of seconds (at most 1e7)");
   }
   return std::chrono::milliseconds(static_cast<int64_t>(std::llround(seconds * 1000)));
 }
@@ -67,7 +68,8 @@ Result<std::vector<std::string>> etcdEndpoints(const std::string& text) {
   }
   auto parsed = rendezvous::parseEtcdEndpoints(with_ports);
   if (!parsed.isOk()) {
-    return invalidArgument("--rdzv-endpoint " + text + ": " + parsed.status().message());
+    return invalidArgument("--rdzv-endpoint " + clipValue(text) + ": " +
+                           clipValue(parsed.status().message(), 4 * kClipKeep));
   }
   return parsed.value();
 }
@@ -80,7 +82,8 @@ Status applyEtcdConf(const LaunchConfig& config, RendezvousSettings& s) {
   };
   const std::string protocol = conf("protocol");
   if (!protocol.empty() && protocol != "http" && protocol != "https") {
-    return invalidArgument("--rdzv-conf protocol=" + protocol + ": expected http or https");
+    return invalidArgument("--rdzv-conf protocol=" + clipValue(protocol) +
+                           ": expected http or https");
   }
   s.etcd_tls = protocol == "https";
   s.etcd_cacert = conf("cacert");
@@ -91,18 +94,18 @@ Status applyEtcdConf(const LaunchConfig& config, RendezvousSettings& s) {
                                   {"key", s.etcd_key}}) {
     if (file.empty()) continue;
     if (!s.etcd_tls) {
-      return invalidArgument(std::string("--rdzv-conf ") + key + "=" + file +
+      return invalidArgument(std::string("--rdzv-conf ") + key + "=" + clipValue(file) +
                              ": only used with protocol=https");
     }
     if (::access(file.c_str(), R_OK) != 0) {
-      return invalidArgument(std::string("--rdzv-conf ") + key + "=" + file + ": " +
+      return invalidArgument(std::string("--rdzv-conf ") + key + "=" + clipValue(file) + ": " +
                              std::strerror(errno));
     }
   }
   if (s.etcd_cert.empty() != s.etcd_key.empty()) {
-    return invalidArgument(s.etcd_cert.empty()
-                               ? "--rdzv-conf key=" + s.etcd_key + ": needs cert as well"
-                               : "--rdzv-conf cert=" + s.etcd_cert + ": needs key as well");
+    return invalidArgument(
+        s.etcd_cert.empty() ? "--rdzv-conf key=" + clipValue(s.etcd_key) + ": needs cert as well"
+                            : "--rdzv-conf cert=" + clipValue(s.etcd_cert) + ": needs key as well");
   }
   return Status::ok();
 }
@@ -150,15 +153,16 @@ Result<Endpoint> parseEndpoint(const std::string& text, int default_port) {
   if (!text.empty() && text[0] == '[') {
     const size_t close = text.find(']');
     if (close == std::string::npos) {
-      return invalidArgument("endpoint '" + text + "': '[' without ']'");
+      return invalidArgument("endpoint '" + clipValue(text) + "': '[' without ']'");
     }
     e.host = text.substr(1, close - 1);
     if (close + 1 < text.size()) {
       if (text[close + 1] != ':') {
-        return invalidArgument("endpoint '" + text + "': expected ':PORT' after ']'");
+        return invalidArgument("endpoint '" + clipValue(text) + "': expected ':PORT' after ']'");
       }
       port_text = text.substr(close + 2);
-      if (port_text.empty()) return invalidArgument("endpoint '" + text + "': empty port");
+      if (port_text.empty())
+        return invalidArgument("endpoint '" + clipValue(text) + "': empty port");
     }
   } else {
     const size_t colon = text.rfind(':');
@@ -167,18 +171,19 @@ Result<Endpoint> parseEndpoint(const std::string& text, int default_port) {
     } else if (colon != std::string::npos) {
       e.host = text.substr(0, colon);
       port_text = text.substr(colon + 1);
-      if (port_text.empty()) return invalidArgument("endpoint '" + text + "': empty port");
+      if (port_text.empty())
+        return invalidArgument("endpoint '" + clipValue(text) + "': empty port");
     } else {
       e.host = text;
     }
   }
-  if (e.host.empty()) return invalidArgument("endpoint '" + text + "': no host");
+  if (e.host.empty()) return invalidArgument("endpoint '" + clipValue(text) + "': no host");
   e.port = default_port;
   if (!port_text.empty()) {
     char* end = nullptr;
     const long port = std::strtol(port_text.c_str(), &end, 10);
     if (*end != '\0' || port < 0 || port > 65535) {
-      return invalidArgument("endpoint '" + text + "': port '" + port_text +
+      return invalidArgument("endpoint '" + clipValue(text) + "': port '" + clipValue(port_text) +
                              "' is not a number in 0-65535");
     }
     e.port = static_cast<int>(port);
@@ -258,7 +263,7 @@ Result<RendezvousSettings> resolveRendezvous(const LaunchConfig& config) {
     char* end = nullptr;
     const long n = std::strtol(it->second.c_str(), &end, 10);
     if (*end != '\0' || n < 1 || n > 1000) {
-      return invalidArgument("--rdzv-conf keep_alive_max_attempt=" + it->second +
+      return invalidArgument("--rdzv-conf keep_alive_max_attempt=" + clipValue(it->second) +
                              ": expected an integer in 1-1000");
     }
     s.keep_alive_max_attempt = static_cast<int>(n);
@@ -271,7 +276,7 @@ Result<RendezvousSettings> resolveRendezvous(const LaunchConfig& config) {
     } else if (v == "0" || v == "false" || v == "False" || v == "no") {
       s.store_hosting = RendezvousSettings::StoreHosting::kNever;
     } else {
-      return invalidArgument("--rdzv-conf is_host=" + v + ": expected true or false");
+      return invalidArgument("--rdzv-conf is_host=" + clipValue(v) + ": expected true or false");
     }
   }
   auto numbering = config.rdzv_conf.find("store_legacy_numbering");
@@ -279,7 +284,7 @@ Result<RendezvousSettings> resolveRendezvous(const LaunchConfig& config) {
     if (numbering->second == "2.1") {
       s.store_torch21_numbering = true;
     } else if (numbering->second != "1.13") {
-      return invalidArgument("--rdzv-conf store_legacy_numbering=" + numbering->second +
+      return invalidArgument("--rdzv-conf store_legacy_numbering=" + clipValue(numbering->second) +
                              ": expected 1.13 or 2.1");
     }
   }

@@ -2,7 +2,9 @@
 
 #include <climits>
 
+#include "common/clip.h"
 #include "launcher/hostlist.h"
+#include "launcher/launch_limits.h"
 
 namespace cpprun::launcher {
 
@@ -15,6 +17,12 @@ const std::string* lookup(const Env& env, const std::string& name) {
   return it == env.end() || it->second.empty() ? nullptr : &it->second;
 }
 
+// `name`=`value` as a source or an error names it.
+std::string sourceText(const std::string& name, const std::string& value) {
+  return name + "=" + clipValue(value);
+}
+
+// An integer variable in [min, INT_MAX].
 Result<Discovered<int>> intVar(const Env& env, const std::string& name, int min) {
   const std::string& text = *lookup(env, name);
   long long v = 0;
@@ -25,10 +33,28 @@ Result<Discovered<int>> intVar(const Env& env, const std::string& name, int min)
     used = 0;
   }
   if (used != text.size() || text.empty() || v < min || v > INT_MAX) {
-    return invalidArgument("environment variable " + name + "='" + text +
+    return invalidArgument("environment variable " + name + "='" + clipValue(text) +
                            "': expected an integer >= " + std::to_string(min));
   }
-  return Discovered<int>{static_cast<int>(v), name + "=" + text};
+  return Discovered<int>{static_cast<int>(v), sourceText(name, text)};
+}
+
+// A count of agents (a job's task count): at most kMaxNodes, as --nnodes; a larger number, even
+// one past INT_MAX, is named as over the limit.
+Result<Discovered<int>> agentCountVar(const Env& env, const std::string& name) {
+  const std::string& text = *lookup(env, name);
+  const size_t first = text.find_first_not_of('0');
+  const bool digits = text.find_first_not_of("0123456789") == std::string::npos;
+  const std::string significant = first == std::string::npos ? "" : text.substr(first);
+  if (digits &&
+      (significant.size() > 9 || (!significant.empty() && std::stoll(significant) > kMaxNodes))) {
+    return invalidArgument(
+        "environment variable " + sourceText(name, text) + ": more than cpprun's limit of " +
+        formatCount(kMaxNodes) +
+        " nodes; start one agent per node (srun --ntasks-per-node=1, mpirun --map-by ppr:1:node) "
+        "and let it start the node's workers, or give --nnodes");
+  }
+  return intVar(env, name, 1);
 }
 
 // Launchers that give every task a rank and a size, in the order they are tried.
@@ -56,7 +82,7 @@ Status discoverSlurm(const Env& env, SchedulerEnvironment& s) {
     const char* count_var =
         lookup(env, "SLURM_STEP_NUM_TASKS") != nullptr ? "SLURM_STEP_NUM_TASKS" : "SLURM_NTASKS";
     if (lookup(env, count_var) != nullptr) {
-      auto count = intVar(env, count_var, 1);
+      auto count = agentCountVar(env, count_var);
       if (!count.isOk()) return count.status();
       s.agent_count = count.value();
     }
@@ -72,14 +98,14 @@ Status discoverSlurm(const Env& env, SchedulerEnvironment& s) {
         return invalidArgument("environment variable " + std::string(var) + ": " +
                                hosts.status().message());
       }
-      s.hosts = Discovered<std::vector<std::string>>{hosts.value(), std::string(var) + "=" + *list};
+      s.hosts = Discovered<std::vector<std::string>>{hosts.value(), sourceText(var, *list)};
       s.endpoint_host =
           Discovered<std::string>{hosts.value().front(), std::string("first host of ") + var};
       break;
     }
   }
   if (const std::string* job = lookup(env, "SLURM_JOB_ID")) {
-    s.run_id = Discovered<std::string>{*job, "SLURM_JOB_ID=" + *job};
+    s.run_id = Discovered<std::string>{*job, sourceText("SLURM_JOB_ID", *job)};
     auto id = intVar(env, "SLURM_JOB_ID", 0);
     if (!id.isOk()) return id.status();
     s.endpoint_port =
@@ -106,7 +132,7 @@ Result<SchedulerEnvironment> discoverScheduler(const Env& env) {
     if (!rank.isOk()) return rank.status();
     s.agent_rank = rank.value();
     if (source.size != nullptr && lookup(env, source.size) != nullptr) {
-      auto size = intVar(env, source.size, 1);
+      auto size = agentCountVar(env, source.size);
       if (!size.isOk()) return size.status();
       s.agent_count = size.value();
     }
@@ -116,20 +142,20 @@ Result<SchedulerEnvironment> discoverScheduler(const Env& env) {
   // Under mpirun and friends the endpoint is the user's: MASTER_ADDR / MASTER_PORT, as
   // cluster guides export them before mpirun (-x MASTER_ADDR).
   if (const std::string* addr = lookup(env, "MASTER_ADDR")) {
-    s.endpoint_host = Discovered<std::string>{*addr, "MASTER_ADDR=" + *addr};
+    s.endpoint_host = Discovered<std::string>{*addr, sourceText("MASTER_ADDR", *addr)};
   }
   if (lookup(env, "MASTER_PORT") != nullptr) {
     auto port = intVar(env, "MASTER_PORT", 1);
     if (!port.isOk()) return port.status();
     if (port.value().value > 65535) {
-      return invalidArgument("environment variable MASTER_PORT=" + *lookup(env, "MASTER_PORT") +
+      return invalidArgument("environment variable " + port.value().source +
                              ": expected a port number (1-65535)");
     }
     s.endpoint_port = port.value();
   }
   for (const char* var : {"PMIX_NAMESPACE", "OMPI_MCA_orte_ess_jobid", "FLUX_JOB_ID"}) {
     if (const std::string* id = lookup(env, var)) {
-      s.run_id = Discovered<std::string>{*id, std::string(var) + "=" + *id};
+      s.run_id = Discovered<std::string>{*id, sourceText(var, *id)};
       break;
     }
   }
@@ -143,17 +169,18 @@ Status applySchedulerEnvironment(const SchedulerEnvironment& sched, LaunchConfig
   if (sched.agent_count && !given("--nnodes")) {
     config.min_nodes = config.max_nodes = sched.agent_count->value;
     provenance["--nnodes"] = sched.agent_count->source;
+    config.sources["--nnodes"] = sched.agent_count->source;
   }
   if (sched.agent_rank && !given("--node-rank")) {
     config.node_rank = sched.agent_rank->value;
     provenance["--node-rank"] = sched.agent_rank->source;
+    config.sources["--node-rank"] = sched.agent_rank->source;
   }
   if (config.node_rank >= config.max_nodes) {
-    return invalidArgument(
-        "node rank " + std::to_string(config.node_rank) + " (" +
-        (provenance.count("--node-rank") ? provenance["--node-rank"] : "--node-rank") +
-        ") is not below the number of nodes " + std::to_string(config.max_nodes) + " (" +
-        (provenance.count("--nnodes") ? provenance["--nnodes"] : "--nnodes") + ")");
+    return invalidArgument("node rank " + std::to_string(config.node_rank) + " (" +
+                           sourceOf(config, "--node-rank") + ") is not below the number of nodes " +
+                           std::to_string(config.max_nodes) + " (" + sourceOf(config, "--nnodes") +
+                           ")");
   }
   if (sched.run_id && !given("--rdzv-id")) {
     config.rdzv_id = sched.run_id->value;
@@ -169,10 +196,13 @@ Status applySchedulerEnvironment(const SchedulerEnvironment& sched, LaunchConfig
     // Without a host list (mpirun, PMI) nothing says where node 0 is; guessing 127.0.0.1 would
     // leave every other node waiting for the join timeout.
     return invalidArgument(
-        "this " + sched.scheduler + " job has " + std::to_string(config.max_nodes) +
-        " agents but no rendezvous endpoint: give --rdzv-endpoint HOST:PORT or --master-addr, "
-        "or export MASTER_ADDR (and MASTER_PORT) to every rank, e.g. mpirun -x MASTER_ADDR=" +
-        "$(hostname) -x MASTER_PORT=29500 ...");
+        (sched.scheduler.empty() ? std::string("this job") : "this " + sched.scheduler + " job") +
+        " has " + std::to_string(config.max_nodes) + " agents (" + sourceOf(config, "--nnodes") +
+        ") but no rendezvous endpoint: give --rdzv-endpoint HOST:PORT or --master-addr" +
+        (sched.scheduler.empty()
+             ? std::string(" (the host of node rank 0)")
+             : ", or export MASTER_ADDR (and MASTER_PORT) to every rank, e.g. mpirun -x "
+               "MASTER_ADDR=$(hostname) -x MASTER_PORT=29500 ..."));
   }
   if (sched.endpoint_port && !given("--master-port") && !given("--rdzv-endpoint") &&
       !config.standalone) {

@@ -211,7 +211,8 @@ TEST_CASE("cli nproc-per-node accepts numbers gpu cpu and auto", "[unit]") {
   LaunchConfig c = parseOk({"--nproc-per-node=8", "t.py"});
   CHECK(c.nproc_kind == NprocKind::kNumber);
   CHECK(c.nproc == 8);
-  for (const char* bad : {"x", "0", "-2", "", "2.5", "GPU", "xpu", "99999999999"}) {
+  // (A number over the limit gets its own message: cli sizes over cpprun's limits.)
+  for (const char* bad : {"x", "0", "-2", "", "2.5", "GPU", "xpu", "99999999999999999999"}) {
     CHECK(parseError({std::string("--nproc-per-node=") + bad, "t.py"}) ==
           "invalid value '" + std::string(bad) +
               "' for --nproc-per-node: expected a positive number, gpu, cpu or auto");
@@ -231,6 +232,57 @@ TEST_CASE("cli nnodes takes N or MIN:MAX", "[unit]") {
           "invalid value '" + std::string(bad) +
               "' for --nnodes: expected N or MIN:MAX with 0 < MIN <= MAX");
   }
+}
+
+TEST_CASE("cli sizes over cpprun's limits name the flag or variable, the value and the bound",
+          "[unit]") {
+  // The bounds themselves are accepted.
+  CHECK(parseOk({"--nnodes=65536", "t.py"}).max_nodes == 65536);
+  CHECK(parseOk({"--nnodes=1:65536", "t.py"}).max_nodes == 65536);
+  CHECK(parseOk({"--nproc-per-node=4096", "t.py"}).nproc == 4096);
+  // One over, and the values the probe used (on 06341ed they ran out of memory or descriptors).
+  for (const char* nnodes : {"65537", "2147483647", "1:100000", "99999999999999999999"}) {
+    std::string message = parseError({std::string("--nnodes=") + nnodes, "t.py"});
+    INFO(message);
+    if (std::string(nnodes) == "99999999999999999999") {  // not even a 64-bit integer
+      CHECK_THAT(message, Catch::Contains("expected N or MIN:MAX"));
+      continue;
+    }
+    CHECK(message == "invalid value '" + std::string(nnodes) +
+                         "' for --nnodes: more than cpprun's limit of 65,536 nodes (Slurm's own "
+                         "limit on a job's hosts); give the number of nodes (one agent each), not "
+                         "of workers");
+  }
+  CHECK_THAT(parseError({"t.py"}, {{"PET_NNODES", "2147483647"}}),
+             Catch::StartsWith("invalid value '2147483647' for PET_NNODES (--nnodes): more than "
+                               "cpprun's limit of 65,536 nodes"));
+  CHECK(parseError({"--nproc-per-node", "100000", "t.py"}) ==
+        "invalid value '100000' for --nproc-per-node: more than cpprun's limit of 4,096 workers "
+        "on one node; ask for fewer (one per GPU or per CPU is the usual count)");
+  CHECK_THAT(parseError({"--dry-run", "t.py"}, {{"PET_NPROC_PER_NODE", "1000000000"}}),
+             Catch::StartsWith("invalid value '1000000000' for PET_NPROC_PER_NODE "
+                               "(--nproc-per-node): more than cpprun's limit of 4,096 workers"));
+  CHECK_THAT(parseError({"--nproc-per-node=4097", "t.py"}), Catch::Contains("4,096"));
+}
+
+TEST_CASE("cli errors show a long value cut, whole lines only", "[unit]") {
+  const std::string huge(128 * 1024, '7');  // a 128 KiB environment value
+  for (const std::string& message :
+       {parseError({"t.py"}, {{"PET_NNODES", huge}}),
+        parseError({"t.py"}, {{"PET_NPROC_PER_NODE", "x" + huge}}),
+        parseError({"t.py"}, {{"PET_MASTER_PORT", huge}}),
+        parseError({"t.py"}, {{"PET_SIGNALS_TO_HANDLE", "SIG" + huge}}),
+        parseError({"--" + huge, "t.py"}), parseError({"--dry-run=" + huge, "t.py"})}) {
+    INFO(message.substr(0, 300));
+    CHECK(message.size() < 400);
+    CHECK_THAT(message, Catch::Contains("\xE2\x80\xA6 (") && Catch::Contains(" bytes)"));
+  }
+  CHECK_THAT(parseError({"t.py"}, {{"PET_NNODES", huge}}),
+             Catch::StartsWith("invalid value '" + huge.substr(0, 64) +
+                               "\xE2\x80\xA6 (131072 bytes)' for PET_NNODES (--nnodes)"));
+  // Control characters do not reach the terminal raw.
+  CHECK(parseError({"--nnodes=1\n\x1b[2J", "t.py"}) ==
+        "invalid value '1\\n\\x1b[2J' for --nnodes: expected N or MIN:MAX with 0 < MIN <= MAX");
 }
 
 TEST_CASE("cli max-restarts must be non-negative", "[unit]") {

@@ -373,6 +373,80 @@ TEST_CASE("bad input exits 2 or 3 with the culprit named", "[integration]") {
   REQUIRE(s3.has_value());
 }
 
+namespace {
+
+// The sanitizers reserve terabytes of address space for their shadow memory: an address-space
+// limit would stop them, not the program.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
+
+// `argv` under the shell's `ulimits` (e.g. "-n 256": 256 open files, soft and hard) and a 2 GiB
+// address-space limit where the build allows one, so that a cpprun that sizes something by an
+// absurd count fails fast instead of eating the machine's memory.
+std::vector<std::string> withLimits(std::vector<std::string> argv, const std::string& ulimits) {
+  std::string script = kSanitized ? "" : "ulimit -v 2097152 && ";
+  if (!ulimits.empty()) script += "ulimit " + ulimits + " && ";
+  argv.insert(argv.begin(), {"/bin/sh", "-c", script + "exec \"$0\" \"$@\""});
+  return argv;
+}
+
+}  // namespace
+
+TEST_CASE("sizes over cpprun's limits exit 2 at once naming the source, also with --dry-run",
+          "[integration]") {
+  // On 06341ed each of these ran out of memory (PET_NPROC_PER_NODE: ~1 GB/s to bad_alloc, deaf to
+  // SIGTERM) or forked workers until descriptors ran out (--nproc-per-node 100000, not run here:
+  // the bound it hits is the same as PET_NPROC_PER_NODE's).
+  struct Case {
+    std::vector<std::string> args;
+    std::map<std::string, std::string> env;
+    std::string named;
+    std::string ulimits;
+  };
+  const Case cases[] = {
+      {{"--dry-run", kWorker}, {{"PET_NPROC_PER_NODE", "1000000000"}}, "PET_NPROC_PER_NODE", ""},
+      {{"--nnodes=2147483647", "--master-addr=127.0.0.1", "--dry-run", kWorker},
+       {},
+       "--nnodes",
+       ""},
+      {{"--dry-run", kWorker},
+       {{"SLURM_JOB_ID", "7"},
+        {"SLURM_STEP_ID", "0"},
+        {"SLURM_PROCID", "0"},
+        {"SLURM_NTASKS", "2147483647"},
+        {"SLURM_STEP_NODELIST", "n1"}},
+       "SLURM_NTASKS=2147483647",
+       ""},
+      {{"--nproc-per-node=gpu", "--dry-run", kWorker},
+       {{"CUDA_VISIBLE_DEVICES", "-1"}},
+       "CUDA_VISIBLE_DEVICES=-1",
+       ""},
+      // 100 workers need 464 descriptors in the agent.
+      {{"--nproc-per-node=100", "--dry-run", kWorker}, {}, "RLIMIT_NOFILE", "-n 256"},
+  };
+  for (const Case& c : cases) {
+    const auto start = std::chrono::steady_clock::now();
+    ChildProcess run(withLimits(cpprunCommand(c.args), c.ulimits), c.env);
+    auto status = run.wait(10s);
+    const auto took = std::chrono::steady_clock::now() - start;
+    INFO(run.output());
+    REQUIRE(status.has_value());
+    CHECK(exitCodeOf(*status) == 2);
+    CHECK_THAT(run.output(), Catch::StartsWith("cpprun: error: ") && Catch::Contains(c.named));
+    CHECK(run.output().find("worker local_rank") == std::string::npos);  // no plan printed
+    CHECK(took < 2s);  // measured: a few ms; the bound leaves room for loaded sanitizer runs
+  }
+}
+
 TEST_CASE("a PyTorch DDP script written for torchrun runs unchanged", "[integration][torch]") {
   TempDir dir;
   ChildProcess run(cpprunCommand({"--nproc-per-node=2", sourcePath("examples/python/ddp_train.py"),

@@ -1,6 +1,7 @@
 // The launch plan: nproc resolution, worker command lines and torchrun's environment contract.
 #include "launcher/launch_plan.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <csignal>
 
@@ -301,4 +302,101 @@ TEST_CASE("dry run: this node first with the settings' store and an NCCL placeho
   CHECK_THAT(text, Catch::Contains("node 0 serves the store on 0.0.0.0:29500)\n"));
   CHECK_THAT(describeDryRun(c, settings.value(), node({}), rdzv, plan.value(), "", {}),
              Catch::Contains("  discovered  no scheduler or MPI launcher in the environment\n"));
+}
+
+TEST_CASE("worker counts over the node's limits are refused before anything is planned", "[unit]") {
+  LaunchConfig c;
+  c.nproc = 100;
+  c.sources["--nproc-per-node"] = "--nproc-per-node";
+  NodeResources n = node({});
+  // Descriptors: 2 pipes + 2 store connections per worker, + 64 for the agent itself.
+  n.limits.open_files = 464;
+  CHECK(resolveNproc(c, n).value() == 100);
+  n.limits.open_files = 463;
+  auto r = resolveNproc(c, n);
+  REQUIRE_FALSE(r.isOk());
+  CHECK(r.status().message() ==
+        "--nproc-per-node: 100 workers need 464 open files in the agent (4 per worker + 64 of its "
+        "own), more than this node's hard limit of 463 (RLIMIT_NOFILE, ulimit -Hn); at most 99 "
+        "fit: ask for fewer workers or raise the limit");
+  // Redirected output adds the two log files per worker.
+  c.redirects_default = 3;
+  n.limits.open_files = 664;
+  CHECK(resolveNproc(c, n).isOk());
+  c.redirects_default = 0;
+  c.tee_by_rank = {{7, 2}};
+  n.limits.open_files = 563;
+  CHECK_FALSE(resolveNproc(c, n).isOk());
+  c.tee_by_rank.clear();
+
+  // Processes: the workers and the agent.
+  n.limits.open_files = ProcessLimits::kUnlimited;
+  n.limits.processes = 100;
+  auto p = resolveNproc(c, n);
+  REQUIRE_FALSE(p.isOk());
+  CHECK_THAT(p.status().message(), Catch::Contains("RLIMIT_NPROC, ulimit -u"));
+  n.limits.processes = 101;
+  CHECK(resolveNproc(c, n).isOk());
+}
+
+TEST_CASE("a node's GPU or CPU count and the world size are held to cpprun's limits", "[unit]") {
+  LaunchConfig c;
+  c.nproc_kind = NprocKind::kGpu;
+  c.sources["--nproc-per-node"] = "PET_NPROC_PER_NODE (--nproc-per-node)";
+  std::vector<std::string> many;
+  for (int i = 0; i < 5000; ++i) many.push_back(std::to_string(i));
+  auto gpus = resolveNproc(c, node(many));
+  REQUIRE_FALSE(gpus.isOk());
+  CHECK(gpus.status().message() ==
+        "PET_NPROC_PER_NODE (--nproc-per-node) gpu (5000 GPUs from test): 5,000 workers on one "
+        "node, more than cpprun's limit of 4,096; ask for fewer (one per GPU or per CPU is the "
+        "usual count)");
+  c.nproc_kind = NprocKind::kCpu;
+  CHECK_THAT(resolveNproc(c, node({}, 4097)).status().message(),
+             Catch::StartsWith("PET_NPROC_PER_NODE (--nproc-per-node) cpu (4097 usable CPUs)"));
+
+  // 16 workers on each of 65,536 nodes is the largest world; one more worker per node is not.
+  c.nproc_kind = NprocKind::kNumber;
+  c.nproc = 16;
+  c.max_nodes = 65536;
+  c.sources["--nnodes"] = "SLURM_NTASKS=65536";
+  CHECK(resolveNproc(c, node({})).value() == 16);
+  c.nproc = 17;
+  auto world = resolveNproc(c, node({}));
+  REQUIRE_FALSE(world.isOk());
+  CHECK(world.status().message() ==
+        "17 workers (PET_NPROC_PER_NODE (--nproc-per-node)) on each of 65,536 nodes "
+        "(SLURM_NTASKS=65536) make a world of 1,114,112 workers, more than cpprun's limit of "
+        "1,048,576; use fewer nodes or workers per node");
+}
+
+TEST_CASE("--nproc-per-node gpu with CUDA_VISIBLE_DEVICES hiding every GPU is an error saying why",
+          "[unit]") {
+  LaunchConfig c;
+  c.nproc_kind = NprocKind::kGpu;
+  for (const char* cvd : {"-1", "0,0,0", "", "none"}) {
+    NodeResources n = discoverNodeResources({{"CUDA_VISIBLE_DEVICES", cvd}});
+    auto r = resolveNproc(c, n);
+    REQUIRE_FALSE(r.isOk());
+    INFO(r.status().message());
+    CHECK_THAT(r.status().message(), Catch::StartsWith("--nproc-per-node gpu: no GPU is visible"));
+    CHECK_THAT(r.status().message(), Catch::Contains("CUDA_VISIBLE_DEVICES"));
+  }
+  // auto falls back to the CPUs, and the plan says why there is no GPU.
+  c.nproc_kind = NprocKind::kAuto;
+  NodeResources n = discoverNodeResources({{"CUDA_VISIBLE_DEVICES", "-1"}});
+  auto plan = makeLaunchPlan(c, n, singleNode(n.usable_cpus), {}, "/tmp/run");
+  REQUIRE(plan.isOk());
+  CHECK(plan.value().nproc == n.usable_cpus);
+  CHECK(plan.value().workers[0].env.count("CUDA_VISIBLE_DEVICES") == 0);
+  CHECK(std::find(plan.value().notes.begin(), plan.value().notes.end(),
+                  "CUDA_VISIBLE_DEVICES=-1: CUDA reads no device from '-1' on (not a device "
+                  "ordinal >= 0), so it sees no GPU") != plan.value().notes.end());
+  // "0,-1,1" is GPU 0 alone: one worker, which sees GPU 0 only.
+  c.nproc_kind = NprocKind::kGpu;
+  n = discoverNodeResources({{"CUDA_VISIBLE_DEVICES", "0,-1,1"}});
+  auto one = makeLaunchPlan(c, n, singleNode(1), {}, "/tmp/run");
+  REQUIRE(one.isOk());
+  REQUIRE(one.value().workers.size() == 1);
+  CHECK(one.value().workers[0].env.at("CUDA_VISIBLE_DEVICES") == "0");
 }

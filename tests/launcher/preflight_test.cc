@@ -279,7 +279,11 @@ TEST_CASE("cpprun --check on this machine: report, exit 0, and exit 1 for real p
         check({"--nproc-per-node=300"}, {}, {"/usr/bin/prlimit", "--nofile=128:128"});
     INFO(out);
     CHECK(code == 1);
-    CHECK_THAT(out, Catch::Contains("[FAIL] open files   limit 128 (hard 128)"));
+    CHECK_THAT(out, Catch::Contains("[FAIL] open files   limit 128 (hard 128)") &&
+                        Catch::Contains("needed for world size 300"));
+    // The agent's own bound (launch_limits.h), which stops a run or a dry run with exit 2.
+    CHECK_THAT(out, Catch::Contains("[FAIL] workers      --nproc-per-node: 300 workers need") &&
+                        Catch::Contains("RLIMIT_NOFILE"));
   }
   {  // A store host that does not resolve, seen from node 1.
     auto [code, out] = check({"--nnodes=2", "--node-rank=1", "--master-addr=no-such-host.invalid",

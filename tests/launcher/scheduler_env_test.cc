@@ -152,3 +152,66 @@ TEST_CASE("several MPI ranks without an endpoint are refused with the recipe", "
   config.given.insert("--master-addr");
   CHECK(applySchedulerEnvironment(s, config, p).isOk());
 }
+
+TEST_CASE("a scheduler's task count over the node limit is refused naming the variable", "[unit]") {
+  // On 06341ed SLURM_NTASKS=2147483647 ran into bad_alloc.
+  const std::pair<Env, std::string> cases[] = {
+      {{{"SLURM_JOB_ID", "1"},
+        {"SLURM_STEP_ID", "0"},
+        {"SLURM_PROCID", "0"},
+        {"SLURM_NTASKS", "2147483647"}},
+       "SLURM_NTASKS=2147483647"},
+      {{{"SLURM_JOB_ID", "1"},
+        {"SLURM_STEP_ID", "0"},
+        {"SLURM_PROCID", "0"},
+        {"SLURM_STEP_NUM_TASKS", "65537"}},
+       "SLURM_STEP_NUM_TASKS=65537"},
+      {{{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "100000"}},
+       "OMPI_COMM_WORLD_SIZE=100000"},
+      {{{"PMI_RANK", "0"}, {"PMI_SIZE", "2147483647"}}, "PMI_SIZE=2147483647"},
+      {{{"FLUX_TASK_RANK", "0"}, {"FLUX_JOB_SIZE", "99999999999999999999"}},
+       "FLUX_JOB_SIZE=99999999999999999999"},  // past any integer type
+  };
+  for (const auto& [env, named] : cases) {
+    auto r = discoverScheduler(env);
+    REQUIRE_FALSE(r.isOk());
+    CHECK_THAT(r.status().message(),
+               Catch::StartsWith("environment variable " + named) &&
+                   Catch::Contains("more than cpprun's limit of 65,536 nodes") &&
+                   Catch::Contains("one agent per node"));
+  }
+  // The bound itself is a job.
+  CHECK(discover({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "65536"}})
+            .agent_count->value == 65536);
+}
+
+TEST_CASE("several nodes without an endpoint: one message, single-spaced, naming --nnodes",
+          "[unit]") {
+  LaunchConfig config;
+  config.min_nodes = config.max_nodes = 2;
+  config.given.insert("--nnodes");
+  config.sources["--nnodes"] = "--nnodes";
+  Provenance p;
+  cpprun::Status st = applySchedulerEnvironment(discover({}), config, p);
+  REQUIRE_FALSE(st.isOk());
+  CHECK(st.message() ==
+        "this job has 2 agents (--nnodes) but no rendezvous endpoint: give --rdzv-endpoint "
+        "HOST:PORT or --master-addr (the host of node rank 0)");
+}
+
+TEST_CASE("scheduler values in errors and sources are cut when long", "[unit]") {
+  const std::string huge(128 * 1024, '9');
+  auto bad = discoverScheduler({{"OMPI_COMM_WORLD_RANK", "x" + huge}});
+  REQUIRE_FALSE(bad.isOk());
+  CHECK(bad.status().message().size() < 300);
+  CHECK_THAT(bad.status().message(), Catch::Contains("(131073 bytes)"));
+  auto hosts = discoverScheduler({{"SLURM_JOB_ID", "1"},
+                                  {"SLURM_STEP_ID", "0"},
+                                  {"SLURM_PROCID", "0"},
+                                  {"SLURM_STEP_NODELIST", "n[" + huge}});
+  REQUIRE_FALSE(hosts.isOk());
+  CHECK(hosts.status().message().size() < 300);
+  SchedulerEnvironment s = discover({{"PMI_RANK", "0"}, {"MASTER_ADDR", "h" + huge}});
+  CHECK(s.endpoint_host->value.size() == huge.size() + 1);  // the value is kept whole
+  CHECK(s.endpoint_host->source.size() < 100);              // its description is not
+}
