@@ -7,6 +7,16 @@
 
 namespace cpprun::agent {
 
+namespace {
+
+int64_t nowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
 OutputWriter::OutputWriter() {
   thread_ = std::thread([state = state_] { run(state); });
 }
@@ -46,7 +56,7 @@ void OutputWriter::write(int fd, std::string bytes, std::shared_ptr<std::atomic<
   std::lock_guard<std::mutex> lock(state_->mutex);
   if (state_->stopping) return;  // stopped: dropped
   if (queued) *queued += size;
-  state_->queued_bytes += size;
+  if (state_->queued_bytes.fetch_add(size) == 0) state_->last_progress_ns = nowNs();
   {
     state_->chunks.push_back(
         Chunk{fd, false, std::move(bytes), std::move(queued), std::move(done)});
@@ -88,7 +98,7 @@ void OutputWriter::run(const std::shared_ptr<State>& state) {
     if (chunk.close_fd) {
       ::close(chunk.fd);
     } else {
-      error = writeChunk(chunk);
+      error = writeChunk(chunk, *state);
       if (chunk.queued) *chunk.queued -= chunk.bytes.size();
       state->queued_bytes -= chunk.bytes.size();
     }
@@ -101,12 +111,19 @@ void OutputWriter::run(const std::shared_ptr<State>& state) {
   }
 }
 
-int OutputWriter::writeChunk(const Chunk& chunk) {
+std::chrono::milliseconds OutputWriter::stalledFor() const {
+  if (state_->queued_bytes.load() == 0) return std::chrono::milliseconds(0);
+  const int64_t idle_ns = nowNs() - state_->last_progress_ns.load();
+  return std::chrono::milliseconds(idle_ns > 0 ? idle_ns / 1000000 : 0);
+}
+
+int OutputWriter::writeChunk(const Chunk& chunk, State& state) {
   const char* data = chunk.bytes.data();
   size_t left = chunk.bytes.size();
   while (left > 0) {
     ssize_t n = ::write(chunk.fd, data, left);
     if (n > 0) {
+      state.last_progress_ns = nowNs();
       data += n;
       left -= static_cast<size_t>(n);
     } else if (n < 0 && errno == EINTR) {

@@ -54,6 +54,9 @@ class OutputWriter {
   // Writes what is queued for at most `bound`, then stops: later writes are dropped. Past the
   // bound what is left is given up, callbacks no longer run, and false is returned.
   bool stop(std::chrono::milliseconds bound);
+  // How long the writer has had bytes to write and written none (zero when it has nothing to
+  // write or wrote just now): a console that has taken nothing for a while is stalled, not slow.
+  std::chrono::milliseconds stalledFor() const;
   // Bytes queued and not yet written, over every descriptor.
   size_t queuedBytes() const { return state_->queued_bytes.load(); }
   void setExitFlushBound(std::chrono::milliseconds bound) { exit_flush_bound_ = bound; }
@@ -79,10 +82,13 @@ class OutputWriter {
     bool stopping = false;             // guarded by mutex
     bool abandoned = false;            // guarded by mutex: stopped before all was written
     std::atomic<size_t> queued_bytes{0};
+    // steady_clock nanoseconds of the last write(2) that wrote something, or of the moment
+    // the queue became non-empty after being empty.
+    std::atomic<int64_t> last_progress_ns{0};
   };
   static void run(const std::shared_ptr<State>& state);
   // Returns 0 or the errno that stopped it.
-  static int writeChunk(const Chunk& chunk);
+  static int writeChunk(const Chunk& chunk, State& state);
 
   std::chrono::milliseconds exit_flush_bound_{10000};
   std::shared_ptr<State> state_ = std::make_shared<State>();

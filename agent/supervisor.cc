@@ -823,11 +823,14 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
 Supervisor::Supervisor(asio::io_context& io, ProcessLauncher& launcher, SupervisorOptions options,
                        PrepareAttempt prepare, OnDone on_done)
     : impl_(std::make_shared<Impl>(io, launcher, std::move(options), std::move(prepare),
-                                   std::move(on_done))) {}
+                                   std::move(on_done))) {
+  impl_->sinks_->attachLoop(&io);
+}
 
 Supervisor::~Supervisor() {
-  // Writers the supervisor made itself end with it: their callbacks post to the loop, which may
-  // not outlive the handlers that hold the sinks. (Sinks from the options are their owner's.)
+  // The writers' completions go to the loop, which may end with the supervisor's owner.
+  impl_->sinks_->attachLoop(nullptr);
+  // Writers the supervisor made itself end with it. (Sinks from the options are their owner's.)
   if (!impl_->options_.sinks) {
     impl_->sinks_->stop(std::chrono::seconds(10), std::chrono::minutes(1));
   }

@@ -170,6 +170,16 @@ bool OutputSinks::close(std::chrono::milliseconds console_bound,
   return stop(console_bound, file_bound);
 }
 
+void OutputSinks::attachLoop(asio::io_context* loop) {
+  std::lock_guard<std::mutex> lock(loop_mutex_);
+  loop_ = loop;
+}
+
+void OutputSinks::postToLoop(std::function<void()> fn) {
+  std::lock_guard<std::mutex> lock(loop_mutex_);
+  if (loop_ != nullptr) asio::post(*loop_, std::move(fn));
+}
+
 bool OutputSinks::flush(std::chrono::milliseconds bound) {
   bool done = files_.flush(bound);
   done = stdout_writer_->flush(bound) && done;
@@ -188,8 +198,8 @@ bool OutputSinks::stop(std::chrono::milliseconds console_bound,
 struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
   Impl(asio::io_context& loop, int fd, StreamRoute r, size_t tail_lines, std::function<void()> cb,
        std::shared_ptr<OutputSinks> s)
-      : io(loop),
-        pipe(loop, fd),
+      : pipe(loop, fd),
+        stall_timer(loop),
         route(std::move(r)),
         tail_limit(tail_lines),
         on_eof(std::move(cb)),
@@ -211,12 +221,50 @@ struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
       finish();
       return;
     }
-    // The log file lags: leave the rest in the pipe until the file writer catches up.
-    if (file_fd >= 0 && file_queued->load() > kFileBytesPerStream) {
+    if (!dropping && console_queued->load() > kConsoleBytesPerStream &&
+        consoleWriter().stalledFor() >= kConsoleStall) {
+      dropping = true;  // the console is stalled, not slow: the worker runs on
+    }
+    if (mustWait()) {
       paused = true;
+      if (consoleWaits()) armStallCheck();
       return;
     }
     read();
+  }
+
+  OutputWriter& consoleWriter() { return sinks->console(route.console_fd); }
+  // The log file lags: leave the rest in the pipe until the file writer catches up.
+  bool fileLags() const { return file_fd >= 0 && file_queued->load() > kFileBytesPerStream; }
+  // The console is slow (not stalled): its worker waits.
+  bool consoleWaits() const { return !dropping && console_queued->load() > kConsoleBytesPerStream; }
+  bool mustWait() const { return fileLags() || consoleWaits(); }
+
+  void resumeIfCaughtUp() {
+    if (!paused || closed) return;
+    if (file_fd >= 0 && file_queued->load() > kFileBytesPerStream / 2) return;
+    if (!dropping && console_queued->load() > kConsoleBytesPerStream / 2) return;
+    paused = false;
+    stall_timer.cancel();
+    read();
+  }
+
+  // While the stream waits for the console: if the console then takes nothing for
+  // kConsoleStall, it is stalled, and the stream is read again in dropping mode.
+  void armStallCheck() {
+    const auto stalled = consoleWriter().stalledFor();
+    stall_timer.expires_after(stalled >= kConsoleStall ? std::chrono::milliseconds(0)
+                                                       : kConsoleStall - stalled);
+    stall_timer.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
+      auto self = weak.lock();
+      if (!self || ec || !self->paused || self->closed || !self->consoleWaits()) return;
+      if (self->consoleWriter().stalledFor() < kConsoleStall) {
+        self->armStallCheck();
+        return;
+      }
+      self->dropping = true;
+      self->resumeIfCaughtUp();
+    });
   }
 
   void consume(std::string_view data) {
@@ -226,15 +274,17 @@ struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
     flushConsole();
   }
 
-  void writeFile(std::string_view data) {
-    std::weak_ptr<Impl> weak = weak_from_this();
-    asio::io_context* loop = &io;
-    sinks->files().write(file_fd, std::string(data), file_queued, [weak, loop](int error) {
-      // On the file writer's thread: back to the loop.
-      asio::post(*loop, [weak, error] {
-        if (auto self = weak.lock()) self->onFileWritten(error);
+  // A completion on a writer's thread, handed back to the loop.
+  OutputWriter::Done backToLoop(void (Impl::*method)(int)) {
+    return [weak = weak_from_this(), sinks = sinks, method](int error) {
+      sinks->postToLoop([weak, method, error] {
+        if (auto self = weak.lock()) ((*self).*method)(error);
       });
-    });
+    };
+  }
+
+  void writeFile(std::string_view data) {
+    sinks->files().write(file_fd, std::string(data), file_queued, backToLoop(&Impl::onFileWritten));
   }
 
   void onFileWritten(int error) {
@@ -245,11 +295,10 @@ struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
       file_fd = -1;
       route.to_console = true;
     }
-    if (paused && (file_fd < 0 || file_queued->load() <= kFileBytesPerStream / 2)) {
-      paused = false;
-      read();
-    }
+    resumeIfCaughtUp();
   }
+
+  void onConsoleWritten(int) { resumeIfCaughtUp(); }
 
   void addLine(std::string_view line) {
     if (route.to_console) {
@@ -266,10 +315,12 @@ struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
 
   void flushConsole() {
     if (console.empty()) return;
-    OutputWriter& writer = sinks->console(route.console_fd);
-    if (console_queued->load() + console.size() > kConsoleBytesPerStream ||
-        writer.queuedBytes() + console.size() > kConsoleBytesPerSink) {
-      // The console does not keep up: these lines are not shown (the tail and files keep them).
+    OutputWriter& writer = consoleWriter();
+    const bool stream_full = console_queued->load() + console.size() > kConsoleBytesPerStream;
+    const bool sink_full = writer.queuedBytes() + console.size() > kConsoleBytesPerSink;
+    if (dropping && !stream_full && writer.stalledFor() < kConsoleStall) dropping = false;
+    if (sink_full || (dropping && stream_full)) {
+      // The console is stalled: these lines are not shown (the tail and the files keep them).
       dropped_lines += console_lines;
       dropped_unreported += console_lines;
       sinks->dropped_console_lines += console_lines;
@@ -284,13 +335,15 @@ struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
       console.insert(0, notice);
       dropped_unreported = 0;
     }
-    writer.write(route.console_fd, std::move(console), console_queued);
+    writer.write(route.console_fd, std::move(console), console_queued,
+                 backToLoop(&Impl::onConsoleWritten));
     console.clear();
     console_lines = 0;
   }
 
   void finish() {
     if (closed) return;
+    stall_timer.cancel();
     splitter.finish([this](std::string_view line) { addLine(line); });
     flushConsole();
     closed = true;
@@ -305,8 +358,8 @@ struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
     }
   }
 
-  asio::io_context& io;
   asio::posix::stream_descriptor pipe;
+  asio::steady_timer stall_timer;
   StreamRoute route;
   size_t tail_limit;
   std::function<void()> on_eof;
@@ -323,7 +376,8 @@ struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
   uint64_t bytes_read = 0;
   bool closed = false;
   bool reading = false;
-  bool paused = false;
+  bool paused = false;    // not read: its log file lags, or the console is slow
+  bool dropping = false;  // the console is stalled: new console lines are dropped
   char buffer[16 * 1024];
 };
 

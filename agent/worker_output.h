@@ -10,13 +10,15 @@
 // pieces so one runaway line cannot grow the agent without bound.
 //
 // Nothing here blocks the agent's loop on a slow reader: the console and the log files are
-// written by OutputWriter threads (OutputSinks). When the console cannot keep up (a paused
-// pipe reader, a scrolled-back terminal), a stream with more than kConsoleBytesPerStream
-// waiting (or a console with kConsoleBytesPerSink) drops the lines it reads meanwhile and
-// counts them; once the console takes lines again, one line says how many were not shown. Log
-// files never lose a line: a worker whose file lags by kFileBytesPerStream is not read until
-// it caught up (the worker then waits in write(2), as it would writing the file itself). The
-// agent's own log lines go through the same stderr writer (in order with the workers').
+// written by OutputWriter threads (OutputSinks). The policy when the console does not keep up:
+// while it is slow but moving, a stream with kConsoleBytesPerStream waiting is not read, so its
+// worker waits in write(2) as it would under torchrun, and no line is lost; once the console has
+// taken nothing for kConsoleStall with bytes waiting (a paused reader, a terminal on hold), the
+// stream is read again and the lines it reads meanwhile are dropped and counted, so the workers
+// run on; when the console takes lines again, one line says how many were not shown. A console
+// with kConsoleBytesPerSink waiting drops in any case. Log files never lose a line: a worker
+// whose file lags by kFileBytesPerStream is not read until it caught up. The agent's own log
+// lines go through the same stderr writer (in order with the workers').
 //
 // Thread safety: a WorkerOutput lives on the agent's loop thread; OutputSinks may be used from
 // any thread; LineSplitter and planWorkerOutput are plain values/pure functions.
@@ -28,6 +30,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -95,8 +98,11 @@ WorkerOutputPlan planWorkerOutput(const OutputOptions& options, int local_rank, 
 // True when some local rank's stream goes to a file (a log directory is needed).
 bool anyRedirect(const OutputOptions& options);
 
-// Console bytes one worker stream may have waiting before its new lines are dropped.
+// Console bytes one worker stream may have waiting before it is not read (console slow) or its
+// new lines are dropped (console stalled).
 inline constexpr size_t kConsoleBytesPerStream = 256 * 1024;
+// A console that has taken no byte for this long while bytes wait is stalled.
+inline constexpr std::chrono::milliseconds kConsoleStall{1000};
 // Console bytes all streams (and the agent's log) may have waiting on one console descriptor.
 inline constexpr size_t kConsoleBytesPerSink = 16 * 1024 * 1024;
 // Log-file bytes one worker stream may have waiting before its pipe is no longer read.
@@ -124,6 +130,11 @@ class OutputSinks {
   // show, routes log lines back to a plain stderr write, and stop()s. False when something was
   // given up.
   bool close(std::chrono::milliseconds console_bound, std::chrono::milliseconds file_bound);
+  // Where the writers' completions go (the agent's loop), and the end of that (before the loop
+  // is destroyed): afterwards completions are dropped.
+  void attachLoop(boost::asio::io_context* loop);
+  // Runs `fn` on the attached loop (posted), or drops it when none is attached. Any thread.
+  void postToLoop(std::function<void()> fn);
   // Waits for every console and file write queued so far, at most `bound` each; false when one
   // was not done in time.
   bool flush(std::chrono::milliseconds bound);
@@ -145,6 +156,8 @@ class OutputSinks {
   std::unique_ptr<OutputWriter> stderr_writer_;  // null when it is stdout's
   std::shared_ptr<std::atomic<size_t>> log_queued_ = std::make_shared<std::atomic<size_t>>(0);
   bool routed_log_ = false;
+  std::mutex loop_mutex_;
+  boost::asio::io_context* loop_ = nullptr;  // guarded by loop_mutex_
 };
 
 // Reads one pipe until EOF and routes what it reads. Construct, then start().

@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <string>
+#include <thread>
 
 #include "agent/worker_output.h"
 
@@ -108,4 +109,23 @@ TEST_CASE("agent log lines over their budget are dropped and counted", "[unit]")
   CHECK(sinks.console(err.fds[1]).queuedBytes() <= kLogBytesWaiting + 2 * line.size());
   CHECK_FALSE(sinks.stop(200ms, 200ms));
   (void)err.readAll(100ms);  // lets the detached writer finish its chunk
+}
+
+TEST_CASE("a writer that has taken nothing while bytes wait reports how long it stalled",
+          "[unit]") {
+  Pipe pipe;
+  auto writer = std::make_unique<OutputWriter>();
+  CHECK(writer->stalledFor() == 0ms);                        // nothing to write: never stalled
+  writer->write(pipe.fds[1], std::string(128 * 1024, 's'));  // twice what the pipe holds
+  const auto deadline = Clock::now() + 5s;
+  while (writer->stalledFor() < 100ms && Clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  CHECK(writer->stalledFor() >= 100ms);
+  // The reader comes back: the chunk completes and the stall is over.
+  std::string got;
+  while (got.size() < 128 * 1024) got += pipe.readAll(100ms);
+  REQUIRE(writer->flush(5s));
+  CHECK(writer->stalledFor() == 0ms);
+  writer.reset();
 }
