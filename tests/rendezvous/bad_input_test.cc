@@ -339,3 +339,42 @@ TEST_CASE("garbage on many connections at once is dropped and counted with few w
   CHECK(toString(bystander->get("/before")) == "x");
   expectServing(port);
 }
+
+TEST_CASE("slowloris: requests sent a byte at a time delay no other client", "[integration]") {
+  auto server = BackgroundTcpStoreServer::start({});
+  REQUIRE(server.isOk());
+  uint16_t port = server.value()->port();
+  auto fast = client(port);
+  constexpr int kSlow = 20;
+  std::vector<RawConnection> slow;
+  std::vector<Bytes> requests;
+  for (int i = 0; i < kSlow; ++i) {
+    slow.emplace_back("127.0.0.1", port);
+    Bytes r = v2Handshake();
+    wire::appendU8(&r, 1);                              // SET
+    appendKey(&r, "/slow/" + std::to_string(100 + i));  // all the same length
+    wire::appendBytes(&r, Bytes(200, static_cast<uint8_t>('a' + i)));
+    requests.push_back(std::move(r));
+  }
+  // One byte from every slow client, then one round trip of the fast one: the slow requests
+  // are unfinished during every fast request.
+  std::chrono::steady_clock::duration slowest{};
+  auto start = std::chrono::steady_clock::now();
+  for (size_t pos = 0; pos < requests[0].size(); ++pos) {
+    for (int i = 0; i < kSlow; ++i) slow[i].send(Bytes{requests[i][pos]});
+    auto before = std::chrono::steady_clock::now();
+    fast->add("/fast", 1);
+    slowest = std::max(slowest, std::chrono::steady_clock::now() - before);
+  }
+  INFO("slowest fast request: "
+       << std::chrono::duration_cast<std::chrono::milliseconds>(slowest).count() << " ms");
+  CHECK(slowest < 1s);
+  CHECK(std::chrono::steady_clock::now() - start < 30s);
+  CHECK(fast->add("/fast", 0) == static_cast<int64_t>(requests[0].size()));
+  // Every slow request arrived whole and was applied.
+  for (int i = 0; i < kSlow; ++i) {
+    CHECK(fast->get("/slow/" + std::to_string(100 + i)) ==
+          Bytes(200, static_cast<uint8_t>('a' + i)));
+  }
+  CHECK(server.value()->stats().connections_dropped == 0);
+}
