@@ -290,6 +290,7 @@ TEST_CASE("a MULTI_GET whose reply exceeds the output budget is refused before i
   uint16_t port = server.value()->port();
   auto c = client(port);
   c->set("/v", Bytes(64 * 1024, 'x'));
+  REQUIRE(c->check({"/v"}));  // a round trip: the SET is applied
   RawConnection greedy("127.0.0.1", port);
   Bytes request = v2Handshake();
   wire::appendU8(&request, 10);     // MULTI_GET
