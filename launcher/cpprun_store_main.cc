@@ -6,6 +6,7 @@
 // picks a free one), serves until SIGTERM or SIGINT, then closes every connection and exits 0.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -40,6 +41,9 @@ Options:
   --max-key-bytes N        longest key accepted (default 8192)
   --max-value-bytes N      largest value accepted (default 8388608)
   --max-keys-per-request N most keys in one CHECK/WAIT/MULTI_* request (default 131072)
+  --max-request-bytes N    most bytes one connection may have buffered of a request it has
+                           not finished sending (default 67108864, and at least one COMPARE_SET
+                           of the largest key and two of the largest values)
   --legacy-numbering V     how clients without the torch >= 2.2 handshake are read: 1.13
                            (default; a connection switches to 2.1 on requests only torch 2.1
                            sends) or 2.1 (every such client is torch 2.1)
@@ -49,7 +53,8 @@ Options:
 
 On start it prints "cpprun-store listening on HOST:PORT" on stdout.
 A request over a limit, an unknown query type or a malformed frame closes only that
-connection, with one warning line on stderr.
+connection, with one warning line on stderr (at most 5 such lines per 10 s; the drops beyond
+are counted and reported in one summary line).
 )";
 
 [[noreturn]] void usageError(const std::string& message) {
@@ -76,6 +81,7 @@ int main(int argc, char** argv) {
   cpprun::setLogProgramName("cpprun-store");
   TcpStoreServerOptions options;
   options.port = 29500;
+  bool request_budget_given = false;
 
   cpprun::OptionCursor args(argc, argv);
   while (args.next()) {
@@ -102,6 +108,9 @@ int main(int argc, char** argv) {
       options.limits.max_value_bytes = number(name, args.value(), 1ull << 32);
     } else if (name == "--max-keys-per-request") {
       options.limits.max_keys_per_request = number(name, args.value(), 1u << 30);
+    } else if (name == "--max-request-bytes") {
+      options.max_request_bytes = number(name, args.value(), 1ull << 40);
+      request_budget_given = true;
     } else if (name == "--legacy-numbering") {
       std::string v = text(args.value());
       if (v == "1.13") {
@@ -128,6 +137,15 @@ int main(int argc, char** argv) {
     } else {
       usageError("unknown option '" + name + "'");
     }
+  }
+
+  size_t largest = cpprun::rendezvous::largestSingleKeyRequest(options.limits);
+  if (!request_budget_given) {
+    options.max_request_bytes = std::max(options.max_request_bytes, largest);
+  } else if (options.max_request_bytes < largest) {
+    usageError("--max-request-bytes " + std::to_string(options.max_request_bytes) +
+               " is below the largest request --max-key-bytes and --max-value-bytes allow (" +
+               std::to_string(largest) + " bytes: a COMPARE_SET of one key and two values)");
   }
 
   cpprun::raiseOpenFileLimit();

@@ -248,7 +248,14 @@ bool StoreEngine::handle(ClientId client, Dialect dialect, const Request& r, std
       return true;
     }
 
-    case QueryType::MULTI_GET:
+    case QueryType::MULTI_GET: {
+      // One request may name an 8 MiB value 131,072 times: size the reply before building it.
+      size_t size = 0;
+      for (const auto& k : r.keys) {
+        auto it = data_.find(k);
+        size += 8 + (it == data_.end() ? 0 : it->second.size());
+      }
+      if (!outbox_->roomFor(client, size)) return true;
       for (const auto& k : r.keys) {
         auto it = data_.find(k);
         if (it == data_.end()) {
@@ -259,6 +266,7 @@ bool StoreEngine::handle(ClientId client, Dialect dialect, const Request& r, std
       }
       reply(client, out);
       return true;
+    }
 
     case QueryType::ADD: {
       const std::string& key = r.keys[0];
@@ -344,11 +352,15 @@ bool StoreEngine::handle(ClientId client, Dialect dialect, const Request& r, std
       return true;
     }
 
-    case QueryType::LIST_KEYS:
+    case QueryType::LIST_KEYS: {
+      size_t size = 8;
+      for (const auto& kv : data_) size += 8 + kv.first.size();
+      if (!outbox_->roomFor(client, size)) return true;
       wire::appendU64(&out, data_.size());
       for (const auto& kv : data_) wire::appendString(&out, kv.first);
       reply(client, out);
       return true;
+    }
 
     case QueryType::BARRIER: {
       const std::string& key = r.keys[0];

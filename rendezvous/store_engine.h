@@ -35,6 +35,14 @@ class Outbox {
  public:
   virtual ~Outbox() = default;
   virtual void send(ClientId client, const uint8_t* data, size_t size) = 0;
+  // Asked before a reply whose size depends on the request (MULTI_GET, LIST_KEYS) is built:
+  // false when `size` more bytes do not fit the client's output budget. The engine then
+  // builds and sends nothing; the outbox is expected to close that connection.
+  virtual bool roomFor(ClientId client, size_t size) {
+    (void)client;
+    (void)size;
+    return true;
+  }
   void send(ClientId client, const wire::Bytes& bytes) { send(client, bytes.data(), bytes.size()); }
 };
 

@@ -1,6 +1,8 @@
 #include "rendezvous/tcp_store_server.h"
 
+#include <algorithm>
 #include <array>
+#include <cstdio>
 #include <future>
 #include <thread>
 #include <unordered_map>
@@ -18,21 +20,126 @@ using asio::ip::tcp;
 
 class Connection;
 
+size_t largestSingleKeyRequest(const wire::Limits& limits) {
+  return 1 + 3 * 8 + limits.max_key_bytes + 2 * limits.max_value_bytes;
+}
+
+const char* dropReasonName(DropReason reason) {
+  switch (reason) {
+    case DropReason::kBadFrame:
+      return "bad frame";
+    case DropReason::kRefused:
+      return "refused request";
+    case DropReason::kRequestBudget:
+      return "request budget";
+    case DropReason::kReplyBudget:
+      return "reply budget";
+  }
+  return "unknown";
+}
+
+namespace {
+
+// The warning lines for closed connections, at most `per_interval` per interval: the first
+// drop opens an interval, the drops past the allowance are only counted, and when the interval
+// ends one line sums them up by reason. Under a flood that is per_interval + 1 lines per
+// interval, whatever the rate.
+class DropLog {
+ public:
+  DropLog(asio::io_context& io, size_t per_interval, std::chrono::milliseconds interval)
+      : timer_(io), per_interval_(per_interval), interval_(interval) {}
+
+  // `owner` keeps the log alive until the end-of-interval timer has fired.
+  void dropped(const std::shared_ptr<void>& owner, const std::string& peer, DropReason reason,
+               const std::string& why, TcpStoreServerStats* stats) {
+    if (!open_) {
+      open_ = true;
+      opened_ = std::chrono::steady_clock::now();
+      timer_.expires_after(interval_);
+      timer_.async_wait([this, owner](const boost::system::error_code& ec) {
+        if (!ec) endInterval();
+      });
+    }
+    if (logged_ < per_interval_) {
+      ++logged_;
+      CPPRUN_LOG(kWarn) << "store: closing connection from " << peer << ": " << why
+                        << (logged_ == per_interval_ ? summaryNotice() : std::string());
+      return;
+    }
+    ++suppressed_[static_cast<size_t>(reason)];
+    ++stats->drop_warnings_suppressed;
+  }
+
+  // Logs what the current interval has not reported yet (on shutdown).
+  void stop() {
+    timer_.cancel();
+    if (open_) endInterval();
+  }
+
+ private:
+  std::string summaryNotice() const {
+    char seconds[32];
+    std::snprintf(seconds, sizeof(seconds), "%g", interval_.count() / 1000.0);
+    return " (the warning limit of " + std::to_string(per_interval_) + " per " + seconds +
+           " s is reached; further drops are summarised)";
+  }
+
+  void endInterval() {
+    uint64_t total = 0;
+    for (uint64_t n : suppressed_) total += n;
+    if (total > 0) {
+      std::chrono::duration<double> took = std::chrono::steady_clock::now() - opened_;
+      char seconds[32];
+      std::snprintf(seconds, sizeof(seconds), "%.1f", took.count());
+      std::string line = "store: " + std::to_string(total) +
+                         " more connections dropped in the last " + seconds + " s:";
+      const char* separator = " ";
+      for (size_t r = 0; r < kDropReasonCount; ++r) {
+        if (suppressed_[r] == 0) continue;
+        line += separator + std::to_string(suppressed_[r]) + " " +
+                dropReasonName(static_cast<DropReason>(r));
+        separator = ", ";
+      }
+      CPPRUN_LOG(kWarn) << line;
+    }
+    open_ = false;
+    logged_ = 0;
+    suppressed_.fill(0);
+  }
+
+  asio::steady_timer timer_;
+  size_t per_interval_;
+  std::chrono::milliseconds interval_;
+  bool open_ = false;
+  std::chrono::steady_clock::time_point opened_;
+  size_t logged_ = 0;
+  std::array<uint64_t, kDropReasonCount> suppressed_{};
+};
+
+}  // namespace
+
 // Owns the acceptor, the connections and the engine. Shared with in-flight handlers, so it
 // outlives the TcpStoreServer object until the loop has drained them.
 class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer::Impl>,
                              public Outbox {
  public:
   Impl(asio::io_context& io, TcpStoreServerOptions options)
-      : io_(io), options_(std::move(options)), acceptor_(io), retry_timer_(io), engine_(this) {}
+      : io_(io),
+        options_(std::move(options)),
+        acceptor_(io),
+        retry_timer_(io),
+        engine_(this),
+        drop_log_(io, options_.drop_warnings_per_interval, options_.drop_warning_interval) {}
 
   Status listen();
   void startAccepting();
   void stop();
 
   void send(ClientId client, const uint8_t* data, size_t size) override;
+  bool roomFor(ClientId client, size_t size) override;
   void flush();
-  void closeConnection(ClientId id, const std::string& warning);
+  // Closes a connection the server gives up on: counted, and logged through drop_log_.
+  void closeConnection(ClientId id, DropReason reason, const std::string& why);
   void connectionFinished(ClientId id);
 
   asio::io_context& io_;
@@ -40,6 +147,7 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
   tcp::acceptor acceptor_;
   asio::steady_timer retry_timer_;
   StoreEngine engine_;
+  DropLog drop_log_;
   std::unordered_map<ClientId, std::shared_ptr<Connection>> connections_;
   std::vector<std::shared_ptr<Connection>> dirty_;
   std::vector<std::shared_ptr<Connection>> spare_dirty_;  // flush()'s other buffer
@@ -72,28 +180,50 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void start() { read(); }
 
-  // Queues bytes; written once the current batch of requests has been handled.
+  // Queues bytes; written once the current batch of requests has been handled. Bytes past the
+  // output budget are not queued: the connection is marked and closed by the next flush().
   void queue(const uint8_t* data, size_t size) {
-    if (closed_) return;
+    if (closed_ || !roomFor(size)) return;
     pending_.insert(pending_.end(), data, data + size);
-    if (!dirty_) {
-      dirty_ = true;
-      server_->dirty_.push_back(shared_from_this());
+    markDirty();
+  }
+
+  // Whether `size` more bytes of replies fit the output budget; marks the connection for
+  // closing when they do not.
+  bool roomFor(size_t size) {
+    if (over_budget_) return false;
+    size_t queued = pending_.size() + in_flight_.size();
+    if (size <= server_->options_.max_pending_output_bytes &&
+        queued <= server_->options_.max_pending_output_bytes - size) {
+      return true;
     }
+    over_budget_ = true;
+    refused_reply_bytes_ = size;
+    markDirty();
+    return false;
+  }
+
+  bool overBudget() const { return over_budget_; }
+
+  // Says why the output budget was exceeded. REQUIRES: overBudget().
+  std::string overBudgetReason() const {
+    return "a reply of " + std::to_string(refused_reply_bytes_) + " bytes with " +
+           std::to_string(pending_.size() + in_flight_.size()) +
+           " bytes of replies queued and unread would exceed the " +
+           std::to_string(server_->options_.max_pending_output_bytes) +
+           "-byte per-connection reply budget";
   }
 
   void flush() {
     dirty_ = false;
-    if (closed_ || pending_.empty()) return;
+    if (closed_) return;
     // Checked before anything else: a client that sends but never reads keeps the write in
-    // flight forever while its replies pile up here.
-    if (pending_.size() > server_->options_.max_pending_output_bytes) {
-      server_->closeConnection(id_, "more than " +
-                                        std::to_string(server_->options_.max_pending_output_bytes) +
-                                        " bytes of replies unread");
+    // flight forever while its replies pile up.
+    if (over_budget_) {
+      server_->closeConnection(id_, DropReason::kReplyBudget, overBudgetReason());
       return;
     }
-    if (writing_) return;
+    if (pending_.empty() || writing_) return;
     // Usually the socket takes the whole reply at once: write it directly (one send, no
     // completion handler) and fall back to an asynchronous write only for what is left.
     boost::system::error_code write_ec;
@@ -104,7 +234,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     server_->stats_.bytes_sent += written;
     if (written == pending_.size()) {
-      pending_.clear();
+      clearKeepingLittle(&pending_);
       return;
     }
     pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(written));
@@ -114,7 +244,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     asio::async_write(socket_, asio::buffer(in_flight_),
                       [self](const boost::system::error_code& ec, size_t n) {
                         self->writing_ = false;
-                        self->in_flight_.clear();
+                        clearKeepingLittle(&self->in_flight_);
                         if (self->closed_) return;
                         self->server_->stats_.bytes_sent += n;
                         if (ec) {
@@ -134,9 +264,37 @@ class Connection : public std::enable_shared_from_this<Connection> {
     boost::system::error_code ec;
     socket_.shutdown(tcp::socket::shutdown_both, ec);
     socket_.close(ec);
+    wire::Bytes().swap(pending_);  // in_flight_ may still be in the kernel's hands until the
+                                   // aborted write completes
   }
 
  private:
+  void markDirty() {
+    if (!dirty_) {
+      dirty_ = true;
+      server_->dirty_.push_back(shared_from_this());
+    }
+  }
+
+  // Empties a reply buffer, freeing it if a large reply grew it: an idle connection that once
+  // fetched an 8 MiB value holds no 8 MiB buffer.
+  static void clearKeepingLittle(wire::Bytes* bytes) {
+    if (bytes->capacity() > kMaxReadBuffer) {
+      wire::Bytes().swap(*bytes);
+    } else {
+      bytes->clear();
+    }
+  }
+
+  // Says why the unfinished request is over the request budget.
+  std::string requestBudgetReason() const {
+    auto type = decoder_.partialType();
+    return std::string("an unfinished ") + (type ? wire::queryTypeName(*type) : "request") +
+           " has " + std::to_string(decoder_.bufferedBytes()) + " bytes buffered, over the " +
+           std::to_string(server_->options_.max_request_bytes) +
+           "-byte per-connection request budget";
+  }
+
   // Reads into this connection's buffer. It starts small and uninitialised (an idle client
   // costs 4 KiB, not 64 KiB of zeroed memory) and doubles, up to 64 KiB, whenever a read fills
   // it. A buffer shared by all connections would need an epoll_ctl per request (Asio re-arms
@@ -176,17 +334,29 @@ class Connection : public std::enable_shared_from_this<Connection> {
       wire::ParseStatus status = decoder_.next(&request, &error);
       if (status == wire::ParseStatus::kNeedMore) break;
       if (status == wire::ParseStatus::kError) {
-        server_->closeConnection(id_, error);
+        server_->closeConnection(id_, DropReason::kBadFrame, error);
         server_->flush();
         return;
       }
       ++server_->stats_.requests;
       if (!server_->engine_.handle(id_, *decoder_.dialect(), request, &error)) {
-        server_->closeConnection(id_,
+        server_->closeConnection(id_, DropReason::kRefused,
                                  std::string(wire::queryTypeName(request.type)) + ": " + error);
         server_->flush();
         return;
       }
+      if (over_budget_) {  // stop answering a client whose replies are over budget
+        server_->closeConnection(id_, DropReason::kReplyBudget, overBudgetReason());
+        server_->flush();
+        return;
+      }
+    }
+    // What is left is one unfinished request: bounded, so that a request announcing a
+    // terabyte is cut off at the budget rather than when memory runs out.
+    if (decoder_.bufferedBytes() > server_->options_.max_request_bytes) {
+      server_->closeConnection(id_, DropReason::kRequestBudget, requestBudgetReason());
+      server_->flush();
+      return;
     }
     server_->flush();
     read();
@@ -201,7 +371,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   wire::Bytes in_flight_;
   bool writing_ = false;
   bool dirty_ = false;
-  bool peer_done_ = false;  // the client half-closed; close once the replies are written
+  bool peer_done_ = false;    // the client half-closed; close once the replies are written
+  bool over_budget_ = false;  // a reply did not fit the output budget; closed at flush()
+  size_t refused_reply_bytes_ = 0;
   static constexpr size_t kMaxReadBuffer = 64 * 1024;
   size_t buffer_size_ = 4 * 1024;
   std::unique_ptr<uint8_t[]> buffer_{new uint8_t[4 * 1024]};
@@ -238,6 +410,11 @@ void TcpStoreServer::Impl::send(ClientId client, const uint8_t* data, size_t siz
   if (it != connections_.end()) it->second->queue(data, size);
 }
 
+bool TcpStoreServer::Impl::roomFor(ClientId client, size_t size) {
+  auto it = connections_.find(client);
+  return it != connections_.end() && it->second->roomFor(size);
+}
+
 void TcpStoreServer::Impl::flush() {
   // flush() may close connections, which must not disturb this iteration. The two vectors
   // trade places so that neither is reallocated per batch.
@@ -249,11 +426,12 @@ void TcpStoreServer::Impl::flush() {
   spare_dirty_ = std::move(batch);
 }
 
-void TcpStoreServer::Impl::closeConnection(ClientId id, const std::string& warning) {
+void TcpStoreServer::Impl::closeConnection(ClientId id, DropReason reason, const std::string& why) {
   auto it = connections_.find(id);
   if (it == connections_.end()) return;
   ++stats_.connections_dropped;
-  CPPRUN_LOG(kWarn) << "store: closing connection from " << it->second->peer() << ": " << warning;
+  ++stats_.dropped_by_reason[static_cast<size_t>(reason)];
+  drop_log_.dropped(shared_from_this(), it->second->peer(), reason, why, &stats_);
   connectionFinished(id);
 }
 
@@ -276,10 +454,19 @@ void TcpStoreServer::Impl::stop() {
   connections_.clear();
   for (auto& kv : conns) kv.second->close();
   dirty_.clear();
+  drop_log_.stop();
 }
 
 Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::create(asio::io_context& io,
                                                                TcpStoreServerOptions options) {
+  if (options.max_request_bytes < largestSingleKeyRequest(options.limits)) {
+    return invalidArgument(
+        "store: the request budget of " + std::to_string(options.max_request_bytes) +
+        " bytes is below the largest request the limits allow (" +
+        std::to_string(largestSingleKeyRequest(options.limits)) + " bytes: a COMPARE_SET of a " +
+        std::to_string(options.limits.max_key_bytes) + "-byte key and two " +
+        std::to_string(options.limits.max_value_bytes) + "-byte values)");
+  }
   auto impl = std::make_shared<Impl>(io, std::move(options));
   Status s = impl->listen();
   if (!s.isOk()) return s;

@@ -444,11 +444,20 @@ bool encodeRequest(Dialect d, const Request& r, Bytes* out) {
   return true;
 }
 
+void RequestDecoder::clearBuffer() {
+  // A connection that once sent an 8 MiB value keeps no 8 MiB buffer while it idles.
+  if (buffer_.capacity() > kKeptCapacity) {
+    Bytes().swap(buffer_);
+  } else {
+    buffer_.clear();
+  }
+  read_pos_ = 0;
+}
+
 void RequestDecoder::feed(const uint8_t* data, size_t size) {
   // Compact before growing so a long-lived connection's buffer stays small.
   if (read_pos_ > 0 && read_pos_ == buffer_.size()) {
-    buffer_.clear();
-    read_pos_ = 0;
+    clearBuffer();
   } else if (read_pos_ > 64 * 1024 && read_pos_ > buffer_.size() / 2) {
     buffer_.erase(buffer_.begin(), buffer_.begin() + static_cast<std::ptrdiff_t>(read_pos_));
     read_pos_ = 0;
@@ -501,10 +510,7 @@ ParseStatus RequestDecoder::next(Request* out, std::string* error) {
   }
   if (status == ParseStatus::kRequest) {
     read_pos_ += consumed;
-    if (read_pos_ == buffer_.size()) {
-      buffer_.clear();
-      read_pos_ = 0;
-    }
+    if (read_pos_ == buffer_.size()) clearBuffer();
   }
   return status;
 }

@@ -234,8 +234,16 @@ class RequestDecoder {
   std::optional<Dialect> dialect() const { return dialect_; }
   // Bytes received but not yet decoded (a partial request).
   size_t bufferedBytes() const { return buffer_.size() - read_pos_; }
+  // The type of the partial request, once next() has seen its first byte and said kNeedMore.
+  std::optional<QueryType> partialType() const {
+    if (!partial_ || scan_.pos == 0) return std::nullopt;
+    return scan_.type;
+  }
 
  private:
+  void clearBuffer();  // empties the buffer; frees it when it grew past kKeptCapacity
+  static constexpr size_t kKeptCapacity = 256 * 1024;
+
   Limits limits_;
   Dialect no_handshake_;
   std::optional<Dialect> dialect_;

@@ -1,4 +1,5 @@
 // Hostile and broken clients: the server drops only the offender and keeps serving the others.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <random>
 #include <thread>
@@ -12,6 +13,7 @@ namespace {
 
 using namespace cpprun::rendezvous;
 using namespace cpprun::testing;
+namespace wire = cpprun::rendezvous::wire;
 
 std::unique_ptr<TcpStoreClient> client(uint16_t port) {
   TcpStoreClientOptions o;
@@ -29,6 +31,10 @@ void expectServing(uint16_t port) {
   c->set("/probe", std::string("alive"));
   CHECK(toString(c->get("/probe")) == "alive");
 }
+
+// torch >= 2.2 frames (VALIDATE first, then its numbering).
+Bytes v2Handshake() { return fromHex("00cef7853c"); }
+void appendKey(Bytes* out, const std::string& key) { wire::appendString(out, key); }
 
 }  // namespace
 
@@ -207,4 +213,169 @@ TEST_CASE("a client that never reads its replies is dropped at the output cap", 
   CHECK(dropped);
   CHECK(server.value()->stats().connections_dropped == 1);
   expectServing(port);
+}
+
+TEST_CASE("an unfinished request over the request budget closes only that connection",
+          "[integration]") {
+  TcpStoreServerOptions options;
+  options.limits.max_value_bytes = 256 * 1024;
+  options.max_request_bytes = 1024 * 1024;
+  auto server = BackgroundTcpStoreServer::start(options);
+  REQUIRE(server.isOk());
+  uint16_t port = server.value()->port();
+  auto bystander = client(port);
+  // The largest requests the field limits allow still fit the budget.
+  Bytes biggest(options.limits.max_value_bytes, 'v');
+  bystander->set("/max", biggest);
+  CHECK(bystander->compareSet("/max", biggest, biggest) == biggest);
+
+  // A MULTI_SET announcing 131,072 values of 256 KiB (32 GiB), sent for as long as the server
+  // takes it.
+  RawConnection giant("127.0.0.1", port);
+  Bytes head = v2Handshake();
+  wire::appendU8(&head, 11);  // MULTI_SET
+  wire::appendU64(&head, 131072);
+  giant.send(head);
+  Bytes value_chunk(64 * 1024, 'x');
+  size_t sent = head.size();
+  bool reset = false;
+  for (int pair = 0; pair < 131072 && !reset; ++pair) {
+    Bytes pair_head;
+    appendKey(&pair_head, "/k" + std::to_string(pair));
+    wire::appendU64(&pair_head, options.limits.max_value_bytes);
+    try {
+      giant.send(pair_head);
+      for (int i = 0; i < 4; ++i) giant.send(value_chunk);
+    } catch (const std::exception&) {
+      reset = true;  // the server closed the connection and the kernel said so
+    }
+    sent += pair_head.size() + 4 * value_chunk.size();
+    if (server.value()->stats().dropped(DropReason::kRequestBudget) > 0) break;
+    REQUIRE(sent < 64u * 1024 * 1024);  // 64 times the budget: it was never cut off
+  }
+  if (!reset) CHECK(giant.closedByPeer(5s));
+  auto stats = server.value()->stats();
+  CHECK(stats.dropped(DropReason::kRequestBudget) == 1);
+  CHECK(stats.connections_dropped == 1);
+  // The server read at most the budget plus one read (64 KiB) of it, besides the bystander's
+  // two 256 KiB requests and their small change.
+  CHECK(stats.bytes_received < options.max_request_bytes + 64 * 1024 + 3 * 270 * 1024);
+  CHECK(bystander->get("/max") == biggest);
+  expectServing(port);
+}
+
+TEST_CASE("a request budget below the largest request the limits allow is refused",
+          "[integration]") {
+  TcpStoreServerOptions options;
+  options.limits.max_key_bytes = 100;
+  options.limits.max_value_bytes = 1000;
+  options.max_request_bytes = largestSingleKeyRequest(options.limits);
+  CHECK(options.max_request_bytes == 1 + 24 + 100 + 2000);
+  CHECK(BackgroundTcpStoreServer::start(options).isOk());
+  options.max_request_bytes -= 1;
+  auto refused = BackgroundTcpStoreServer::start(options);
+  REQUIRE_FALSE(refused.isOk());
+  CHECK(refused.status().code() == cpprun::StatusCode::kInvalidArgument);
+  CHECK_THAT(refused.status().message(), Catch::Contains("request budget of 2124 bytes"));
+  // The defaults fit torch's limits with room to spare.
+  CHECK(TcpStoreServerOptions{}.max_request_bytes >= 3 * largestSingleKeyRequest(wire::Limits{}));
+}
+
+TEST_CASE("a MULTI_GET whose reply exceeds the output budget is refused before it is built",
+          "[integration]") {
+  TcpStoreServerOptions options;
+  options.max_pending_output_bytes = 1024 * 1024;
+  auto server = BackgroundTcpStoreServer::start(options);
+  REQUIRE(server.isOk());
+  uint16_t port = server.value()->port();
+  auto c = client(port);
+  c->set("/v", Bytes(64 * 1024, 'x'));
+  REQUIRE(c->check({"/v"}));  // a round trip: the SET is applied
+  RawConnection greedy("127.0.0.1", port);
+  Bytes request = v2Handshake();
+  wire::appendU8(&request, 10);     // MULTI_GET
+  wire::appendU64(&request, 1000);  // a 64 MiB reply
+  for (int i = 0; i < 1000; ++i) appendKey(&request, "/v");
+  greedy.send(request);
+  CHECK(greedy.closedByPeer(5s));
+  auto stats = server.value()->stats();
+  CHECK(stats.dropped(DropReason::kReplyBudget) == 1);
+  CHECK(stats.bytes_sent < 2 * 64 * 1024);  // nothing of it went out
+  // Fifteen copies fit (sixteen and their length fields would not).
+  CHECK(c->multiGet(std::vector<std::string>(15, "/v")).size() == 15);
+  expectServing(port);
+}
+
+TEST_CASE("garbage on many connections at once is dropped and counted with few warning lines",
+          "[integration]") {
+  TcpStoreServerOptions options;
+  options.drop_warnings_per_interval = 5;
+  options.drop_warning_interval = std::chrono::hours(1);  // one interval for the whole test
+  auto server = BackgroundTcpStoreServer::start(options);
+  REQUIRE(server.isOk());
+  uint16_t port = server.value()->port();
+  auto bystander = client(port);
+  bystander->set("/before", std::string("x"));
+  constexpr int kConnections = 300;
+  std::mt19937 rng(4321);
+  std::vector<RawConnection> junk;
+  junk.reserve(kConnections);
+  for (int i = 0; i < kConnections; ++i) {
+    junk.emplace_back("127.0.0.1", port);
+    // An unknown type byte (no torch numbers one above 18), then random bytes.
+    Bytes bytes(1 + rng() % 256);
+    for (auto& byte : bytes) byte = static_cast<uint8_t>(rng());
+    bytes[0] = static_cast<uint8_t>(0x20 + rng() % 0xe0);
+    junk.back().send(bytes);
+  }
+  auto start = std::chrono::steady_clock::now();
+  int closed = 0;
+  for (auto& c : junk) closed += c.closedByPeer(10s) ? 1 : 0;
+  CHECK(closed == kConnections);
+  CHECK(std::chrono::steady_clock::now() - start < 10s);
+  auto stats = server.value()->stats();
+  CHECK(stats.connections_dropped == kConnections);
+  CHECK(stats.dropped(DropReason::kBadFrame) == kConnections);
+  CHECK(stats.drop_warnings_suppressed == kConnections - 5);
+  CHECK(toString(bystander->get("/before")) == "x");
+  expectServing(port);
+}
+
+TEST_CASE("slowloris: requests sent a byte at a time delay no other client", "[integration]") {
+  auto server = BackgroundTcpStoreServer::start({});
+  REQUIRE(server.isOk());
+  uint16_t port = server.value()->port();
+  auto fast = client(port);
+  constexpr int kSlow = 20;
+  std::vector<RawConnection> slow;
+  std::vector<Bytes> requests;
+  for (int i = 0; i < kSlow; ++i) {
+    slow.emplace_back("127.0.0.1", port);
+    Bytes r = v2Handshake();
+    wire::appendU8(&r, 1);                              // SET
+    appendKey(&r, "/slow/" + std::to_string(100 + i));  // all the same length
+    wire::appendBytes(&r, Bytes(200, static_cast<uint8_t>('a' + i)));
+    requests.push_back(std::move(r));
+  }
+  // One byte from every slow client, then one round trip of the fast one: the slow requests
+  // are unfinished during every fast request.
+  std::chrono::steady_clock::duration slowest{};
+  auto start = std::chrono::steady_clock::now();
+  for (size_t pos = 0; pos < requests[0].size(); ++pos) {
+    for (int i = 0; i < kSlow; ++i) slow[i].send(Bytes{requests[i][pos]});
+    auto before = std::chrono::steady_clock::now();
+    fast->add("/fast", 1);
+    slowest = std::max(slowest, std::chrono::steady_clock::now() - before);
+  }
+  INFO("slowest fast request: "
+       << std::chrono::duration_cast<std::chrono::milliseconds>(slowest).count() << " ms");
+  CHECK(slowest < 1s);
+  CHECK(std::chrono::steady_clock::now() - start < 30s);
+  CHECK(fast->add("/fast", 0) == static_cast<int64_t>(requests[0].size()));
+  // Every slow request arrived whole and was applied.
+  for (int i = 0; i < kSlow; ++i) {
+    CHECK(fast->get("/slow/" + std::to_string(100 + i)) ==
+          Bytes(200, static_cast<uint8_t>('a' + i)));
+  }
+  CHECK(server.value()->stats().connections_dropped == 0);
 }

@@ -2,6 +2,7 @@
 #include "rendezvous/store_engine.h"
 
 #include <catch2/catch.hpp>
+#include <cstdint>
 #include <map>
 
 #include "tests/support/test_support.h"
@@ -25,7 +26,14 @@ class RecordingOutbox : public Outbox {
     sent[client].clear();
     return hex;
   }
+  // Every client's output budget; roomFor records what was asked.
+  bool roomFor(ClientId client, size_t size) override {
+    asked[client] = size;
+    return size <= budget;
+  }
   std::map<ClientId, Bytes> sent;
+  size_t budget = SIZE_MAX;
+  std::map<ClientId, size_t> asked;
 };
 
 Bytes b(const std::string& s) { return cpprun::testing::bytesOf(s); }
@@ -254,4 +262,25 @@ TEST_CASE_METHOD(Fixture, "the owner's local set wakes waiters and erase keeps o
   CHECK(out.take(2).empty());
   engine.localSet("cpprun/ready", b("1"));
   CHECK(out.take(2) == "00");
+}
+
+TEST_CASE_METHOD(Fixture, "a MULTI_GET or LIST_KEYS reply over the output budget is never built",
+                 "[unit]") {
+  REQUIRE(v2(1, QueryType::SET, {"/big"}, {Bytes(1000, 'x')}));
+  out.budget = 4096;
+  // 131,072 copies of an 8 MiB value would be a 1 TiB reply: sized first, then refused.
+  std::vector<std::string> many(100, "/big");
+  many.push_back("/missing");
+  REQUIRE(v2(1, QueryType::MULTI_GET, many));
+  CHECK(out.asked[1] == 100 * (8 + 1000) + 8);
+  CHECK(out.take(1).empty());
+  // Within the budget: built and sent as always.
+  REQUIRE(v2(1, QueryType::MULTI_GET, {"/big", "/missing"}));
+  CHECK(out.asked[1] == 8 + 1000 + 8);
+  CHECK(out.sent[1].size() == 8 + 1000 + 8);
+  out.take(1);
+  out.budget = 8;
+  REQUIRE(v2(1, QueryType::LIST_KEYS));
+  CHECK(out.asked[1] == 8 + 8 + 4);
+  CHECK(out.take(1).empty());
 }

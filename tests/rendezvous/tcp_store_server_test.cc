@@ -12,6 +12,7 @@ namespace {
 
 using namespace cpprun::rendezvous;
 using namespace cpprun::testing;
+namespace wire = cpprun::rendezvous::wire;
 
 TcpStoreClientOptions clientOptions(uint16_t port) {
   TcpStoreClientOptions o;
@@ -131,6 +132,40 @@ TEST_CASE("many clients wait on one key and are all woken by one set", "[integra
   leader.set("/go", std::string("1"));
   for (auto& t : threads) t.join();
   CHECK(woken == kWaiters);
+  CHECK(server.value()->stats().pending_waits == 0);
+}
+
+TEST_CASE("ten thousand waits on one key are all released by one set", "[integration]") {
+  // 500 connections with 20 WAITs each: the probe's 10,000 waiters without 20,000 descriptors.
+  auto server = BackgroundTcpStoreServer::start({});
+  REQUIRE(server.isOk());
+  uint16_t port = server.value()->port();
+  constexpr int kConnections = 500;
+  constexpr int kWaitsEach = 20;
+  Bytes waits = fromHex("00cef7853c");  // VALIDATE: torch >= 2.2 numbering
+  for (int i = 0; i < kWaitsEach; ++i) {
+    waits.push_back(6);  // WAIT ["/go"]
+    wire::appendU64(&waits, 1);
+    wire::appendString(&waits, "/go");
+  }
+  std::vector<RawConnection> waiters;
+  waiters.reserve(kConnections);
+  for (int i = 0; i < kConnections; ++i) {
+    waiters.emplace_back("127.0.0.1", port);
+    waiters.back().send(waits);
+  }
+  REQUIRE(eventually(*server.value(), [](const TcpStoreServerStats& s) {
+    return s.pending_waits == kConnections * kWaitsEach;
+  }));
+  CHECK(waiters.front().silentFor(10ms));  // nobody answered yet
+  auto start = std::chrono::steady_clock::now();
+  TcpStoreClient(clientOptions(port)).set("/go", std::string("1"));
+  for (auto& w : waiters) {
+    auto released = w.read(kWaitsEach, 10s);
+    REQUIRE(released.has_value());
+    CHECK(*released == Bytes(kWaitsEach, 0));  // STOP_WAITING, once per WAIT
+  }
+  CHECK(std::chrono::steady_clock::now() - start < 10s);
   CHECK(server.value()->stats().pending_waits == 0);
 }
 
