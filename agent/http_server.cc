@@ -1,7 +1,13 @@
 #include "agent/http_server.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <exception>
 #include <limits>
 #include <optional>
@@ -353,13 +359,26 @@ struct HttpServerThread::State {
 };
 
 Result<std::unique_ptr<HttpServerThread>> HttpServerThread::start(HttpServerOptions options,
-                                                                  HttpHandler handler) {
+                                                                  HttpHandler handler,
+                                                                  int niceness) {
   auto state = std::make_unique<State>();
   auto server = HttpServer::create(state->io, std::move(options), std::move(handler));
   if (!server.isOk()) return server.status();
   state->server = std::move(server).value();
   // The pending accept keeps io.run() busy until stop() closes the acceptor.
-  state->thread = std::thread([io = &state->io] { io->run(); });
+  state->thread = std::thread([io = &state->io, niceness] {
+    if (niceness > 0) {
+      // Linux applies a thread id's nice value to that thread alone.
+      const auto tid = static_cast<id_t>(::syscall(SYS_gettid));
+      errno = 0;
+      const int now = ::getpriority(PRIO_PROCESS, tid);
+      if (errno != 0 || ::setpriority(PRIO_PROCESS, tid, std::min(19, now + niceness)) != 0) {
+        CPPRUN_LOG(kWarn) << "http: cannot lower the HTTP thread's priority: "
+                          << std::strerror(errno);
+      }
+    }
+    io->run();
+  });
   return std::unique_ptr<HttpServerThread>(new HttpServerThread(std::move(state)));
 }
 

@@ -109,9 +109,11 @@ class HttpServer {
 class HttpServerThread {
  public:
   // Binds and listens on the calling thread (errors as HttpServer::create), then serves on a
-  // new thread. REQUIRES: `handler` is not empty.
+  // new thread, whose nice value is raised by `niceness` (0..19; a failure is logged once and
+  // ignored) so that under CPU contention HTTP yields to the process's other threads.
+  // REQUIRES: `handler` is not empty.
   static Result<std::unique_ptr<HttpServerThread>> start(HttpServerOptions options,
-                                                         HttpHandler handler);
+                                                         HttpHandler handler, int niceness = 0);
   ~HttpServerThread();  // stop()
   HttpServerThread(const HttpServerThread&) = delete;
   HttpServerThread& operator=(const HttpServerThread&) = delete;

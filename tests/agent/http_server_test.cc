@@ -7,10 +7,13 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cctype>
@@ -693,13 +696,21 @@ TEST_CASE("http: a slowloris client dripping its header is closed after idle_tim
   CHECK(server.requestsServed() == 1);
 }
 
-TEST_CASE("http: HttpServerThread serves on a thread of its own and stop() joins it",
+TEST_CASE("http: HttpServerThread serves on a thread of its own, niced, and stop() joins it",
           "[integration][http]") {
   std::atomic<std::thread::id> handler_thread{};
-  auto started = HttpServerThread::start({}, [&](const std::string& target) {
-    handler_thread = std::this_thread::get_id();
-    return testHandler(target);
-  });
+  std::atomic<int> handler_nice{-100};
+  errno = 0;
+  const int caller_nice = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)));
+  REQUIRE(errno == 0);
+  auto started = HttpServerThread::start(
+      {},
+      [&](const std::string& target) {
+        handler_thread = std::this_thread::get_id();
+        handler_nice = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)));
+        return testHandler(target);
+      },
+      /*niceness=*/3);
   REQUIRE(started.isOk());
   auto server = std::move(started).value();
   CHECK(server->host() == "127.0.0.1");
@@ -709,6 +720,9 @@ TEST_CASE("http: HttpServerThread serves on a thread of its own and stop() joins
   CHECK(response->status == 200);
   CHECK(handler_thread.load() != std::thread::id{});
   CHECK(handler_thread.load() != std::this_thread::get_id());
+  // That thread alone yields under contention; the caller's priority is unchanged.
+  CHECK(handler_nice == std::min(19, caller_nice + 3));
+  CHECK(::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid))) == caller_nice);
   CHECK(server->requestsServed() == 1);
   Client idle(server->port());
   REQUIRE(idle.get("/metrics"));
