@@ -42,11 +42,28 @@ std::string rankLabels(const WorkerSnapshot& w) {
 
 }  // namespace
 
+AgentStatus aged(AgentStatus s, double seconds) {
+  if (seconds <= 0) return s;
+  s.age_s += seconds;
+  s.uptime_s += seconds;
+  if (auto it = s.supervisor.seconds_in_state.find(s.supervisor.state);
+      it != s.supervisor.seconds_in_state.end()) {
+    it->second += seconds;
+  }
+  for (WorkerSnapshot& w : s.supervisor.workers) {
+    if (w.alive) w.seconds_since_progress += seconds;
+  }
+  return s;
+}
+
 std::string prometheusText(const AgentStatus& s) {
   const SupervisorSnapshot& sup = s.supervisor;
   PrometheusWriter w;
   w.metric("cpprun_up", "gauge", "1 while the agent runs.", 1);
   w.metric("cpprun_uptime_seconds", "gauge", "Seconds since the agent started.", s.uptime_s);
+  w.metric("cpprun_status_age_seconds", "gauge",
+           "How old the agent's state in this answer is (grows while its event loop is busy).",
+           s.age_s);
   int alive = 0;
   for (const WorkerSnapshot& ws : sup.workers) alive += ws.alive ? 1 : 0;
   w.metric("cpprun_workers", "gauge", "Workers of the current attempt on this node.",
@@ -169,6 +186,7 @@ nlohmann::json statusJson(const AgentStatus& s) {
       {"run_id", s.run_id},
       {"agent_pid", s.agent_pid},
       {"uptime_s", s.uptime_s},
+      {"status_age_s", s.age_s},
       {"state", sup.state},
       {"attempt", sup.restart_count},
       {"restarts", sup.restart_count},

@@ -1,7 +1,12 @@
 // AgentStatus: one node's agent as an operator sees it — the supervisor's state and workers,
 // the rendezvous, the store it serves — and its two renderings: Prometheus text for /metrics
 // and JSON for /status (docs/operations.md lists every metric and field). Pure functions of a
-// snapshot; the agent takes the snapshot on its loop thread when a request comes.
+// snapshot; the agent takes the snapshot on its loop thread and publishes it to the HTTP thread
+// (StatusBoard, agent_http_routes.h), which renders it.
+//
+// A new figure (a counter, say) is a field here or in SupervisorSnapshot, filled where the
+// agent takes the snapshot (LocalAgent::statusNow(), or Supervisor::snapshot()), and one line
+// in each rendering; publishing carries the whole value, so nothing else changes.
 //
 // Thread safety: value types and free functions; safe from any thread.
 #pragma once
@@ -28,7 +33,15 @@ struct AgentStatus {
   // When this agent serves the job's store.
   std::optional<rendezvous::TcpStoreServerStats> store;
   std::string store_endpoint;  // host:port of the job's store
+  // How old this view of the agent is when rendered: about 0 normally; more when the agent's
+  // loop was too busy to take a fresh snapshot in time (the figures are then extrapolated from
+  // the last one, see aged()).
+  double age_s = 0;
 };
+
+// `status` as it stands `seconds` later if nothing happened meanwhile: the clocks advance (the
+// uptime, the current state's time, each running worker's time since progress) and age_s grows.
+AgentStatus aged(AgentStatus status, double seconds);
 
 // Prometheus text exposition format 0.0.4 (HELP and TYPE lines, one sample per line).
 std::string prometheusText(const AgentStatus& status);

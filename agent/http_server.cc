@@ -1,9 +1,17 @@
 #include "agent/http_server.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <exception>
 #include <limits>
 #include <optional>
+#include <thread>
 #include <unordered_set>
 #include <utility>
 
@@ -61,7 +69,7 @@ class HttpServer::Impl : public std::enable_shared_from_this<HttpServer::Impl> {
   std::string bound_host_;
   uint16_t bound_port_ = 0;
   bool stopped_ = false;
-  uint64_t requests_served_ = 0;
+  std::atomic<uint64_t> requests_served_{0};  // read from any thread (requestsServed())
 };
 
 // One client connection: reads a request, answers it, and either reads the next one
@@ -168,7 +176,9 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   void answer() {
     if (server_->stopped_) return;
     const auto& request = parser_->get();
-    bool keep_alive = request.keep_alive();
+    ++requests_on_connection_;
+    bool keep_alive =
+        request.keep_alive() && requests_on_connection_ < options().max_requests_per_connection;
     unsigned version = request.version();
     if (request.method() != http::verb::get && request.method() != http::verb::head) {
       prepare(version, keep_alive, 405, kTextPlain,
@@ -193,7 +203,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
       r = HttpResponse{500, kTextPlain, "internal error\n"};
     }
     if (closed_) return;  // the handler stopped the server
-    ++server_->requests_served_;
+    server_->requests_served_.fetch_add(1, std::memory_order_relaxed);
     if (r.status < 200 || r.status > 599) {
       CPPRUN_LOG(kError) << "http: handler for " << target << " returned status " << r.status;
       r = HttpResponse{500, kTextPlain, "internal error\n"};
@@ -277,6 +287,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   std::optional<http::request_parser<http::string_body>> parser_;  // one per request
   http::response<http::string_body> response_;
   std::string peer_;
+  size_t requests_on_connection_ = 0;
   bool closed_ = false;
 };
 
@@ -334,6 +345,55 @@ HttpServer::~HttpServer() { impl_->stop(); }
 uint16_t HttpServer::port() const { return impl_->bound_port_; }
 const std::string& HttpServer::host() const { return impl_->bound_host_; }
 void HttpServer::stop() { impl_->stop(); }
-uint64_t HttpServer::requestsServed() const { return impl_->requests_served_; }
+uint64_t HttpServer::requestsServed() const {
+  return impl_->requests_served_.load(std::memory_order_relaxed);
+}
+
+// The io_context, the server on it and the thread that runs it. Declared in that order: the
+// server is destroyed (stopped) before the io_context, the thread joined before either.
+struct HttpServerThread::State {
+  asio::io_context io{1};
+  std::unique_ptr<HttpServer> server;
+  std::thread thread;
+  bool stopped = false;
+};
+
+Result<std::unique_ptr<HttpServerThread>> HttpServerThread::start(HttpServerOptions options,
+                                                                  HttpHandler handler,
+                                                                  int niceness) {
+  auto state = std::make_unique<State>();
+  auto server = HttpServer::create(state->io, std::move(options), std::move(handler));
+  if (!server.isOk()) return server.status();
+  state->server = std::move(server).value();
+  // The pending accept keeps io.run() busy until stop() closes the acceptor.
+  state->thread = std::thread([io = &state->io, niceness] {
+    if (niceness > 0) {
+      // Linux applies a thread id's nice value to that thread alone.
+      const auto tid = static_cast<id_t>(::syscall(SYS_gettid));
+      errno = 0;
+      const int now = ::getpriority(PRIO_PROCESS, tid);
+      if (errno != 0 || ::setpriority(PRIO_PROCESS, tid, std::min(19, now + niceness)) != 0) {
+        CPPRUN_LOG(kWarn) << "http: cannot lower the HTTP thread's priority: "
+                          << std::strerror(errno);
+      }
+    }
+    io->run();
+  });
+  return std::unique_ptr<HttpServerThread>(new HttpServerThread(std::move(state)));
+}
+
+HttpServerThread::HttpServerThread(std::unique_ptr<State> state) : state_(std::move(state)) {}
+HttpServerThread::~HttpServerThread() { stop(); }
+uint16_t HttpServerThread::port() const { return state_->server->port(); }
+const std::string& HttpServerThread::host() const { return state_->server->host(); }
+uint64_t HttpServerThread::requestsServed() const { return state_->server->requestsServed(); }
+
+void HttpServerThread::stop() {
+  if (state_->stopped) return;
+  state_->stopped = true;
+  // The server stops on its own thread; then nothing is left pending and io.run() returns.
+  asio::post(state_->io, [server = state_->server.get()] { server->stop(); });
+  state_->thread.join();
+}
 
 }  // namespace cpprun::agent

@@ -1,11 +1,15 @@
-// HttpServer: a small HTTP/1.1 server (Boost.Beast) on the agent's event loop, for /healthz,
-// /metrics and /status. It knows no paths: the caller's handler maps a request target to a
-// response.
+// HttpServer: a small HTTP/1.1 server (Boost.Beast) for the agent's /healthz, /metrics and
+// /status, on whatever io_context it is given; HttpServerThread runs one on an io_context and a
+// thread of its own, which is how the agent serves it (so no HTTP traffic, however heavy, runs
+// on the agent's event loop beside the store). It knows no paths: the caller's handler maps a
+// request target to a response.
 //
 // Each connection reads one request at a time: GET and HEAD go to the handler (HEAD gets the
 // headers a GET would, without the body); any other method gets 405 with `Allow: GET, HEAD`; a
-// malformed request gets 400, a request over max_request_bytes 431 (header) or 413 (body), and
-// the connection is closed after that response. Keep-alive and `Connection: close` are honoured.
+// malformed request (conflicting Content-Length and Transfer-Encoding among them) gets 400, a
+// request over max_request_bytes 431 (header) or 413 (body), and the connection is closed after
+// that response. Keep-alive and `Connection: close` are honoured; the response to a
+// connection's max_requests_per_connection-th request says `Connection: close`.
 // Every response carries Content-Type, Content-Length and `Server: cpprun` (except that a 204 or
 // 304 carries no body and no Content-Length, as HTTP requires).
 //
@@ -20,9 +24,12 @@
 //
 // stop() closes every connection from any state.
 //
-// Thread safety: loop thread only. create() may run before the loop starts; everything else,
-// the handler included, runs on the thread that runs the io_context, and stop() and the
-// destructor must be called there too (or after the loop has finished).
+// Thread safety: HttpServer: loop thread only. create() may run before the loop starts;
+// everything else, the handler included, runs on the thread that runs the io_context, and stop()
+// and the destructor must be called there too (or after the loop has finished); port(), host()
+// and requestsServed() may be called from any thread. HttpServerThread: any one thread owns it;
+// its handler runs on its own thread, so whatever the handler reads must be safe to read there
+// (the agent's routes read a snapshot its loop publishes, agent_http_routes.h).
 #pragma once
 
 #include <chrono>
@@ -46,8 +53,8 @@ struct HttpResponse {
   std::string body;
 };
 
-// Called on the loop thread for every GET or HEAD request; `target` is the request target (path
-// plus optional query). An exception it throws is answered with 500 and logged.
+// Called on the server's loop thread for every GET or HEAD request; `target` is the request target
+// (path plus optional query). An exception it throws is answered with 500 and logged.
 using HttpHandler = std::function<HttpResponse(const std::string& target)>;
 
 struct HttpServerOptions {
@@ -64,6 +71,9 @@ struct HttpServerOptions {
   std::chrono::milliseconds idle_timeout{10000};
   // Header plus body, in bytes. A larger request gets 431 (header) or 413 (body) and is closed.
   size_t max_request_bytes = 16 * 1024;
+  // Requests served on one keep-alive connection; the last one's response closes it (so no one
+  // client holds a connection slot for ever).
+  size_t max_requests_per_connection = 1000;
 };
 
 class HttpServer {
@@ -92,6 +102,33 @@ class HttpServer {
  private:
   explicit HttpServer(std::shared_ptr<Impl> impl);
   std::shared_ptr<Impl> impl_;
+};
+
+// An HttpServer on an io_context and a thread of its own: the agent's HTTP endpoint, kept off
+// the agent's event loop. The handler runs on that thread.
+class HttpServerThread {
+ public:
+  // Binds and listens on the calling thread (errors as HttpServer::create), then serves on a
+  // new thread, whose nice value is raised by `niceness` (0..19; a failure is logged once and
+  // ignored) so that under CPU contention HTTP yields to the process's other threads.
+  // REQUIRES: `handler` is not empty.
+  static Result<std::unique_ptr<HttpServerThread>> start(HttpServerOptions options,
+                                                         HttpHandler handler, int niceness = 0);
+  ~HttpServerThread();  // stop()
+  HttpServerThread(const HttpServerThread&) = delete;
+  HttpServerThread& operator=(const HttpServerThread&) = delete;
+
+  uint16_t port() const;
+  const std::string& host() const;
+  uint64_t requestsServed() const;
+  // Closes every connection and joins the thread; the handler is never called after it
+  // returns. Idempotent. REQUIRES: not called from the handler.
+  void stop();
+
+ private:
+  struct State;
+  explicit HttpServerThread(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
 };
 
 }  // namespace cpprun::agent

@@ -243,6 +243,8 @@ class LocalAgent {
   AgentStatus statusNow() const;
   // The loop is over: the console and log-file writers finish (bounded) and stop.
   void stopOutput();
+  // On the loop: a snapshot for the HTTP thread, while the endpoint serves.
+  void publishStatus();
 
   const LocalAgentOptions options_;
   const MakeAttempt make_attempt_;
@@ -262,7 +264,10 @@ class LocalAgent {
   std::unique_ptr<SingleNodeRendezvous> single_node_;  // one node
   std::unique_ptr<JobCoordinator> coordinator_;        // multi-node
   std::unique_ptr<Supervisor> supervisor_;
-  std::unique_ptr<HttpServer> metrics_;  // null without --metrics-port
+  // --metrics-port: the HTTP endpoint on a thread of its own, reading the snapshots this loop
+  // publishes to status_board_ (agent_http_routes.h); both null without the option.
+  std::unique_ptr<StatusBoard> status_board_;
+  std::unique_ptr<HttpServerThread> metrics_;
   std::unique_ptr<ChildReaper> reaper_;
   asio::signal_set signals_{io_};
   std::set<int> ignored_signals_;  // caught, not handled, already logged once
@@ -348,7 +353,15 @@ Status LocalAgent::openMetrics() {
   HttpServerOptions ho;
   ho.host = options_.metrics_host;
   ho.port = static_cast<uint16_t>(options_.metrics_port);
-  auto created = HttpServer::create(io_, ho, agentStatusRoutes([this] { return statusNow(); }));
+  // The HTTP thread only reads the board and posts to the loop: it never calls into the
+  // loop's objects, and no request waits for the loop longer than the board's max_wait.
+  status_board_ = std::make_unique<StatusBoard>(statusNow(), StatusBoard::Options{}, [this] {
+    asio::post(io_, [this] { publishStatus(); });
+  });
+  // Nice +10: under CPU contention HTTP gets about a tenth of what the loop gets.
+  auto created = HttpServerThread::start(
+      ho, agentStatusRoutes([board = status_board_.get()] { return board->read(); }),
+      /*niceness=*/10);
   if (!created.isOk()) {
     return Status(created.status().code(), "--metrics-port: " + created.status().message());
   }
@@ -419,6 +432,10 @@ void LocalAgent::stopOutput() {
   (void)sinks_->close(kConsoleExitFlush, std::chrono::minutes(1));
 }
 
+void LocalAgent::publishStatus() {
+  if (metrics_) status_board_->publish(statusNow());
+}
+
 AgentStatus LocalAgent::statusNow() const {
   AgentStatus s;
   s.host = options_.host_name;
@@ -441,6 +458,9 @@ Result<JobOutcome> LocalAgent::run() {
   // them (the signal set's handlers go with this object).
   const sigset_t held = signalSetOf(terminatingSignals());
   ::pthread_sigmask(SIG_BLOCK, &held, nullptr);
+  // The endpoint ends with the job; a refresh it asked for and the loop has not run yet finds
+  // metrics_ null and does nothing (the coordinator may be going away below).
+  metrics_.reset();
   reaper_->stop();
   if (coordinator_) {
     // Its threads may be in the middle of a store request, and on node 0 that store is served
@@ -453,7 +473,6 @@ Result<JobOutcome> LocalAgent::run() {
     io_.run();
     closer.join();
   }
-  if (metrics_) metrics_->stop();
   if (store_.server) store_.server->stop();
   stopOutput();
   if (!outcome_) return internalError("the agent's event loop ended before the job did");

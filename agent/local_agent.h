@@ -9,7 +9,8 @@
 // caller's MakeAttempt turns the context into workers.
 //
 // Observability: --event-log (event_log.h) records what happens, --metrics-port serves
-// /healthz, /metrics and /status over HTTP from the same loop (agent_status.h), and the
+// /healthz, /metrics and /status over HTTP on a thread of its own, from snapshots this loop
+// publishes (agent_http_routes.h), so no HTTP traffic runs on the loop beside the store; and the
 // supervisor's stall detection reads the workers' progress files.
 //
 // Inside, a LocalAgent (local_agent.cc) holds the parts as members in the order each needs the

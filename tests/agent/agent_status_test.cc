@@ -1,18 +1,39 @@
 // /metrics and /status renderings of an agent's snapshot, the HTTP routes that serve them, the
-// one-node rendezvous's events and progress, and the event log's lines.
+// board that carries snapshots from the agent's loop to the HTTP thread, a whole agent's endpoint
+// while its loop is blocked or flooded, the one-node rendezvous's events and progress, and the
+// event log's lines.
 #include "agent/agent_status.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <fstream>
+#include <functional>
+#include <future>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "agent/agent_http_routes.h"
 #include "agent/event_log.h"
+#include "agent/local_agent.h"
 #include "agent/single_node_rendezvous.h"
+#include "common/asio.h"
+#include "rendezvous/tcp_store_client.h"
+#include "tests/support/http_get.h"
 #include "tests/support/test_support.h"
 
 namespace {
@@ -251,4 +272,399 @@ TEST_CASE("single-node rendezvous: started and completed once with the first wor
   quiet.begin();
   quiet.complete(2);
   CHECK(quiet.progress().world_size == 2);
+}
+
+namespace {
+
+using namespace std::chrono_literals;
+namespace asio = boost::asio;
+
+// A stand-in for the agent's loop: an io_context on a thread of its own, whose work can be
+// blocked until release() (a task that waits on a latch).
+class FakeLoop {
+ public:
+  FakeLoop() : thread_([this] { io_.run(); }) {}
+  ~FakeLoop() {
+    release();
+    work_.reset();
+    thread_.join();
+  }
+  asio::io_context& io() { return io_; }
+  void block() {
+    asio::post(io_, [future = release_.get_future().share()] { future.wait_for(30s); });
+  }
+  void release() {
+    if (!released_.exchange(true)) release_.set_value();
+  }
+
+ private:
+  asio::io_context io_{1};
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_{
+      asio::make_work_guard(io_)};
+  std::promise<void> release_;
+  std::atomic<bool> released_{false};
+  std::thread thread_;
+};
+
+AgentStatus withUptime(double uptime_s) {
+  AgentStatus s = twoWorkers();
+  s.uptime_s = uptime_s;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("aged(): the clocks advance by the age and nothing else changes", "[unit]") {
+  const AgentStatus before = twoWorkers();
+  const AgentStatus after = aged(before, 2.5);
+  CHECK(after.age_s == 2.5);
+  CHECK(after.uptime_s == 15);
+  CHECK(after.supervisor.seconds_in_state.at("running") == 13);  // the current state only
+  CHECK(after.supervisor.seconds_in_state.at("waiting") == 0.25);
+  CHECK(after.supervisor.workers[0].seconds_since_progress == 3);    // alive
+  CHECK(after.supervisor.workers[1].seconds_since_progress == 0.5);  // exited: frozen
+  CHECK(after.supervisor.restart_count == 1);
+  CHECK(after.store->requests == 1234);
+  CHECK(aged(before, 0).age_s == 0);
+  CHECK_THAT(prometheusText(after), Catch::Contains("cpprun_status_age_seconds 2.5\n"));
+  CHECK(statusJson(after)["status_age_s"] == 2.5);
+}
+
+TEST_CASE("status board: a read gets a snapshot the loop took after the read began", "[unit]") {
+  // The board outlives the loop, which is joined first (its publish() may still be running).
+  std::unique_ptr<StatusBoard> board;
+  FakeLoop loop;
+  std::atomic<int> taken{0};
+  board = std::make_unique<StatusBoard>(withUptime(0), StatusBoard::Options{}, [&] {
+    asio::post(loop.io(), [&] { board->publish(withUptime(++taken)); });
+  });
+  // A fresh board's snapshot is younger than the reuse window: served without asking.
+  CHECK(board->read().uptime_s < 1);
+  std::this_thread::sleep_for(20ms);  // ages the snapshot past the window (10 ms), not a sync
+  const AgentStatus first = board->read();
+  CHECK(taken == 1);
+  CHECK(first.uptime_s >= 1);
+  CHECK(first.uptime_s < 1.05);  // aged by the read's own few microseconds only
+  CHECK(board->publications() == 2);
+}
+
+TEST_CASE("status board: a blocked loop costs one wait, then the last snapshot comes at once",
+          "[unit]") {
+  std::unique_ptr<StatusBoard> board;
+  FakeLoop loop;
+  std::atomic<int> asked{0};
+  StatusBoard::Options options;
+  options.max_wait = 200ms;
+  options.reuse_within = 1ms;
+  board = std::make_unique<StatusBoard>(withUptime(7), options, [&] {
+    ++asked;
+    asio::post(loop.io(), [&] { board->publish(withUptime(100)); });
+  });
+  loop.block();
+  std::this_thread::sleep_for(5ms);  // past the reuse window, not a sync
+  auto t0 = std::chrono::steady_clock::now();
+  const AgentStatus first = board->read();
+  const auto first_took = std::chrono::steady_clock::now() - t0;
+  CHECK(first_took >= 150ms);
+  CHECK(first_took < 5s);
+  CHECK(first.uptime_s >= 7.15);  // the initial snapshot, aged
+  CHECK(first.age_s >= 0.15);
+  t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 20; ++i) {
+    const AgentStatus again = board->read();
+    CHECK(again.uptime_s < 100);
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < 150ms);  // no more waits: 20 would take 4 s
+  CHECK(asked == 1);                                     // one request to the loop at a time
+  loop.release();
+  // Once the loop runs again, its snapshot arrives and the next read waits for a new one.
+  for (auto deadline = std::chrono::steady_clock::now() + 5s;
+       board->publications() < 2 && std::chrono::steady_clock::now() < deadline;) {
+    std::this_thread::yield();
+  }
+  REQUIRE(board->publications() == 2);
+  // The loop took 200 ms to answer: for a while (10x that, at most 1 s) its last snapshot is
+  // served without asking it again.
+  CHECK(board->read().uptime_s >= 100);
+  CHECK(asked == 1);
+}
+
+TEST_CASE("status board: reads within the reuse window ask the loop once", "[unit]") {
+  std::unique_ptr<StatusBoard> board;
+  FakeLoop loop;
+  std::atomic<int> asked{0};
+  StatusBoard::Options options;
+  options.reuse_within = 10s;
+  board = std::make_unique<StatusBoard>(withUptime(1), options, [&] {
+    ++asked;
+    asio::post(loop.io(), [&] { board->publish(withUptime(2)); });
+  });
+  for (int i = 0; i < 1000; ++i) CHECK(board->read().uptime_s < 2);
+  CHECK(asked == 0);
+}
+
+namespace {
+
+// One node's agent (runLocalAgent) on a thread of the test, with --metrics-port 0 and a store
+// on port 0; `make_attempt` is the caller's. REQUIRES (of the caller): the job ends.
+class AgentInThread {
+ public:
+  explicit AgentInThread(cpprun::agent::MakeAttempt make_attempt) {
+    options_.store_host = "127.0.0.1";
+    options_.store_port = 0;
+    options_.use_nccl = false;
+    options_.host_name = "n1";
+    options_.run_id = "http-test";
+    options_.metrics_port = 0;
+    options_.event_log_path = dir_.path() + "/events.jsonl";
+    options_.supervisor.shutdown_timeout = 5000ms;
+    thread_ = std::thread([this, make_attempt = std::move(make_attempt)] {
+      auto outcome = cpprun::agent::runLocalAgent(options_, make_attempt);
+      outcome_.set_value(outcome.isOk() ? outcome.value().exitCode() : -1);
+    });
+  }
+  ~AgentInThread() {
+    // The job ends by itself (the test releases it); a bounded wait, then the thread is joined.
+    CHECK(done_.wait_for(60s) == std::future_status::ready);  // else ctest's timeout ends it
+    thread_.join();
+    ::prctl(PR_SET_CHILD_SUBREAPER, 0);  // runLocalAgent made this test process one
+  }
+  AgentInThread(const AgentInThread&) = delete;
+  AgentInThread& operator=(const AgentInThread&) = delete;
+
+  pthread_t loopThread() { return thread_.native_handle(); }
+  // The metrics port from the event log's metrics_listening line (written before the loop runs).
+  int metricsPort() {
+    for (auto deadline = std::chrono::steady_clock::now() + 10s;
+         std::chrono::steady_clock::now() < deadline;) {
+      std::ifstream in(options_.event_log_path);
+      std::string line;
+      while (std::getline(in, line)) {
+        const Json e = Json::parse(line);
+        if (e.value("event", "") == "metrics_listening") return e.at("port").get<int>();
+      }
+      std::this_thread::sleep_for(10ms);  // a poll of a file another thread writes
+    }
+    FAIL("no metrics_listening event");
+    return -1;
+  }
+  int exitCode() {
+    REQUIRE(done_.wait_for(60s) == std::future_status::ready);
+    return done_.get();
+  }
+
+ private:
+  cpprun::testing::TempDir dir_;
+  cpprun::agent::LocalAgentOptions options_;
+  std::promise<int> outcome_;
+  std::shared_future<int> done_ = outcome_.get_future().share();
+  std::thread thread_;
+};
+
+// The body of an HTTP response that httpGetRaw read; nullopt when no answer came.
+std::optional<std::string> bodyOf(const std::optional<std::string>& raw) {
+  if (!raw) return std::nullopt;
+  const size_t split = raw->find("\r\n\r\n");
+  if (split == std::string::npos || raw->rfind("HTTP/1.1 200", 0) != 0) return std::nullopt;
+  return raw->substr(split + 4);
+}
+
+// A keep-alive HTTP client that sends GET `target` over and over until stop is set,
+// reconnecting when the server closes; counts the whole responses it read.
+void hammer(int port, const std::string& target, const std::atomic<bool>& stop,
+            std::atomic<uint64_t>& responses) {
+  const std::string request = "GET " + target + " HTTP/1.1\r\nHost: flood\r\n\r\n";
+  while (!stop) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return;
+    timeval tv{2, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      ::close(fd);
+      return;
+    }
+    std::string pending;
+    bool open = true;
+    while (open && !stop) {
+      if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
+          static_cast<ssize_t>(request.size())) {
+        break;
+      }
+      // One response: the header, then Content-Length bytes.
+      size_t header_end;
+      while ((header_end = pending.find("\r\n\r\n")) == std::string::npos) {
+        char buf[16384];
+        const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+        if (n <= 0) {
+          open = false;
+          break;
+        }
+        pending.append(buf, static_cast<size_t>(n));
+      }
+      if (!open) break;
+      const size_t at = pending.find("Content-Length: ");
+      const size_t length = at < header_end ? std::stoul(pending.substr(at + 16)) : 0;
+      while (pending.size() < header_end + 4 + length) {
+        char buf[16384];
+        const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+        if (n <= 0) {
+          open = false;
+          break;
+        }
+        pending.append(buf, static_cast<size_t>(n));
+      }
+      if (!open) break;
+      pending.erase(0, header_end + 4 + length);
+      ++responses;
+    }
+    ::close(fd);
+  }
+}
+
+// CPU time of `clock`: a thread's (threadClock) or the process's, in seconds.
+double cpuSecondsOf(clockid_t clock) {
+  timespec ts{};
+  ::clock_gettime(clock, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
+}
+
+clockid_t threadClock(pthread_t thread) {
+  clockid_t clock = CLOCK_THREAD_CPUTIME_ID;
+  ::pthread_getcpuclockid(thread, &clock);
+  return clock;
+}
+
+double percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
+}
+
+}  // namespace
+
+TEST_CASE("agent: /status and /metrics answer while the agent's event loop is blocked",
+          "[integration][metrics]") {
+  // The first attempt's preparation runs on the agent's loop; it blocks there until released.
+  std::promise<void> entered;
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  AgentInThread agent(
+      [&](const cpprun::agent::AttemptContext&) -> cpprun::Result<cpprun::agent::AttemptSpec> {
+        entered.set_value();
+        released.wait_for(30s);
+        return cpprun::internalError("the test's attempt has no workers");
+      });
+  const int port = agent.metricsPort();
+  REQUIRE(entered.get_future().wait_for(30s) == std::future_status::ready);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto status = bodyOf(cpprun::testing::httpGetRaw(port, "/status", 3s));
+  const auto metrics = bodyOf(cpprun::testing::httpGetRaw(port, "/metrics", 3s));
+  const auto healthz = bodyOf(cpprun::testing::httpGetRaw(port, "/healthz", 3s));
+  const auto took = std::chrono::steady_clock::now() - t0;
+  release.set_value();
+
+  REQUIRE(status.has_value());
+  const Json j = Json::parse(*status);
+  CHECK(j["run_id"] == "http-test");
+  CHECK(j["state"] == "waiting");
+  CHECK(j["status_age_s"].get<double>() > 0);  // the loop had no time to take a new one
+  REQUIRE(metrics.has_value());
+  CHECK_THAT(*metrics, Catch::Contains("cpprun_up 1\n"));
+  CHECK_THAT(*metrics, Catch::Contains("cpprun_status_age_seconds "));
+  CHECK(healthz == std::optional<std::string>("ok\n"));
+  // One wait for the blocked loop (StatusBoard's max_wait, 100 ms), not one per request.
+  CHECK(took < 2s);
+  CHECK(agent.exitCode() != 0);  // the attempt failed to start, as the test made it
+}
+
+TEST_CASE("agent: a flood of /status requests does not slow the store it serves",
+          "[integration][metrics]") {
+  cpprun::testing::TempDir work;
+  std::promise<int> store_port;
+  AgentInThread agent([&](const cpprun::agent::AttemptContext& context)
+                          -> cpprun::Result<cpprun::agent::AttemptSpec> {
+    store_port.set_value(context.store_port);
+    cpprun::agent::AttemptSpec spec;
+    spec.attempt_dir = work.path() + "/attempt_0";
+    cpprun::agent::WorkerSpec worker;
+    worker.argv = {CPPRUN_TEST_WORKER, "wait-file", work.path() + "/go", "60"};
+    spec.workers.push_back(worker);
+    return spec;
+  });
+  const int port = agent.metricsPort();
+  auto store_port_future = store_port.get_future();
+  REQUIRE(store_port_future.wait_for(30s) == std::future_status::ready);
+  cpprun::rendezvous::TcpStoreClientOptions client_options;
+  client_options.port = static_cast<uint16_t>(store_port_future.get());
+  client_options.connect_timeout = 10s;
+  client_options.timeout = 10s;
+  cpprun::rendezvous::TcpStoreClient store(client_options);
+  store.set("k", cpprun::testing::bytesOf("v"));
+
+  // Store round trips (one GET each), in milliseconds: kRoundTrips, and more while `more()`
+  // (for at most 30 s).
+  constexpr size_t kRoundTrips = 1000;
+  auto roundTrips = [&](const std::function<bool()>& more) {
+    std::vector<double> ms;
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (ms.size() < kRoundTrips || (more() && std::chrono::steady_clock::now() < deadline)) {
+      const auto t0 = std::chrono::steady_clock::now();
+      store.get("k");
+      ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return ms;
+  };
+  const std::vector<double> baseline = roundTrips([] { return false; });
+
+  // Four clients ask for /status as fast as the agent answers, while the store is used again,
+  // then for 1000 answers more without it.
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> responses{0};
+  std::vector<std::thread> flood;
+  for (int i = 0; i < 4; ++i) {
+    flood.emplace_back([&] { hammer(port, "/status", stop, responses); });
+  }
+  auto waitForResponses = [&](uint64_t n) {
+    for (auto deadline = std::chrono::steady_clock::now() + 30s;
+         responses < n && std::chrono::steady_clock::now() < deadline;) {
+      std::this_thread::yield();
+    }
+  };
+  waitForResponses(100);  // the flood is under way
+  const uint64_t responses_before = responses;
+  // Under a sanitizer /status is answered a few hundred times a second: go on until 200 were.
+  const std::vector<double> flooded =
+      roundTrips([&] { return responses - responses_before < 200; });
+  const uint64_t flood_responses = responses - responses_before;
+  // The agent's loop's share of this process's CPU time (the agent's threads and the clients')
+  // while only HTTP comes in.
+  const double loop_cpu_before = cpuSecondsOf(threadClock(agent.loopThread()));
+  const double process_cpu_before = cpuSecondsOf(CLOCK_PROCESS_CPUTIME_ID);
+  waitForResponses(responses + 1000);
+  const double loop_cpu = cpuSecondsOf(threadClock(agent.loopThread())) - loop_cpu_before;
+  const double process_cpu = cpuSecondsOf(CLOCK_PROCESS_CPUTIME_ID) - process_cpu_before;
+  stop = true;
+  for (auto& t : flood) t.join();
+  std::ofstream(work.path() + "/go").put('\n');
+  CHECK(agent.exitCode() == 0);
+
+  const double base_p50 = percentile(baseline, 0.5), flood_p50 = percentile(flooded, 0.5);
+  const double base_p90 = percentile(baseline, 0.9), flood_p90 = percentile(flooded, 0.9);
+  const double loop_share = process_cpu > 0 ? loop_cpu / process_cpu : 1;
+  INFO("store round trip p50 " << base_p50 << " ms alone, " << flood_p50
+                               << " ms under the flood; p90 " << base_p90 << " / " << flood_p90
+                               << " ms; " << flood_responses << " /status answers meanwhile; "
+                               << "the loop's share of the CPU under the flood alone "
+                               << loop_share);
+  REQUIRE(flood_responses >= 100);  // the flood was real
+  // A generous bound for a noisy 2-core machine (the flood's threads compete for the CPUs).
+  CHECK(flood_p50 < 3 * base_p50 + 0.05);
+  // The loop does no work per HTTP request, only a snapshot per reuse window (on the shared
+  // loop the share was about half).
+  CHECK(loop_share < 0.2);
 }

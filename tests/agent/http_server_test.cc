@@ -1,14 +1,19 @@
 // The agent's HTTP server: the handler's answers, HEAD, keep-alive, rejected requests, limits,
-// idle timeouts, binding and stop(). The server runs on an io_context in a thread of its own;
-// the tests talk to it over plain blocking sockets, each with a receive timeout.
+// idle timeouts, abuse (header bombs, request smuggling, idle connections, slowloris), binding,
+// stop(), and HttpServerThread. The server runs on an io_context in a thread of its own; the
+// tests talk to it over plain blocking sockets, each with a receive timeout.
 #include "agent/http_server.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cctype>
@@ -16,6 +21,7 @@
 #include <chrono>
 #include <future>
 #include <map>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -185,6 +191,20 @@ class Client {
 
   // Bytes received so far but not yet consumed by readResponse().
   const std::string& pending() const { return pending_; }
+
+  // Whether the server closed (or reset) the connection within `wait`: readable with no data.
+  // Bytes that arrive meanwhile are kept for readResponse().
+  bool closedWithin(std::chrono::milliseconds wait) {
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(wait.count())) <= 0) return false;
+    char buf[4096];
+    ssize_t n = ::recv(fd_, buf, sizeof buf, MSG_DONTWAIT);
+    if (n > 0) {
+      pending_.append(buf, static_cast<size_t>(n));
+      return false;
+    }
+    return n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
+  }
 
  private:
   bool readMore() {
@@ -507,4 +527,207 @@ TEST_CASE("http: a server destroyed before its loop ever ran leaves nothing behi
   }
   io.run();  // the cancelled accept completes; nothing else is queued
   SUCCEED();
+}
+
+TEST_CASE("http: the response to a connection's last allowed request closes it",
+          "[integration][http]") {
+  HttpServerOptions options;
+  options.max_requests_per_connection = 3;
+  TestServer server(options);
+  Client client(server.port());
+  for (int i = 1; i <= 2; ++i) {
+    auto response = client.get("/healthz");
+    REQUIRE(response);
+    CHECK(response->header("connection") != "close");
+  }
+  auto last = client.get("/healthz");
+  REQUIRE(last);
+  CHECK(last->status == 200);
+  CHECK(last->header("connection") == "close");
+  CHECK(client.readEnd() == Client::End::kEof);
+  Client next(server.port());  // a new connection starts a new count
+  REQUIRE(next.get("/healthz"));
+}
+
+TEST_CASE("http: header bombs get 431 and leave other clients served", "[integration][http]") {
+  TestServer server;  // the default limit: 16 KiB per request
+  Client bystander(server.port());
+  REQUIRE(bystander.get("/healthz"));
+
+  SECTION("many small headers") {
+    std::string headers;
+    for (int i = 0; i < 5000; ++i) headers += "X-" + std::to_string(i) + ": b\r\n";
+    Client bomb(server.port());
+    bomb.send("GET /healthz HTTP/1.1\r\nHost: test\r\n" + headers + "\r\n");  // may be cut off
+    auto response = bomb.readResponse();
+    REQUIRE(response);
+    CHECK(response->status == 431);
+    auto end = bomb.readEnd();
+    CHECK((end == Client::End::kEof || end == Client::End::kReset));
+  }
+
+  SECTION("one header of 8 MiB, no end in sight") {
+    Client bomb(server.port(), 10s);
+    // The server answers once 16 KiB are in and stops reading: the rest of the send may fail.
+    bomb.send("GET /healthz HTTP/1.1\r\nHost: test\r\nX-Bomb: " + std::string(8 << 20, 'a'));
+    auto response = bomb.readResponse();
+    if (response) CHECK(response->status == 431);  // or reset under unread bytes
+    auto end = bomb.readEnd();
+    CHECK(end != Client::End::kTimeout);
+  }
+
+  auto still = bystander.get("/metrics");
+  REQUIRE(still);
+  CHECK(still->status == 200);
+  CHECK(server.requestsServed() == 2);  // the bombs never reached the handler
+}
+
+TEST_CASE("http: request smuggling is refused with 400 and the connection closed",
+          "[integration][http]") {
+  TestServer server;
+  Client client(server.port());
+  // Each hides a second request in what one reading would take as the first one's body.
+  const std::string hidden = "GET /echo-smuggled HTTP/1.1\r\nHost: test\r\n\r\n";
+  const std::string length = std::to_string(hidden.size());
+
+  SECTION("Content-Length and Transfer-Encoding together") {
+    REQUIRE(client.send("POST /healthz HTTP/1.1\r\nHost: test\r\nContent-Length: " + length +
+                        "\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + hidden));
+  }
+  SECTION("Transfer-Encoding before Content-Length") {
+    REQUIRE(
+        client.send("POST /healthz HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked"
+                    "\r\nContent-Length: " +
+                    length + "\r\n\r\n0\r\n\r\n" + hidden));
+  }
+  SECTION("two different Content-Lengths") {
+    REQUIRE(
+        client.send("POST /healthz HTTP/1.1\r\nHost: test\r\nContent-Length: 0\r\n"
+                    "Content-Length: " +
+                    length + "\r\n\r\n" + hidden));
+  }
+  SECTION("a chunk size that is not hex") {
+    REQUIRE(
+        client.send("POST /healthz HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked"
+                    "\r\n\r\nzz\r\n" +
+                    hidden));
+  }
+  auto response = client.readResponse();
+  REQUIRE(response);
+  CHECK(response->status == 400);
+  CHECK(response->header("connection") == "close");
+  CHECK(client.readEnd() == Client::End::kEof);  // the hidden request is never answered
+  CHECK(server.requestsServed() == 0);
+}
+
+TEST_CASE("http: a GET's body is read as its body, never as the next request",
+          "[integration][http]") {
+  TestServer server;
+  Client client(server.port());
+  const std::string hidden = "GET /echo-smuggled HTTP/1.1\r\nHost: test\r\n\r\n";
+  REQUIRE(client.send(
+      "GET /echo-first HTTP/1.1\r\nHost: test\r\nContent-Length: " + std::to_string(hidden.size()) +
+      "\r\n\r\n" + hidden + "GET /echo-second HTTP/1.1\r\nHost: test\r\n\r\n"));
+  auto first = client.readResponse();
+  auto second = client.readResponse();
+  REQUIRE(first);
+  REQUIRE(second);
+  CHECK(first->body == "/echo-first");
+  CHECK(second->body == "/echo-second");
+  CHECK(server.requestsServed() == 2);
+}
+
+TEST_CASE(
+    "http: idle connections fill max_connections, are closed after idle_timeout, and "
+    "the server serves again",
+    "[integration][http]") {
+  HttpServerOptions options;
+  options.max_connections = 16;
+  options.idle_timeout = 300ms;
+  TestServer server(options);
+  std::vector<std::unique_ptr<Client>> idle;
+  for (size_t i = 0; i < options.max_connections; ++i) {
+    idle.push_back(std::make_unique<Client>(server.port()));
+  }
+  // One more is closed at once: the number of connections stays bounded.
+  Client extra(server.port());
+  auto extra_end = extra.readEnd();
+  CHECK((extra_end == Client::End::kEof || extra_end == Client::End::kReset));
+  // Every idle one is closed after the timeout (each read waits at most 5 s).
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto& client : idle) CHECK(client->readEnd() == Client::End::kEof);
+  CHECK(std::chrono::steady_clock::now() - t0 < 4s);
+  idle.clear();
+  Client after(server.port());
+  auto response = after.get("/healthz");
+  REQUIRE(response);
+  CHECK(response->status == 200);
+}
+
+TEST_CASE("http: a slowloris client dripping its header is closed after idle_timeout",
+          "[integration][http]") {
+  HttpServerOptions options;
+  options.idle_timeout = 300ms;
+  TestServer server(options);
+  Client slow(server.port());
+  const std::string request =
+      "GET /healthz HTTP/1.1\r\nHost: test\r\nX-Drip: " + std::string(1000, 'd') + "\r\n\r\n";
+  const auto t0 = std::chrono::steady_clock::now();
+  bool closed = false;
+  size_t sent = 0;
+  // One byte, then up to 20 ms waiting for the server to close: a drip the deadline must catch
+  // (a per-read timeout would be reset by every byte and never fire).
+  while (!closed && sent < request.size() && std::chrono::steady_clock::now() - t0 < 10s) {
+    if (!slow.send(request.substr(sent, 1))) break;
+    ++sent;
+    closed = slow.closedWithin(20ms);
+    if (sent == 5) {
+      // Others are served meanwhile.
+      Client other(server.port());
+      auto response = other.get("/healthz");
+      REQUIRE(response);
+      CHECK(response->status == 200);
+    }
+  }
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  CHECK(sent < request.size());  // cut off before the header was whole
+  CHECK(waited >= 250ms);
+  CHECK(waited < 5s);
+  CHECK(server.requestsServed() == 1);
+}
+
+TEST_CASE("http: HttpServerThread serves on a thread of its own, niced, and stop() joins it",
+          "[integration][http]") {
+  std::atomic<std::thread::id> handler_thread{};
+  std::atomic<int> handler_nice{-100};
+  errno = 0;
+  const int caller_nice = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)));
+  REQUIRE(errno == 0);
+  auto started = HttpServerThread::start(
+      {},
+      [&](const std::string& target) {
+        handler_thread = std::this_thread::get_id();
+        handler_nice = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)));
+        return testHandler(target);
+      },
+      /*niceness=*/3);
+  REQUIRE(started.isOk());
+  auto server = std::move(started).value();
+  CHECK(server->host() == "127.0.0.1");
+  Client client(server->port());
+  auto response = client.get("/healthz");
+  REQUIRE(response);
+  CHECK(response->status == 200);
+  CHECK(handler_thread.load() != std::thread::id{});
+  CHECK(handler_thread.load() != std::this_thread::get_id());
+  // That thread alone yields under contention; the caller's priority is unchanged.
+  CHECK(handler_nice == std::min(19, caller_nice + 3));
+  CHECK(::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid))) == caller_nice);
+  CHECK(server->requestsServed() == 1);
+  Client idle(server->port());
+  REQUIRE(idle.get("/metrics"));
+  server->stop();  // with a keep-alive connection open
+  CHECK(idle.readEnd() == Client::End::kEof);
+  server->stop();  // idempotent
+  CHECK(server->requestsServed() == 2);
 }
