@@ -1,5 +1,6 @@
 #include "agent/agent_status.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -115,6 +116,15 @@ std::string prometheusText(const AgentStatus& s) {
     w.metric("cpprun_store_connections_dropped_total", "counter",
              "Store connections closed for a protocol or limit violation.",
              static_cast<double>(st.connections_dropped + st.connections_rejected));
+    w.family("cpprun_store_connections_dropped_by_reason_total", "counter",
+             "Store connections closed, by why (bad_frame, refused_request, request_budget, "
+             "reply_budget).");
+    for (size_t i = 0; i < st.dropped_by_reason.size(); ++i) {
+      std::string reason = rendezvous::dropReasonName(static_cast<rendezvous::DropReason>(i));
+      std::replace(reason.begin(), reason.end(), ' ', '_');  // a label value: bad_frame
+      w.sample("cpprun_store_connections_dropped_by_reason_total{reason=\"" + reason + "\"}",
+               static_cast<double>(st.dropped_by_reason[i]));
+    }
     w.metric("cpprun_store_operations_total", "counter", "Store requests served.",
              static_cast<double>(st.requests));
     w.metric("cpprun_store_received_bytes_total", "counter", "Bytes the store received.",
@@ -129,6 +139,13 @@ std::string prometheusText(const AgentStatus& s) {
   w.metric("cpprun_worker_output_bytes_total", "counter",
            "Bytes the workers wrote to stdout and stderr, every attempt.",
            static_cast<double>(sup.output_bytes_total));
+  w.metric("cpprun_console_lines_dropped_total", "counter",
+           "Worker lines not shown because the console took nothing for 1 s (log files keep "
+           "them).",
+           static_cast<double>(sup.console_lines_dropped_total));
+  w.metric("cpprun_log_lines_dropped_total", "counter",
+           "The agent's own log lines not shown because the console did not keep up.",
+           static_cast<double>(sup.log_lines_dropped_total));
   w.family("cpprun_worker_alive", "gauge", "1 while the worker runs.");
   for (const WorkerSnapshot& ws : sup.workers) {
     w.sample("cpprun_worker_alive" + rankLabels(ws) + "}", ws.alive ? 1 : 0);
@@ -204,7 +221,9 @@ nlohmann::json statusJson(const AgentStatus& s) {
         {"world_size", s.rendezvous.world_size}}},
       {"store_endpoint", s.store_endpoint},
       {"workers", workers},
-      {"worker_output_bytes", sup.output_bytes_total}};
+      {"worker_output_bytes", sup.output_bytes_total},
+      {"console_lines_dropped", sup.console_lines_dropped_total},
+      {"log_lines_dropped", sup.log_lines_dropped_total}};
   if (s.store) {
     out["store"] = {{"connections", s.store->connections_open},
                     {"connections_accepted", s.store->connections_accepted},

@@ -71,6 +71,8 @@ AgentStatus twoWorkers() {
   b.progress.reset();
   s.supervisor.workers = {a, b};
   s.supervisor.output_bytes_total = 99;
+  s.supervisor.console_lines_dropped_total = 17;
+  s.supervisor.log_lines_dropped_total = 2;
   s.supervisor.workers_started_total = 4;
   s.supervisor.worker_failures_total = 1;
   s.rendezvous.round = 1;
@@ -80,6 +82,7 @@ AgentStatus twoWorkers() {
   s.rendezvous.world_size = 4;
   cpprun::rendezvous::TcpStoreServerStats store;
   store.connections_open = 5;
+  store.dropped_by_reason[static_cast<size_t>(rendezvous::DropReason::kBadFrame)] = 3;
   store.connections_accepted = 9;
   store.requests = 1234;
   store.keys = 17;
@@ -122,6 +125,11 @@ TEST_CASE("/metrics: Prometheus text with every family the issue names", "[unit]
   CHECK_THAT(text, Catch::Contains("cpprun_store_connections 5\n"));
   CHECK_THAT(text, Catch::Contains("cpprun_store_operations_total 1234\n"));
   CHECK_THAT(text, Catch::Contains("cpprun_worker_output_bytes_total 99\n"));
+  CHECK_THAT(text, Catch::Contains("cpprun_console_lines_dropped_total 17\n"));
+  CHECK_THAT(text, Catch::Contains("cpprun_log_lines_dropped_total 2\n"));
+  CHECK_THAT(text,
+             Catch::Contains(
+                 "cpprun_store_connections_dropped_by_reason_total{reason=\"bad_frame\"} 3\n"));
   CHECK_THAT(text,
              Catch::Contains(
                  "cpprun_worker_output_bytes{rank=\"4\",local_rank=\"0\",stream=\"stderr\"} 3\n"));
