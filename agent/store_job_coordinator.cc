@@ -183,12 +183,14 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
     return agent::keepAliveBound(opts_.keep_alive_interval, opts_.keep_alive_max_attempt);
   }
 
-  // A connection to the job's namespace in the store (job_keys.h: "cpprun/<run id>/"), after
-  // checking that the store is not served by another job's agent.
+  // A connection to the job's namespace in the store (job_keys.h: "cpprun/<run id>/").
+  // `check_run_id` (the control connection, which joins): after checking that the store is not
+  // served by another job's agent. The watcher's connection comes after the join; a failure
+  // of its first request is then a lost store, not a refused one.
   std::unique_ptr<Store> connect(std::chrono::milliseconds connect_timeout,
-                                 std::chrono::milliseconds timeout) {
+                                 std::chrono::milliseconds timeout, bool check_run_id = false) {
     std::shared_ptr<Store> root = opts_.store.connect(connect_timeout, timeout);
-    if (!opts_.host_per_round) checkServedRunId(*root);
+    if (check_run_id && !opts_.host_per_round) checkServedRunId(*root);
     return std::make_unique<rendezvous::PrefixStore>(jobNamespace(opts_.run_id), std::move(root));
   }
 
@@ -226,7 +228,8 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
       try {
         return connect(std::max(std::min(left, kNoticeSlice), std::chrono::milliseconds(1)),
-                       std::max(keepAliveBound(), opts_.keep_alive_interval * 2));
+                       std::max(keepAliveBound(), opts_.keep_alive_interval * 2),
+                       /*check_run_id=*/true);
       } catch (const StoreTimeout&) {
         if (SteadyClock::now() >= deadline) throw;
         announcer.maybeAnnounce(
@@ -576,9 +579,6 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
       client = connect(bound, bound);
     } catch (const StoreError& e) {
       reportLost(unavailable("cannot reach " + storeWhere() + ": " + e.what()));
-      return;
-    } catch (const Abandoned& a) {  // the store changed hands to another job
-      reportLost(a.status);
       return;
     }
     int handled_stop = -1;
