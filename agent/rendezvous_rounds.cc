@@ -115,11 +115,11 @@ void RendezvousRounds::logMembership(const Membership& m) const {
 }
 
 // Every agent writes its record, then takes a ticket. The agent whose ticket completes the
-// count checks every record in one request and marks the join complete; everyone waits for that
-// one key. So a wait slice costs one WAIT of one key and one ADD, whatever --nnodes is (before:
-// a WAIT naming every node's key, and on the host a CHECK per node for every notice and again
-// at the timeout: --nnodes=100000 overran a 1 s join timeout by seconds). An agent that joined
-// twice (restarted) takes two tickets, so a reached count is only a hint: the CHECK decides.
+// count checks every record (one CHECK per 8,192) and marks the join complete; everyone waits for
+// that one key. So a wait slice costs one WAIT of one key and one ADD, whatever --nnodes is
+// (before: a WAIT naming every node's key, and on the host a CHECK per node for every notice and
+// again at the timeout: --nnodes=100000 overran a 1 s join timeout by seconds). An agent that
+// joined twice (restarted) takes two tickets, so a reached count is only a hint: the CHECK decides.
 Membership RendezvousRounds::joinStatic(Store& store, MemberLiveness& liveness) {
   const int n = opts_.group_world_size;
   liveness.renew(store);
