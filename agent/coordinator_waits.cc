@@ -50,18 +50,51 @@ void waitKeys(WaitContext& context, rendezvous::Store& store, const std::vector<
   }
 }
 
-std::string nodeNames(const std::vector<std::string>& expected_hosts,
-                      const std::vector<int>& ranks) {
+std::string withThousands(int64_t n) {
+  std::string digits = std::to_string(n < 0 ? -n : n);
+  for (int at = static_cast<int>(digits.size()) - 3; at > 0; at -= 3) {
+    digits.insert(static_cast<size_t>(at), ",");
+  }
+  return (n < 0 ? "-" : "") + digits;
+}
+
+namespace {
+
+// The first kMaxListedNodes of `names`, then "and N more" for the rest of `total` ("" without
+// names).
+std::string cappedList(const std::vector<std::string>& names, size_t total) {
+  total = std::max(total, names.size());
   std::string out;
-  for (int r : ranks) {
-    out += out.empty() ? "" : ", ";
-    if (r >= 0 && r < static_cast<int>(expected_hosts.size())) {
-      out += expected_hosts[static_cast<size_t>(r)];
-    } else {
-      out += "node " + std::to_string(r);
-    }
+  const size_t shown = std::min(names.size(), kMaxListedNodes);
+  for (size_t i = 0; i < shown; ++i) out += (i == 0 ? "" : ", ") + names[i];
+  if (shown > 0 && total > shown) {
+    out += " and " + withThousands(static_cast<int64_t>(total - shown)) + " more";
   }
   return out;
+}
+
+}  // namespace
+
+std::string nodeNames(const std::vector<std::string>& expected_hosts, const std::vector<int>& ranks,
+                      size_t total) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < ranks.size() && i < kMaxListedNodes; ++i) {
+    const int r = ranks[i];
+    if (r >= 0 && r < static_cast<int>(expected_hosts.size())) {
+      names.push_back(expected_hosts[static_cast<size_t>(r)]);
+    } else {
+      names.push_back("node " + std::to_string(r));
+    }
+  }
+  return cappedList(names, std::max(total, ranks.size()));
+}
+
+std::string rankList(const std::vector<int>& ranks, size_t total) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < ranks.size() && i < kMaxListedNodes; ++i) {
+    names.push_back(std::to_string(ranks[i]));
+  }
+  return cappedList(names, std::max(total, ranks.size()));
 }
 
 std::string describeMissing(rendezvous::Store& store, const std::vector<std::string>& keys,

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -75,12 +76,28 @@ void waitKeys(WaitContext& context, rendezvous::Store& store, const std::vector<
               const std::string& what, const std::function<bool()>& on_slice = {},
               const std::function<std::string()>& describe = {});
 
-// "node 4, 7" or, where the scheduler named the nodes (`expected_hosts`, by rank), "n4, n7".
-std::string nodeNames(const std::vector<std::string>& expected_hosts,
-                      const std::vector<int>& ranks);
+// A list of nodes in a log line names at most this many; the rest are counted ("and 99,990
+// more"), so a line stays short whatever --nnodes is.
+inline constexpr size_t kMaxListedNodes = 8;
+// A wait's notice names missing nodes (one CHECK each) only up to this many nodes; above, it
+// counts them from a ticket counter (one request).
+inline constexpr int kMaxCheckedNodes = 64;
+
+// "node 4, node 7" or, where the scheduler named the nodes (`expected_hosts`, by rank), "n4, n7";
+// past kMaxListedNodes names, "… and N more". `total`: how many nodes the list stands for (at
+// least ranks.size(); the rest are among the "more").
+std::string nodeNames(const std::vector<std::string>& expected_hosts, const std::vector<int>& ranks,
+                      size_t total = 0);
+
+// "4, 7" or "3, 4, 5, 6, 7, 8, 9, 10 and 99,990 more": node numbers, as nodeNames caps them.
+std::string rankList(const std::vector<int>& ranks, size_t total = 0);
+
+// 99990 -> "99,990".
+std::string withThousands(int64_t n);
 
 // Which of `keys` (one per node rank) are missing: "waiting for 3 of 8 nodes (n4, n7, n8)
-// <what>". One check per node. Throws what the store throws.
+// <what>". One check per node: REQUIRES keys.size() <= kMaxCheckedNodes for a wait's notices.
+// Throws what the store throws.
 std::string describeMissing(rendezvous::Store& store, const std::vector<std::string>& keys,
                             const std::vector<std::string>& expected_hosts,
                             const std::string& what);

@@ -14,9 +14,10 @@ namespace cpprun::agent {
 
 namespace {
 
-std::string jobPrefix(const EtcdConnectorOptions& options) {
-  return "/cpprun/" + options.run_id + "/";
-}
+// The coordinator roots the job's keys in its namespace ("cpprun/<run id>/", job_keys.h), as
+// on the TCP store: the store's own prefix is etcd's root, so a job's keys are
+// "/cpprun/<run id>/...".
+constexpr const char* kEtcdRoot = "/";
 
 // A client of the first endpoint that answers. Nothing answers (yet): try again, with a growing
 // pause, until connect_timeout, as the TCP store's client does; a refused connection fails in
@@ -62,7 +63,7 @@ StoreConnector etcdStoreConnector(const EtcdConnectorOptions& options) {
   connector.connect = [options](std::chrono::milliseconds connect_timeout,
                                 std::chrono::milliseconds request_timeout) {
     auto store = std::make_unique<rendezvous::EtcdStore>(
-        connectClient(options, connect_timeout, request_timeout), jobPrefix(options));
+        connectClient(options, connect_timeout, request_timeout), kEtcdRoot);
     store->setTimeout(request_timeout);
     return std::unique_ptr<rendezvous::Store>(std::move(store));
   };
@@ -72,7 +73,7 @@ StoreConnector etcdStoreConnector(const EtcdConnectorOptions& options) {
   connector.liveness = [options](const LivenessOptions& liveness) {
     return std::unique_ptr<MemberLiveness>(std::make_unique<LeaseLiveness>(
         connectClient(options, liveness.bound, std::min(liveness.interval, liveness.bound)),
-        jobPrefix(options) + kAliveKeyPrefix, liveness,
+        kEtcdRoot + jobNamespace(options.run_id) + "/" + kAliveKeyPrefix, liveness,
         liveness.bound * static_cast<int>(std::max<size_t>(options.endpoints.size(), 1))));
   };
   return connector;

@@ -24,7 +24,7 @@
 // decides when node 0 is lost, and node 0 lost before its go sends every member to the next
 // round (StoreCoordinatorOptions).
 //
-// Keys live under "cpprun/" (kept across attempts); agent/job_keys.h lists them. The store
+// Keys live under "cpprun/<run id>/" (kept across attempts); agent/job_keys.h lists them. The store
 // operations per agent per attempt are a constant number (join: 3, attempt: 2, report: 3),
 // whatever the number of agents.
 //
@@ -171,6 +171,9 @@ struct StoreCoordinatorOptions {
   std::string store_host;
   int store_port = 0;
   bool is_host = false;  // this agent decides for the job (today: the one that serves the store)
+  // --rdzv-id: the job's keys live in its namespace, "cpprun/<run_id>/" (job_keys.h), and an
+  // agent refuses a store served by another run id's agent (kServedRunIdKey). Empty: "none".
+  std::string run_id;
   // The etcd backend: no agent is special. The agent in slot min_nodes closes a round, any
   // other in its place when its members do not come (the first compareSet of the members wins),
   // the decider of an attempt is its round's node 0 (is_host is ignored), every agent watches

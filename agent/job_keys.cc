@@ -7,13 +7,15 @@ namespace cpprun::agent {
 using nlohmann::json;
 using SystemClock = std::chrono::system_clock;
 
+std::string storedRunId(const std::string& run_id) { return run_id.empty() ? "none" : run_id; }
+std::string jobNamespace(const std::string& run_id) { return "cpprun/" + storedRunId(run_id); }
 std::string attemptKey(int attempt, const std::string& what) {
-  return "cpprun/attempt/" + std::to_string(attempt) + "/" + what;
+  return "attempt/" + std::to_string(attempt) + "/" + what;
 }
-std::string nodeKey(int rank) { return "cpprun/rdzv/node/" + std::to_string(rank); }
-std::string heartbeatKey(const std::string& agent_id) { return "cpprun/heartbeat/" + agent_id; }
+std::string nodeKey(int rank) { return "rdzv/node/" + std::to_string(rank); }
+std::string heartbeatKey(const std::string& agent_id) { return "heartbeat/" + agent_id; }
 std::string roundKey(int round, const std::string& what) {
-  return "cpprun/rdzv/round/" + std::to_string(round) + "/" + what;
+  return "rdzv/round/" + std::to_string(round) + "/" + what;
 }
 
 json failureToJson(const WorkerFailure& f) {

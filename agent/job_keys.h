@@ -4,21 +4,32 @@
 // (docs/rendezvous.md, tests) agree on it. Malformed records decode to a safe value or an error
 // naming the record, never an exception.
 //
-// Keys live under "cpprun/" and are kept across attempts:
-//   cpprun/rdzv/node/<rank>               static: an agent's record
-//   cpprun/rdzv/joined                    static: tickets of joined agents (Store::takeTicket)
-//   cpprun/rdzv/round                     elastic: the round agents join now
-//   cpprun/rdzv/round/<r>/joined          elastic: slots taken in round r (tickets)
-//   cpprun/rdzv/round/<r>/agent/<slot>    elastic: an agent's record
-//   cpprun/rdzv/round/<r>/members         elastic: the round's members (or its error, or job_over)
-//   cpprun/heartbeat/<agent id>           a counter each agent bumps every keep-alive interval
-//   cpprun/alive/<agent id>               etcd: the agent's host, under its lease (LeaseLiveness)
-//   cpprun/attempt/<n>/ready/<rank>       static: the agent tore attempt n-1 down
-//   cpprun/attempt/<n>/go                 the host's NCCL id ("!<error>": the attempt failed)
-//   cpprun/attempt/<n>/stop               the first stop claim (compare-and-set)
-//   cpprun/attempt/<n>/report/<rank>      how an agent's workers ended
-//   cpprun/attempt/<n>/decision           the host's decision for the job
-//   cpprun/attempt/<n>/done, all_done     agents that read the final decision (done: tickets)
+// Every job key lives in its run's namespace, "cpprun/<run id>/" (jobNamespace; torch's c10d
+// rendezvous keys its state by run id the same way, "torch.rendezvous.<run id>"), so two jobs
+// that meet in one store (one TCP store endpoint, one etcd cluster) never see each other's keys.
+// The coordinator applies the namespace (a PrefixStore over every connection); the names below
+// are relative to it. They are kept across attempts (the per-attempt clean-up spares "cpprun/"):
+//   rdzv/node/<rank>               static: an agent's record
+//   rdzv/joined                    static: tickets of joined agents (Store::takeTicket)
+//   rdzv/complete                  static: every node's record is written (set by the agent
+//                                  whose ticket completed the count, after one CHECK of all)
+//   rdzv/round                     elastic: the round agents join now
+//   rdzv/round/<r>/joined          elastic: slots taken in round r (tickets)
+//   rdzv/round/<r>/agent/<slot>    elastic: an agent's record
+//   rdzv/round/<r>/members         elastic: the round's members (or its error, or job_over)
+//   heartbeat/<agent id>           a counter each agent bumps every keep-alive interval
+//   alive/<agent id>               etcd: the agent's host, under its lease (LeaseLiveness)
+//   attempt/<n>/ready/<rank>       static: the agent tore attempt n-1 down
+//   attempt/<n>/go                 the host's NCCL id ("!<error>": the attempt failed)
+//   attempt/<n>/stop               the first stop claim (compare-and-set)
+//   attempt/<n>/report/<rank>      how an agent's workers ended
+//   attempt/<n>/decision           the host's decision for the job
+//   attempt/<n>/done, all_done     agents that read the final decision (done: tickets)
+//
+// One key outside every namespace: kServedRunIdKey, the run id of the job whose agent serves a
+// TCP store, set by that agent before it answers anyone. An agent of another run id that
+// reaches the store refuses to join (the store host's job owns the store: its workers use it
+// and it clears their keys before every attempt).
 //
 // Thread safety: free functions on values; safe from any thread.
 #pragma once
@@ -33,9 +44,18 @@
 
 namespace cpprun::agent {
 
-inline constexpr const char* kStaticJoinedKey = "cpprun/rdzv/joined";
-inline constexpr const char* kRoundCounterKey = "cpprun/rdzv/round";
-inline constexpr const char* kAliveKeyPrefix = "cpprun/alive/";
+inline constexpr const char* kStaticJoinedKey = "rdzv/joined";
+inline constexpr const char* kStaticCompleteKey = "rdzv/complete";
+inline constexpr const char* kRoundCounterKey = "rdzv/round";
+inline constexpr const char* kAliveKeyPrefix = "alive/";
+// At the root of a TCP store served by an agent (not in a namespace).
+inline constexpr const char* kServedRunIdKey = "cpprun/served_run_id";
+
+// The run id as the store holds it: an empty one reads as torchrun's default, "none".
+std::string storedRunId(const std::string& run_id);
+// "cpprun/<stored run id>": the job's namespace, a PrefixStore's prefix (keys become
+// "cpprun/<run id>/<key>").
+std::string jobNamespace(const std::string& run_id);
 
 std::string attemptKey(int attempt, const std::string& what);
 std::string nodeKey(int rank);

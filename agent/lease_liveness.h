@@ -44,7 +44,7 @@ namespace cpprun::agent {
 class LeaseLiveness : public MemberLiveness {
  public:
   // REQUIRES: client != nullptr. `prefix`: full etcd key prefix of the job's liveness keys
-  // ("/cpprun/<run id>/cpprun/alive/"). options.on_lost is required.
+  // ("/cpprun/<run id>/alive/"). options.on_lost is required.
   LeaseLiveness(std::shared_ptr<rendezvous::EtcdClient> client, std::string prefix,
                 LivenessOptions options, std::chrono::milliseconds lost_after);
   ~LeaseLiveness() override;

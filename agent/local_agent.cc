@@ -20,6 +20,7 @@
 #include "agent/event_log.h"
 #include "agent/failure_report.h"
 #include "agent/http_server.h"
+#include "agent/job_keys.h"
 #include "agent/nccl_unique_id.h"
 #include "agent/process_launcher.h"
 #include "agent/signal_policy.h"
@@ -286,6 +287,11 @@ Status LocalAgent::open() {
   auto store = openStore(io_, options_);
   if (!store.isOk()) return store.status();
   store_ = std::move(store).value();
+  // The store's job: set before the loop answers anyone, so an agent of another run id that
+  // reaches this store refuses to join it (job_keys.h, kServedRunIdKey).
+  if (options_.multi_node && store_.server && !options_.multi_node->host_per_round) {
+    store_.server->set(kServedRunIdKey, storedRunId(options_.multi_node->run_id));
+  }
   nccl_ids_.setMakesIds(!options_.multi_node || store_.server != nullptr);
   makeCoordinatorAndSupervisor();
   if (Status s = openMetrics(); !s.isOk()) return s;

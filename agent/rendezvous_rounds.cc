@@ -28,6 +28,42 @@ AgentInfo agentOf(const json& doc, const std::string& where) {
   return agent.value();
 }
 
+// Whether every key exists, in CHECKs of at most kKeysPerCheck keys: a few requests for the
+// largest job, none of them megabytes.
+constexpr size_t kKeysPerCheck = 8192;
+bool checkAll(Store& store, const std::vector<std::string>& keys) {
+  for (size_t at = 0; at < keys.size(); at += kKeysPerCheck) {
+    const auto end =
+        keys.begin() + static_cast<std::ptrdiff_t>(std::min(keys.size(), at + kKeysPerCheck));
+    if (!store.check(
+            std::vector<std::string>(keys.begin() + static_cast<std::ptrdiff_t>(at), end))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The static join's missing nodes for its timeout error: "nodes 1, 2" (one CHECK per node up to
+// kMaxCheckedNodes nodes); above, the count from the tickets and the missing ones among the
+// first kMaxCheckedNodes: "49,999 of 50,000 nodes (1, 2, 3, 4, 5, 6, 7, 8 and 49,991 more)".
+std::string missingNodes(Store& store, const std::vector<std::string>& keys) {
+  const size_t n = keys.size();
+  std::vector<int> missing;
+  for (size_t r = 0; r < n && r < static_cast<size_t>(kMaxCheckedNodes); ++r) {
+    if (!store.check({keys[r]})) missing.push_back(static_cast<int>(r));
+  }
+  if (n <= static_cast<size_t>(kMaxCheckedNodes)) {
+    if (missing.empty()) return "the last nodes";  // they joined just now
+    return (missing.size() == 1 ? "node " : "nodes ") + rankList(missing);
+  }
+  const int64_t joined = std::min<int64_t>(store.tickets(kStaticJoinedKey), n);
+  const size_t count = std::max(missing.size(), n - static_cast<size_t>(joined));
+  std::string text = withThousands(static_cast<int64_t>(count)) + " of " +
+                     withThousands(static_cast<int64_t>(n)) + " nodes";
+  if (!missing.empty()) text += " (" + rankList(missing, count) + ")";
+  return text;
+}
+
 }  // namespace
 
 int RendezvousRounds::nextRound() const {
@@ -78,36 +114,47 @@ void RendezvousRounds::logMembership(const Membership& m) const {
                     << m.base_rank << ".." << m.base_rank + opts_.self.nproc - 1;
 }
 
+// Every agent writes its record, then takes a ticket. The agent whose ticket completes the
+// count checks every record (one CHECK per 8,192) and marks the join complete; everyone waits for
+// that one key. So a wait slice costs one WAIT of one key and one ADD, whatever --nnodes is
+// (before: a WAIT naming every node's key, and on the host a CHECK per node for every notice and
+// again at the timeout: --nnodes=100000 overran a 1 s join timeout by seconds). An agent that
+// joined twice (restarted) takes two tickets, so a reached count is only a hint: the CHECK decides.
 Membership RendezvousRounds::joinStatic(Store& store, MemberLiveness& liveness) {
   const int n = opts_.group_world_size;
   liveness.renew(store);
   store.set(nodeKey(opts_.group_rank), agentRecord(opts_.self, -1).dump());
   std::vector<std::string> keys;
+  keys.reserve(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) keys.push_back(nodeKey(r));
-  store.takeTicket(kStaticJoinedKey);
+  const int64_t ticket = store.takeTicket(kStaticJoinedKey);
+  const auto completeIfAllJoined = [&] {
+    if (!checkAll(store, keys)) return false;
+    store.set(kStaticCompleteKey, "1");
+    return true;
+  };
+  if (ticket >= n) completeIfAllJoined();
   started(0);
   CPPRUN_LOG(kInfo) << "rendezvous: node " << opts_.group_rank << " of " << n
                     << " joined; waiting for the others (join timeout "
                     << opts_.join_timeout.count() / 1000.0 << " s)";
   try {
-    waitKeys(waits_, store, keys, opts_.join_timeout, opts_.keep_alive_interval, "rendezvous", {},
-             [&] {
-               if (opts_.is_host || n <= 64) {
-                 return describeMissing(store, keys, opts_.expected_hosts, "to join");
-               }
-               const int64_t joined = store.tickets(kStaticJoinedKey);
-               return "waiting for " + std::to_string(n - joined) + " of " + std::to_string(n) +
-                      " nodes to join";
-             });
+    waitKeys(
+        waits_, store, {kStaticCompleteKey}, opts_.join_timeout, opts_.keep_alive_interval,
+        "rendezvous", [&] { return store.tickets(kStaticJoinedKey) >= n && completeIfAllJoined(); },
+        [&] {
+          if (n <= kMaxCheckedNodes) {
+            return describeMissing(store, keys, opts_.expected_hosts, "to join");
+          }
+          const int64_t joined = std::min<int64_t>(store.tickets(kStaticJoinedKey), n);
+          return "waiting for " + withThousands(n - joined) + " of " + withThousands(n) +
+                 " nodes to join";
+        });
   } catch (const Abandoned& a) {
     if (a.status.code() != StatusCode::kTimeout) throw;
-    std::string missing;
-    for (int r = 0; r < n; ++r) {
-      if (!store.check({nodeKey(r)})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-    }
-    throw Abandoned{timeoutError("rendezvous: nodes " + missing + " did not join within " +
-                                 std::to_string(opts_.join_timeout.count() / 1000.0) +
-                                 " s (--rdzv-conf join_timeout)")};
+    throw Abandoned{timeoutError(
+        "rendezvous: " + missingNodes(store, keys) + " did not join within " +
+        std::to_string(opts_.join_timeout.count() / 1000.0) + " s (--rdzv-conf join_timeout)")};
   }
   auto values = store.multiGet(keys);
   std::vector<AgentInfo> agents;
@@ -182,10 +229,11 @@ json RendezvousRounds::closeRound(Store& store, int r, int64_t my_slot, int next
                  static_cast<int>(roundRecords(store, r, joined).size()) >= opts_.min_nodes;
         },
         [&] {
-          const int64_t joined = static_cast<int64_t>(roundRecords(store, r, joinedNow()).size());
+          // The slots taken (one ADD), not the records written (one CHECK per slot).
+          const int64_t joined = std::min<int64_t>(joinedNow(), opts_.min_nodes);
           return "rendezvous round " + std::to_string(r) + ": waiting for " +
-                 std::to_string(opts_.min_nodes - joined) + " more node(s) (" +
-                 std::to_string(joined) + " of at least " + std::to_string(opts_.min_nodes) +
+                 withThousands(opts_.min_nodes - joined) + " more node(s) (" +
+                 withThousands(joined) + " of at least " + withThousands(opts_.min_nodes) +
                  " joined)";
         });
   } catch (const Abandoned& a) {

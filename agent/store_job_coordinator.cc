@@ -24,6 +24,7 @@
 #include "agent/rendezvous_rounds.h"
 #include "common/asio.h"
 #include "common/logging.h"
+#include "rendezvous/prefix_store.h"
 #include "rendezvous/store.h"
 
 namespace cpprun::agent {
@@ -182,9 +183,35 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
     return agent::keepAliveBound(opts_.keep_alive_interval, opts_.keep_alive_max_attempt);
   }
 
+  // A connection to the job's namespace in the store (job_keys.h: "cpprun/<run id>/").
+  // `check_run_id` (the control connection, which joins): after checking that the store is not
+  // served by another job's agent. The watcher's connection comes after the join; a failure
+  // of its first request is then a lost store, not a refused one.
   std::unique_ptr<Store> connect(std::chrono::milliseconds connect_timeout,
-                                 std::chrono::milliseconds timeout) {
-    return opts_.store.connect(connect_timeout, timeout);
+                                 std::chrono::milliseconds timeout, bool check_run_id = false) {
+    std::shared_ptr<Store> root = opts_.store.connect(connect_timeout, timeout);
+    if (check_run_id && !opts_.host_per_round) checkServedRunId(*root);
+    return std::make_unique<rendezvous::PrefixStore>(jobNamespace(opts_.run_id), std::move(root));
+  }
+
+  // The store host's agent names its job's run id at the store's root before it answers
+  // anyone. An agent of another run id must not join: the store also serves the host's job's
+  // workers (MASTER_ADDR:MASTER_PORT) and the host clears their keys before every attempt, so
+  // the two jobs would wipe each other's keys. (Before, the agents of both merged into one job
+  // whose workers' TORCHELASTIC_RUN_ID differed between nodes.) No name there: a store not
+  // served by a cpprun agent of this version; the namespaces still keep the jobs apart.
+  void checkServedRunId(Store& root) {
+    if (!root.check({kServedRunIdKey})) return;
+    const std::string served = toString(root.get(kServedRunIdKey));
+    const std::string mine = storedRunId(opts_.run_id);
+    if (served == mine) return;
+    throw Abandoned{Status(
+        StatusCode::kAlreadyExists,
+        opts_.store.server + " serves the job with run id '" + served +
+            "', not this agent's job (--rdzv-id '" + mine +
+            "'); two jobs cannot share one rendezvous endpoint (its store is also the host's "
+            "workers' store): give each job its own --rdzv-endpoint port, or the same --rdzv-id "
+            "to the agents of one job")};
   }
 
   // connect(), retried for the join timeout in notice-sized slices, saying what it waits for:
@@ -201,7 +228,8 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
       try {
         return connect(std::max(std::min(left, kNoticeSlice), std::chrono::milliseconds(1)),
-                       std::max(keepAliveBound(), opts_.keep_alive_interval * 2));
+                       std::max(keepAliveBound(), opts_.keep_alive_interval * 2),
+                       /*check_run_id=*/true);
       } catch (const StoreTimeout&) {
         if (SteadyClock::now() >= deadline) throw;
         announcer.maybeAnnounce(
@@ -336,9 +364,13 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
                 return false;
               },
               [&] {
+                // One CHECK per node: for small jobs only.
                 return "attempt " + std::to_string(attempt) + ": " +
-                       describeMissing(*control_client_, keys, opts_.expected_hosts,
-                                       "to tear their previous attempt down");
+                       (world <= kMaxCheckedNodes
+                            ? describeMissing(*control_client_, keys, opts_.expected_hosts,
+                                              "to tear their previous attempt down")
+                            : "waiting for the " + withThousands(world) +
+                                  " nodes to tear their previous attempt down");
               });
         } catch (const Abandoned& a) {
           control_client_->set(attemptKey(attempt, "go"), "!" + a.status.message());

@@ -29,6 +29,7 @@ agent::StoreCoordinatorOptions coordinatorOptions(const AgentOptionsInputs& in,
   agent::StoreCoordinatorOptions co;
   co.group_rank = rdzv.node_rank;
   co.group_world_size = rdzv.nnodes;
+  co.run_id = config.rdzv_id;
   co.self = agent::AgentInfo{agentName(config, in.node), in.nproc, in.agent_id, in.scheduler_rank};
   co.join_timeout = rdzv.join_timeout;
   co.keep_alive_interval = rdzv.keep_alive_interval;

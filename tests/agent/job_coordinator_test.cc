@@ -10,10 +10,12 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <thread>
 
+#include "agent/coordinator_waits.h"
 #include "agent/job_keys.h"
 #include "agent/liveness.h"
 #include "common/asio.h"
@@ -29,6 +31,8 @@ using rendezvous::MemoryStore;
 using rendezvous::StoreError;
 
 constexpr auto kDeadline = 20s;
+// Where the keys of a job without --rdzv-id live in the store (job_keys.h: its namespace).
+const std::string kNoneRun = "cpprun/none/";
 
 // One connection to the shared store: the store's data, this connection's timeout. Cut: every
 // request throws StoreError, as a TCP client's does once its connection is gone.
@@ -486,8 +490,8 @@ TEST_CASE(
   // Node 0 of round 0 joins (its record in a slot, scheduler rank 0 orders it first) and dies
   // before it gives the go: nobody else could start attempt 0.
   const AgentInfo dead{"h-dead", 2, "agent-dead", 0};
-  const int64_t slot = store.takeTicket(roundKey(0, "joined"));
-  store.set(roundKey(0, "agent/" + std::to_string(slot)), agentRecord(dead, -1).dump());
+  const int64_t slot = store.takeTicket(kNoneRun + roundKey(0, "joined"));
+  store.set(kNoneRun + roundKey(0, "agent/" + std::to_string(slot)), agentRecord(dead, -1).dump());
   const auto etcd_like = [&](StoreCoordinatorOptions& o) {
     o.elastic = true;
     o.host_per_round = true;
@@ -516,10 +520,92 @@ TEST_CASE(
     ranks.insert(s.value().membership.group_rank);
   }
   CHECK(ranks == std::set<int>{0, 1});
-  CHECK(store.check({roundKey(0, "members")}));
-  CHECK_FALSE(store.check({attemptKey(0, "go")}));
+  CHECK(store.check({kNoneRun + roundKey(0, "members")}));
+  CHECK_FALSE(store.check({kNoneRun + attemptKey(0, "go")}));
   for (auto& a : all) {
     CHECK(a->progress().rounds_completed == 2);
     CHECK(a->peerStops().empty());  // attempt 0 never started; attempt 1 has no one lost
   }
+}
+
+namespace {
+
+// A static job of `world` agents with run id `run_id`, whose hosts are named "<run_id>-<rank>".
+std::vector<std::unique_ptr<Agent>> job(MemoryStore& store, const std::string& run_id, int world) {
+  std::vector<std::unique_ptr<Agent>> out;
+  for (int r = 0; r < world; ++r) {
+    out.push_back(std::make_unique<Agent>(store, r, world, 0, [&](StoreCoordinatorOptions& o) {
+      o.run_id = run_id;
+      o.self.host = run_id + "-" + std::to_string(r);
+    }));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("coordinator: two jobs with different run ids in one store never see each other's keys",
+          "[unit]") {
+  MemoryStore store;
+  // Job a runs to its end first: its worker fails and it has no restart left.
+  {
+    auto a = job(store, "job-a", 2);
+    beginAll(a, 0);
+    auto d0 = a[0]->end(0, reportOf(AttemptReport::Kind::kFailed, {workerFailure(0, 0, 3)}));
+    auto d1 = a[1]->end(0, reportOf(AttemptReport::Kind::kSucceeded));
+    for (auto* d : {&d0, &d1}) {
+      Result<JobDecision> r = within(*d);
+      REQUIRE(r.isOk());
+      CHECK(r.value().kind == JobDecision::Kind::kFailed);
+    }
+  }
+  // Job b in the same store: its own world (before, node 1 took job a's node 0 as its own) and
+  // its own outcome (before, node 1 read job a's decision, "failed", before its host decided).
+  auto b = job(store, "job-b", 2);
+  const std::vector<AttemptStart> starts = beginAll(b, 0);
+  for (const AttemptStart& s : starts) {
+    REQUIRE(s.membership.agents.size() == 2);
+    CHECK(s.membership.agents[0].host == "job-b-0");
+    CHECK(s.membership.agents[1].host == "job-b-1");
+  }
+  auto d1 = b[1]->end(0, reportOf(AttemptReport::Kind::kSucceeded));
+  auto d0 = b[0]->end(0, reportOf(AttemptReport::Kind::kSucceeded));
+  for (auto* d : {&d0, &d1}) {
+    Result<JobDecision> r = within(*d);
+    REQUIRE(r.isOk());
+    CHECK(r.value().kind == JobDecision::Kind::kSucceeded);
+  }
+  CHECK(store.check({"cpprun/job-a/rdzv/node/1", "cpprun/job-b/rdzv/node/1",
+                     "cpprun/job-a/attempt/0/decision", "cpprun/job-b/attempt/0/decision"}));
+}
+
+TEST_CASE(
+    "coordinator: an agent whose store is served by another run id refuses to join, naming both",
+    "[unit]") {
+  MemoryStore store;
+  store.set("cpprun/served_run_id", "job-a");  // what job a's store host sets before serving
+  Agent b(store, 1, 2, 0, [](StoreCoordinatorOptions& o) { o.run_id = "job-b"; });
+  const auto began = std::chrono::steady_clock::now();
+  auto start = b.begin(0);
+  Result<AttemptStart> r = within(start);
+  REQUIRE_FALSE(r.isOk());
+  CHECK_THAT(r.status().message(), Catch::Contains("run id 'job-a'") &&
+                                       Catch::Contains("--rdzv-id 'job-b'") &&
+                                       Catch::Contains("--rdzv-endpoint"));
+  CHECK(std::chrono::steady_clock::now() - began < 5s);  // at once, not after the join timeout
+  // It wrote nothing: job a's keys (and its own namespace) are untouched.
+  CHECK(store.numKeys() == 1);
+}
+
+TEST_CASE("coordinator waits: a list of nodes in a log line names at most 8 and counts the rest",
+          "[unit]") {
+  std::vector<int> ranks(99998);
+  std::iota(ranks.begin(), ranks.end(), 2);
+  CHECK(rankList(ranks) == "2, 3, 4, 5, 6, 7, 8, 9 and 99,990 more");
+  CHECK(rankList({1, 2}) == "1, 2");
+  CHECK(nodeNames({"n0", "n1", "n2"}, {1, 2}) == "n1, n2");
+  CHECK(nodeNames({}, {3}, 10) == "node 3 and 9 more");
+  CHECK(nodeNames({}, {}) == "");
+  CHECK(withThousands(999) == "999");
+  CHECK(withThousands(1234567) == "1,234,567");
 }

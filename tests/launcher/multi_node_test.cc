@@ -292,6 +292,31 @@ TEST_CASE("a node that never comes: the join times out naming it", "[integration
   CHECK_THAT(alone.output(), Catch::Contains("nodes 1, 2 did not join within 1"));
 }
 
+TEST_CASE("a join of 50,000 nodes ends on its timeout with short log lines",
+          "[integration][multinode]") {
+  // Before: one key per node in every wait and one CHECK round trip per missing node at the
+  // timeout (and per notice), and every missing node named in one line: with --nnodes=100000
+  // a 1 s join timeout took several seconds and printed megabyte lines.
+  const auto began = std::chrono::steady_clock::now();
+  ChildProcess alone(
+      cpprunCommand({"--nnodes=50000", "--node-rank=0", "--master-addr=127.0.0.1",
+                     "--master-port=" + std::to_string(freeTcpPort()), "--rdzv-conf=join_timeout=1",
+                     "--no-python", kWorker, "exit", "0"}));
+  const int code = waitExit(alone);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  INFO(alone.output().substr(0, 4000));
+  CHECK(code == 4);
+  CHECK_THAT(alone.output(), Catch::Contains("49,999 of 50,000 nodes (1, 2, 3, 4, 5, 6, 7, 8 and "
+                                             "49,991 more) did not join within 1"));
+  // The timeout plus the agent's start and end (generous for the sanitizer builds on 2 cores).
+  CHECK(seconds < 1 + 2.0);
+  size_t longest = 0;
+  std::istringstream lines(alone.output());
+  for (std::string line; std::getline(lines, line);) longest = std::max(longest, line.size());
+  CHECK(longest < 1000);
+}
+
 TEST_CASE("mpirun's and srun's variables form the job without rendezvous flags",
           "[integration][multinode]") {
   TempDir dir;
@@ -385,16 +410,17 @@ TEST_CASE("mpirun -np 2 cpprun: one agent per rank forms one job", "[integration
 namespace {
 
 // An elastic agent on 127.0.0.1: the first of them to bind the endpoint serves the store.
+// `run_id`: its --rdzv-id, when not empty.
 std::unique_ptr<ChildProcess> elasticAgent(int port, const std::string& nnodes,
                                            const std::vector<std::string>& worker_args,
-                                           const std::map<std::string, std::string>& env = {}) {
-  std::vector<std::string> args = {"--nnodes=" + nnodes,
-                                   "--rdzv-backend=c10d",
+                                           const std::map<std::string, std::string>& env = {},
+                                           const std::string& run_id = "") {
+  std::vector<std::string> args = {"--nnodes=" + nnodes, "--rdzv-backend=c10d",
                                    "--rdzv-endpoint=127.0.0.1:" + std::to_string(port),
                                    "--rdzv-conf=keep_alive_interval=0.3,last_call_timeout=1",
-                                   "--nproc-per-node=1",
-                                   "--no-python",
-                                   kWorker};
+                                   "--nproc-per-node=1"};
+  if (!run_id.empty()) args.push_back("--rdzv-id=" + run_id);
+  args.insert(args.end(), {"--no-python", kWorker});
   args.insert(args.end(), worker_args.begin(), worker_args.end());
   return std::make_unique<ChildProcess>(cpprunCommand(args), env);
 }
@@ -517,8 +543,9 @@ TEST_CASE("elastic: a joiner that took a slot and never wrote its record does no
   o.connect_timeout = 30s;
   o.timeout = 30s;
   cpprun::rendezvous::TcpStoreClient dead_joiner(o);
-  dead_joiner.wait({"cpprun/rdzv/round/0/agent/1"}, 30s);
-  REQUIRE(dead_joiner.add("cpprun/rdzv/round/0/joined", 1) == 2);
+  // The job's keys are in its run's namespace (no --rdzv-id: "none").
+  dead_joiner.wait({"cpprun/none/rdzv/round/0/agent/1"}, 30s);
+  REQUIRE(dead_joiner.add("cpprun/none/rdzv/round/0/joined", 1) == 2);
   agents.push_back(elasticAgent(port, "2:3", args));
   requireEveryAgentRelays(agents);
   for (auto& a : agents) {
@@ -601,4 +628,36 @@ TEST_CASE("a rank stalled on one node stops every node and is every node's root 
   // Only node 1 detected it; node 0 was stopped by the announcement.
   CHECK_THAT(agents[1]->output(), Catch::Contains("rank 2 (local_rank 0, pid"));
   CHECK_THAT(agents[0]->output(), Catch::Contains("another node stopped attempt 0"));
+}
+
+TEST_CASE("elastic: an agent of another run id on the endpoint refuses the job there, naming both",
+          "[integration][multinode][elastic]") {
+  TempDir dir;
+  const std::string d = dir.path();
+  const int port = freeTcpPort();
+  // Job a's first agent serves the store and waits for its second node ...
+  auto a0 = elasticAgent(port, "2", {"env-json", d + "/a-{rank}.json"}, {}, "job-a");
+  REQUIRE(a0->waitForText("this agent serves the job's store", 30s));
+  // ... when an agent of job b comes to the same endpoint. Before, it joined job a's round and
+  // the two ran as one job whose workers' TORCHELASTIC_RUN_ID differed between nodes.
+  auto b = elasticAgent(port, "2", {"env-json", d + "/b-{rank}.json"}, {}, "job-b");
+  {
+    INFO(b->output());
+    CHECK(waitExit(*b, 30s) == 4);
+    CHECK_THAT(b->output(), Catch::Contains("serves the job with run id 'job-a'") &&
+                                Catch::Contains("--rdzv-id 'job-b'"));
+  }
+  auto a1 = elasticAgent(port, "2", {"env-json", d + "/a-{rank}.json"}, {}, "job-a");
+  for (auto* a : {a0.get(), a1.get()}) {
+    INFO(a->output());
+    CHECK(waitExit(*a) == 0);
+    CHECK_THAT(a->output(), Catch::Contains("rendezvous complete: 2 nodes"));
+  }
+  for (int r = 0; r < 2; ++r) {
+    Json e = readJson(d + "/a-" + std::to_string(r) + ".json");
+    CHECK(e["TORCHELASTIC_RUN_ID"] == "job-a");
+    CHECK(e["WORLD_SIZE"] == "2");
+  }
+  CHECK(readFile(d + "/b-0.json").empty());
+  CHECK(readFile(d + "/b-1.json").empty());
 }
