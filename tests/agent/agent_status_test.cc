@@ -82,7 +82,7 @@ AgentStatus twoWorkers() {
   s.rendezvous.world_size = 4;
   cpprun::rendezvous::TcpStoreServerStats store;
   store.connections_open = 5;
-  store.dropped_by_reason[static_cast<size_t>(rendezvous::DropReason::kBadFrame)] = 3;
+  store.dropped_by_reason[static_cast<size_t>(cpprun::rendezvous::DropReason::kBadFrame)] = 3;
   store.connections_accepted = 9;
   store.requests = 1234;
   store.keys = 17;
