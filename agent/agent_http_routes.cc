@@ -40,7 +40,9 @@ StatusBoard::Clock::duration StatusBoard::reuseWindow() const {
 AgentStatus StatusBoard::read() {
   std::unique_lock<std::mutex> lock(mutex_);
   Clock::time_point now = Clock::now();
-  if (now - published_at_ > reuseWindow()) {
+  // The initial snapshot (taken before the loop ran: no workers yet) is never reused: a whole
+  // one-node start can take less than the reuse window.
+  if (publications_ == 1 || now - published_at_ > reuseWindow()) {
     const uint64_t wanted = publications_ + 1;  // the next one is taken after this call began
     if (!refresh_pending_) {
       refresh_pending_ = true;

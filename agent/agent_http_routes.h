@@ -7,7 +7,8 @@
 // object of the agent's loop: the loop publishes snapshots, immutable AgentStatus values behind
 // a shared_ptr swapped under a mutex, and a reader gets one of them.
 //
-//   read() --(last one younger than the reuse window)--------------------------> that one
+//   read() --(last one the loop published, younger than the reuse window)------> that one
+//      |    (the initial snapshot, taken before the loop ran, is never reused)
 //      |
 //      +--(else)--> ask the loop for one (request_refresh posts to it; one request at a time)
 //                   --(loop publishes within max_wait)--> the new one: taken after read() began

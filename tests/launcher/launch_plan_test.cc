@@ -370,7 +370,7 @@ TEST_CASE("a node's GPU or CPU count and the world size are held to cpprun's lim
         "1,048,576; use fewer nodes or workers per node");
 }
 
-TEST_CASE("--nproc-per-node gpu with CUDA_VISIBLE_DEVICES hiding every GPU is an error saying why",
+TEST_CASE("nproc-per-node gpu with CUDA_VISIBLE_DEVICES hiding every GPU is an error saying why",
           "[unit]") {
   LaunchConfig c;
   c.nproc_kind = NprocKind::kGpu;
