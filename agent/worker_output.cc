@@ -123,9 +123,7 @@ bool sameFile(int a, int b) {
 }  // namespace
 
 OutputSinks::OutputSinks(int console_stdout_fd, int console_stderr_fd)
-    : stdout_fd_(console_stdout_fd),
-      stderr_fd_(console_stderr_fd),
-      stdout_writer_(std::make_unique<OutputWriter>()) {
+    : stderr_fd_(console_stderr_fd), stdout_writer_(std::make_unique<OutputWriter>()) {
   if (!sameFile(console_stdout_fd, console_stderr_fd)) {
     stderr_writer_ = std::make_unique<OutputWriter>();
   }

@@ -149,7 +149,6 @@ class OutputSinks {
   std::atomic<uint64_t> dropped_log_lines{0};
 
  private:
-  int stdout_fd_;
   int stderr_fd_;
   OutputWriter files_;
   std::unique_ptr<OutputWriter> stdout_writer_;
