@@ -56,6 +56,32 @@ Result<BoundAddress> listenTcp(tcp::acceptor& acceptor, const std::string& host,
   return BoundAddress{local.address().to_string(), local.port()};
 }
 
+namespace {
+
+// Whether a warning may be written now (AcceptWarnings' budget); at the first one after an
+// interval with suppressed lines, the count of those is written first.
+bool mayWarn(const AcceptHooks& hooks) {
+  AcceptWarnings& w = hooks.warnings;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - w.interval_start >= kAcceptWarningInterval) {
+    if (w.suppressed > 0) {
+      CPPRUN_LOG(kWarn)
+          << hooks.what << ": " << w.suppressed << " more connection warning(s) in the last "
+          << std::chrono::duration_cast<std::chrono::seconds>(now - w.interval_start).count()
+          << " s not shown";
+    }
+    w = AcceptWarnings{now, 0, 0};
+  }
+  if (w.lines < kAcceptWarningsPerInterval) {
+    ++w.lines;
+    return true;
+  }
+  ++w.suppressed;
+  return false;
+}
+
+}  // namespace
+
 void acceptConnections(std::shared_ptr<void> owner, tcp::acceptor& acceptor,
                        asio::steady_timer& retry_timer, std::shared_ptr<const AcceptHooks> hooks) {
   if (hooks->stopped()) return;
@@ -64,8 +90,10 @@ void acceptConnections(std::shared_ptr<void> owner, tcp::acceptor& acceptor,
     if (hooks->stopped()) return;
     if (ec) {
       if (ec == asio::error::operation_aborted) return;
-      CPPRUN_LOG(kWarn) << hooks->what << ": accept failed: " << ec.message()
-                        << "; retrying in 50 ms";
+      if (mayWarn(*hooks)) {
+        CPPRUN_LOG(kWarn) << hooks->what << ": accept failed: " << ec.message()
+                          << "; retrying in 50 ms";
+      }
       retry_timer.expires_after(std::chrono::milliseconds(50));
       retry_timer.async_wait(
           [owner, &acceptor, &retry_timer, hooks](const boost::system::error_code& tec) {
@@ -75,9 +103,15 @@ void acceptConnections(std::shared_ptr<void> owner, tcp::acceptor& acceptor,
     }
     if (hooks->open_connections() >= hooks->max_connections) {
       boost::system::error_code ignored;
-      CPPRUN_LOG(kWarn) << hooks->what << ": refusing connection from "
-                        << describeEndpoint(socket.remote_endpoint(ignored)) << ": "
-                        << hooks->max_connections << " connections already open";
+      if (mayWarn(*hooks)) {
+        CPPRUN_LOG(kWarn) << hooks->what << ": refusing connection from "
+                          << describeEndpoint(socket.remote_endpoint(ignored)) << ": "
+                          << hooks->max_connections << " connections already open"
+                          << (hooks->warnings.lines == kAcceptWarningsPerInterval
+                                  ? " (further connection warnings in the next 10 s are counted, "
+                                    "not shown)"
+                                  : "");
+      }
       socket.close(ignored);
       if (hooks->refused) hooks->refused();
     } else {

@@ -6,6 +6,7 @@
 // Thread safety: free functions; use the acceptor from its loop thread as usual.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -33,6 +34,19 @@ struct BoundAddress {
 Result<BoundAddress> listenTcp(boost::asio::ip::tcp::acceptor& acceptor, const std::string& host,
                                uint16_t port, const std::string& what);
 
+// At most kAcceptWarningsPerInterval warning lines (a refused connection, a failed accept)
+// per kAcceptWarningInterval and server; the rest are counted and summed up in one line with
+// the first warning after the interval, so a flood of connections cannot flood the log.
+inline constexpr int kAcceptWarningsPerInterval = 5;
+inline constexpr std::chrono::seconds kAcceptWarningInterval{10};
+
+// The warning budget of one server's accept loop (loop thread only).
+struct AcceptWarnings {
+  std::chrono::steady_clock::time_point interval_start{};
+  int lines = 0;            // written in this interval
+  uint64_t suppressed = 0;  // not written in this interval
+};
+
 // What acceptConnections needs from its server. Every hook runs on the acceptor's loop thread.
 struct AcceptHooks {
   std::string what;  // names the server in log lines: "store", "http"
@@ -41,11 +55,13 @@ struct AcceptHooks {
   std::function<size_t()> open_connections;                    // counted against max_connections
   std::function<void(boost::asio::ip::tcp::socket)> accepted;  // one under the limit
   std::function<void()> refused = {};  // optional: one over the limit, already closed
+  mutable AcceptWarnings warnings;     // the accept loop's own state
 };
 
 // Accepts on a listening `acceptor` until hooks->stopped(). A failed accept (typically EMFILE:
 // out of descriptors) is retried after 50 ms on `retry_timer` instead of spinning; a connection
-// over the limit is closed at once with a warning naming its peer. `owner`, the server that owns
+// over the limit is closed at once with a warning naming its peer (both warnings within the
+// budget above). `owner`, the server that owns
 // the acceptor and the timer, is held by every pending handler, so they outlive them; to stop,
 // the server sets what stopped() reads and closes the acceptor and cancels the timer.
 void acceptConnections(std::shared_ptr<void> owner, boost::asio::ip::tcp::acceptor& acceptor,

@@ -1,9 +1,13 @@
 // Hostile and broken clients: the server drops only the offender and keeps serving the others.
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <mutex>
 #include <random>
+#include <string>
 #include <thread>
+#include <vector>
 
+#include "common/logging.h"
 #include "common/system.h"
 #include "rendezvous/tcp_store_client.h"
 #include "rendezvous/tcp_store_server.h"
@@ -185,6 +189,39 @@ TEST_CASE("the connection cap refuses extra clients with a warning and serves th
   CHECK(over.closedByPeer(5s));
   CHECK(a->add("/n", 1) == 1);
   CHECK(server.value()->stats().connections_rejected >= 1);
+}
+
+TEST_CASE("a flood of connections over the cap writes at most 5 warning lines per 10 s",
+          "[integration]") {
+  // Every log line of this process, while the test runs.
+  std::mutex mutex;
+  std::vector<std::string> lines;
+  cpprun::setLogSink([&](std::string line) {
+    std::lock_guard<std::mutex> lock(mutex);
+    lines.push_back(std::move(line));
+  });
+  TcpStoreServerOptions options;
+  options.max_connections = 1;
+  auto server = BackgroundTcpStoreServer::start(options);
+  REQUIRE(server.isOk());
+  const uint16_t port = server.value()->port();
+  auto held = client(port);
+  for (int i = 0; i < 30; ++i) {
+    RawConnection over("127.0.0.1", port);
+    CHECK(over.closedByPeer(5s));  // refused: its warning, if any, is written by now
+  }
+  CHECK(server.value()->stats().connections_rejected == 30);
+  CHECK(held->add("/n", 1) == 1);
+  cpprun::setLogSink(nullptr);
+  size_t refusals = 0;
+  for (const std::string& line : lines) {
+    if (line.find("refusing connection from") != std::string::npos) ++refusals;
+  }
+  CHECK(refusals == 5);  // before: 30, one per connection
+  CHECK(std::count_if(lines.begin(), lines.end(), [](const std::string& l) {
+          return l.find("further connection warnings in the next 10 s are counted") !=
+                 std::string::npos;
+        }) == 1);
 }
 
 TEST_CASE("a client that never reads its replies is dropped at the output cap", "[integration]") {
