@@ -225,7 +225,7 @@ struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
     }
     if (mustWait()) {
       paused = true;
-      if (consoleWaits()) armStallCheck();
+      armStallCheck();
       return;
     }
     read();
@@ -241,21 +241,28 @@ struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
   void resumeIfCaughtUp() {
     if (!paused || closed) return;
     if (file_fd >= 0 && file_queued->load() > kFileBytesPerStream / 2) return;
-    if (!dropping && console_queued->load() > kConsoleBytesPerStream / 2) return;
+    if (waitsOnConsole()) return;
     paused = false;
     stall_timer.cancel();
     read();
   }
 
-  // While the stream waits for the console: if the console then takes nothing for
-  // kConsoleStall, it is stalled, and the stream is read again in dropping mode.
+  // While the stream waits with more than half its console budget queued (it resumes only
+  // below half): if the console then takes nothing for kConsoleStall, it is stalled, and the
+  // stream is read again in dropping mode. Without this check a stream paused between half and
+  // all of its budget behind a stalled console would wait for ever.
+  bool waitsOnConsole() const {
+    return !dropping && console_queued->load() > kConsoleBytesPerStream / 2;
+  }
+
   void armStallCheck() {
+    if (!waitsOnConsole()) return;  // what it waits for is the file: its writes resume it
     const auto stalled = consoleWriter().stalledFor();
     stall_timer.expires_after(stalled >= kConsoleStall ? std::chrono::milliseconds(0)
                                                        : kConsoleStall - stalled);
     stall_timer.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
       auto self = weak.lock();
-      if (!self || ec || !self->paused || self->closed || !self->consoleWaits()) return;
+      if (!self || ec || !self->paused || self->closed || !self->waitsOnConsole()) return;
       if (self->consoleWriter().stalledFor() < kConsoleStall) {
         self->armStallCheck();
         return;

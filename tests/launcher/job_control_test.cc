@@ -274,16 +274,18 @@ TEST_CASE("a console that stops reading freezes neither the workers nor the agen
           "[integration]") {
   TempDir dir;
   const std::string d = dir.path();
-  const int port = freeTcpPort();
   // 2 x 2 MB of output into a 64 KiB pipe nobody reads; then each worker says it got through.
+  // (The store's port, the kernel's pick, comes from the workers' environment.)
   HeldConsoleRun run(
-      cpprunCommand({"--nproc-per-node=2", "--master-port=" + std::to_string(port), kWorker,
-                     "flood", "20000", "100", "touch", d + "/flooded-{rank}", "sleep-forever"}));
-  INFO(run.output());
+      cpprunCommand({"--nproc-per-node=2", kWorker, "env-json", d + "/env-{rank}", "flood", "20000",
+                     "100", "touch", d + "/flooded-{rank}", "sleep-forever"}));
   // Before the fix the agent wrote the console on its loop: the workers blocked in write(2).
-  REQUIRE(fileAppears(d + "/flooded-0", 30s));
-  REQUIRE(fileAppears(d + "/flooded-1", 30s));
+  const bool flooded = fileAppears(d + "/flooded-0", 30s) && fileAppears(d + "/flooded-1", 30s);
+  if (!flooded) run.drain(1s);  // what cpprun said, for the failure message
+  INFO(run.output().substr(0, 4000));
+  REQUIRE(flooded);
   // The agent's store answers while the console is held.
+  const int port = std::stoi(readJson(d + "/env-0")["MASTER_PORT"].get<std::string>());
   cpprun::rendezvous::TcpStoreClientOptions options;
   options.port = static_cast<uint16_t>(port);
   options.connect_timeout = 5s;
