@@ -61,6 +61,10 @@ class HttpServer::Impl : public std::enable_shared_from_this<HttpServer::Impl> {
   void connectionFinished(const std::shared_ptr<HttpConnection>& connection);
 
   asio::io_context& io_;
+  // Refused connections and failed accepts, within a budget (tcp_listen.h).
+  std::shared_ptr<rendezvous::WarningLimiter> warnings_ =
+      std::make_shared<rendezvous::WarningLimiter>(io_, "http", rendezvous::kWarningsPerInterval,
+                                                   rendezvous::kWarningInterval);
   HttpServerOptions options_;
   HttpHandler handler_;
   tcp::acceptor acceptor_;
@@ -305,6 +309,7 @@ void HttpServer::Impl::startAccepting() {
   hooks->max_connections = options_.max_connections;
   hooks->stopped = [this] { return stopped_; };
   hooks->open_connections = [this] { return connections_.size(); };
+  hooks->warnings = warnings_;
   hooks->accepted = [this](tcp::socket socket) {
     auto connection = std::make_shared<HttpConnection>(shared_from_this(), std::move(socket));
     connections_.insert(connection);
@@ -324,6 +329,7 @@ void HttpServer::Impl::stop() {
   boost::system::error_code ec;
   acceptor_.close(ec);
   retry_timer_.cancel();
+  warnings_->stop();
   auto connections = std::move(connections_);
   connections_.clear();
   for (const auto& connection : connections) connection->close();

@@ -1,6 +1,8 @@
 #include "rendezvous/tcp_listen.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 #include "common/logging.h"
 
@@ -56,31 +58,67 @@ Result<BoundAddress> listenTcp(tcp::acceptor& acceptor, const std::string& host,
   return BoundAddress{local.address().to_string(), local.port()};
 }
 
-namespace {
+WarningLimiter::WarningLimiter(asio::io_context& io, std::string what, size_t per_interval,
+                               std::chrono::milliseconds interval)
+    : timer_(io), what_(std::move(what)), per_interval_(per_interval), interval_(interval) {}
 
-// Whether a warning may be written now (AcceptWarnings' budget); at the first one after an
-// interval with suppressed lines, the count of those is written first.
-bool mayWarn(const AcceptHooks& hooks) {
-  AcceptWarnings& w = hooks.warnings;
-  const auto now = std::chrono::steady_clock::now();
-  if (now - w.interval_start >= kAcceptWarningInterval) {
-    if (w.suppressed > 0) {
-      CPPRUN_LOG(kWarn)
-          << hooks.what << ": " << w.suppressed << " more connection warning(s) in the last "
-          << std::chrono::duration_cast<std::chrono::seconds>(now - w.interval_start).count()
-          << " s not shown";
-    }
-    w = AcceptWarnings{now, 0, 0};
+bool WarningLimiter::warn(const std::shared_ptr<void>& owner, const std::string& category,
+                          const std::string& line) {
+  if (!open_) {
+    open_ = true;
+    opened_ = std::chrono::steady_clock::now();
+    timer_.expires_after(interval_);
+    timer_.async_wait([this, owner](const boost::system::error_code& ec) {
+      if (!ec) endInterval();
+    });
   }
-  if (w.lines < kAcceptWarningsPerInterval) {
-    ++w.lines;
+  if (logged_ < per_interval_) {
+    ++logged_;
+    std::string notice;
+    if (logged_ == per_interval_) {
+      char seconds[32];
+      std::snprintf(seconds, sizeof(seconds), "%g", interval_.count() / 1000.0);
+      notice = " (the warning limit of " + std::to_string(per_interval_) + " per " + seconds +
+               " s is reached; further drops are summarised)";
+    }
+    CPPRUN_LOG(kWarn) << what_ << ": " << line << notice;
     return true;
   }
-  ++w.suppressed;
+  auto it = std::find_if(suppressed_.begin(), suppressed_.end(),
+                         [&](const auto& entry) { return entry.first == category; });
+  if (it == suppressed_.end()) {
+    suppressed_.emplace_back(category, 1);
+  } else {
+    ++it->second;
+  }
   return false;
 }
 
-}  // namespace
+void WarningLimiter::stop() {
+  timer_.cancel();
+  if (open_) endInterval();
+}
+
+void WarningLimiter::endInterval() {
+  uint64_t total = 0;
+  for (const auto& entry : suppressed_) total += entry.second;
+  if (total > 0) {
+    std::chrono::duration<double> took = std::chrono::steady_clock::now() - opened_;
+    char seconds[32];
+    std::snprintf(seconds, sizeof(seconds), "%.1f", took.count());
+    std::string line = what_ + ": " + std::to_string(total) +
+                       " more connections dropped in the last " + seconds + " s:";
+    const char* separator = " ";
+    for (const auto& [category, count] : suppressed_) {
+      line += separator + std::to_string(count) + " " + category;
+      separator = ", ";
+    }
+    CPPRUN_LOG(kWarn) << line;
+  }
+  open_ = false;
+  logged_ = 0;
+  suppressed_.clear();
+}
 
 void acceptConnections(std::shared_ptr<void> owner, tcp::acceptor& acceptor,
                        asio::steady_timer& retry_timer, std::shared_ptr<const AcceptHooks> hooks) {
@@ -90,10 +128,8 @@ void acceptConnections(std::shared_ptr<void> owner, tcp::acceptor& acceptor,
     if (hooks->stopped()) return;
     if (ec) {
       if (ec == asio::error::operation_aborted) return;
-      if (mayWarn(*hooks)) {
-        CPPRUN_LOG(kWarn) << hooks->what << ": accept failed: " << ec.message()
-                          << "; retrying in 50 ms";
-      }
+      hooks->warnings->warn(owner, "failed accepts",
+                            "accept failed: " + ec.message() + "; retrying in 50 ms");
       retry_timer.expires_after(std::chrono::milliseconds(50));
       retry_timer.async_wait(
           [owner, &acceptor, &retry_timer, hooks](const boost::system::error_code& tec) {
@@ -103,15 +139,10 @@ void acceptConnections(std::shared_ptr<void> owner, tcp::acceptor& acceptor,
     }
     if (hooks->open_connections() >= hooks->max_connections) {
       boost::system::error_code ignored;
-      if (mayWarn(*hooks)) {
-        CPPRUN_LOG(kWarn) << hooks->what << ": refusing connection from "
-                          << describeEndpoint(socket.remote_endpoint(ignored)) << ": "
-                          << hooks->max_connections << " connections already open"
-                          << (hooks->warnings.lines == kAcceptWarningsPerInterval
-                                  ? " (further connection warnings in the next 10 s are counted, "
-                                    "not shown)"
-                                  : "");
-      }
+      hooks->warnings->warn(
+          owner, "over the connection cap",
+          "refusing connection from " + describeEndpoint(socket.remote_endpoint(ignored)) + ": " +
+              std::to_string(hooks->max_connections) + " connections already open");
       socket.close(ignored);
       if (hooks->refused) hooks->refused();
     } else {

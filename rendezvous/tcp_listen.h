@@ -12,6 +12,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/asio.h"
 #include "common/status.h"
@@ -34,18 +36,42 @@ struct BoundAddress {
 Result<BoundAddress> listenTcp(boost::asio::ip::tcp::acceptor& acceptor, const std::string& host,
                                uint16_t port, const std::string& what);
 
-// At most kAcceptWarningsPerInterval warning lines (a refused connection, a failed accept)
-// per kAcceptWarningInterval and server; the rest are counted and summed up in one line with
-// the first warning after the interval, so a flood of connections cannot flood the log.
-inline constexpr int kAcceptWarningsPerInterval = 5;
-inline constexpr std::chrono::seconds kAcceptWarningInterval{10};
+// WarningLimiter: one server's connection warnings (a connection closed for bad input or over a
+// budget, one refused over the connection cap, a failed accept) within a budget: at most
+// `per_interval` lines per `interval`. The first warning opens an interval; the ones past the
+// allowance are only counted by category, and when the interval ends one line sums them up:
+// "store: 295 more connections dropped in the last 10.0 s: 290 bad frame, 5 over the
+// connection cap". Under a flood that is per_interval + 1 lines per interval, whatever the rate.
+//
+// Thread safety: the server's loop thread only.
+class WarningLimiter {
+ public:
+  // `what` names the server at the start of every line ("store", "http").
+  WarningLimiter(boost::asio::io_context& io, std::string what, size_t per_interval,
+                 std::chrono::milliseconds interval);
+  // Writes "<what>: <line>", or counts it under `category`; true when written. `owner` keeps
+  // the limiter alive until the interval's timer has fired.
+  bool warn(const std::shared_ptr<void>& owner, const std::string& category,
+            const std::string& line);
+  // Writes what the current interval has not reported yet (the server stops).
+  void stop();
 
-// The warning budget of one server's accept loop (loop thread only).
-struct AcceptWarnings {
-  std::chrono::steady_clock::time_point interval_start{};
-  int lines = 0;            // written in this interval
-  uint64_t suppressed = 0;  // not written in this interval
+ private:
+  void endInterval();
+
+  boost::asio::steady_timer timer_;
+  const std::string what_;
+  const size_t per_interval_;
+  const std::chrono::milliseconds interval_;
+  bool open_ = false;
+  std::chrono::steady_clock::time_point opened_;
+  size_t logged_ = 0;
+  std::vector<std::pair<std::string, uint64_t>> suppressed_;  // by category, first seen first
 };
+
+// A server's default warning budget (the store's options can change its own).
+inline constexpr size_t kWarningsPerInterval = 5;
+inline constexpr std::chrono::milliseconds kWarningInterval{10000};
 
 // What acceptConnections needs from its server. Every hook runs on the acceptor's loop thread.
 struct AcceptHooks {
@@ -55,13 +81,14 @@ struct AcceptHooks {
   std::function<size_t()> open_connections;                    // counted against max_connections
   std::function<void(boost::asio::ip::tcp::socket)> accepted;  // one under the limit
   std::function<void()> refused = {};  // optional: one over the limit, already closed
-  mutable AcceptWarnings warnings;     // the accept loop's own state
+  // The server's warning budget, which its other connection warnings share.
+  std::shared_ptr<WarningLimiter> warnings;
 };
 
 // Accepts on a listening `acceptor` until hooks->stopped(). A failed accept (typically EMFILE:
 // out of descriptors) is retried after 50 ms on `retry_timer` instead of spinning; a connection
-// over the limit is closed at once with a warning naming its peer (both warnings within the
-// budget above). `owner`, the server that owns
+// over the limit is closed at once with a warning naming its peer (both warnings within
+// hooks->warnings' budget). `owner`, the server that owns
 // the acceptor and the timer, is held by every pending handler, so they outlive them; to stop,
 // the server sets what stopped() reads and closes the acceptor and cancels the timer.
 void acceptConnections(std::shared_ptr<void> owner, boost::asio::ip::tcp::acceptor& acceptor,

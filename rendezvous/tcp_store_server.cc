@@ -38,86 +38,6 @@ const char* dropReasonName(DropReason reason) {
   return "unknown";
 }
 
-namespace {
-
-// The warning lines for closed connections, at most `per_interval` per interval: the first
-// drop opens an interval, the drops past the allowance are only counted, and when the interval
-// ends one line sums them up by reason. Under a flood that is per_interval + 1 lines per
-// interval, whatever the rate.
-class DropLog {
- public:
-  DropLog(asio::io_context& io, size_t per_interval, std::chrono::milliseconds interval)
-      : timer_(io), per_interval_(per_interval), interval_(interval) {}
-
-  // `owner` keeps the log alive until the end-of-interval timer has fired.
-  void dropped(const std::shared_ptr<void>& owner, const std::string& peer, DropReason reason,
-               const std::string& why, TcpStoreServerStats* stats) {
-    if (!open_) {
-      open_ = true;
-      opened_ = std::chrono::steady_clock::now();
-      timer_.expires_after(interval_);
-      timer_.async_wait([this, owner](const boost::system::error_code& ec) {
-        if (!ec) endInterval();
-      });
-    }
-    if (logged_ < per_interval_) {
-      ++logged_;
-      CPPRUN_LOG(kWarn) << "store: closing connection from " << peer << ": " << why
-                        << (logged_ == per_interval_ ? summaryNotice() : std::string());
-      return;
-    }
-    ++suppressed_[static_cast<size_t>(reason)];
-    ++stats->drop_warnings_suppressed;
-  }
-
-  // Logs what the current interval has not reported yet (on shutdown).
-  void stop() {
-    timer_.cancel();
-    if (open_) endInterval();
-  }
-
- private:
-  std::string summaryNotice() const {
-    char seconds[32];
-    std::snprintf(seconds, sizeof(seconds), "%g", interval_.count() / 1000.0);
-    return " (the warning limit of " + std::to_string(per_interval_) + " per " + seconds +
-           " s is reached; further drops are summarised)";
-  }
-
-  void endInterval() {
-    uint64_t total = 0;
-    for (uint64_t n : suppressed_) total += n;
-    if (total > 0) {
-      std::chrono::duration<double> took = std::chrono::steady_clock::now() - opened_;
-      char seconds[32];
-      std::snprintf(seconds, sizeof(seconds), "%.1f", took.count());
-      std::string line = "store: " + std::to_string(total) +
-                         " more connections dropped in the last " + seconds + " s:";
-      const char* separator = " ";
-      for (size_t r = 0; r < kDropReasonCount; ++r) {
-        if (suppressed_[r] == 0) continue;
-        line += separator + std::to_string(suppressed_[r]) + " " +
-                dropReasonName(static_cast<DropReason>(r));
-        separator = ", ";
-      }
-      CPPRUN_LOG(kWarn) << line;
-    }
-    open_ = false;
-    logged_ = 0;
-    suppressed_.fill(0);
-  }
-
-  asio::steady_timer timer_;
-  size_t per_interval_;
-  std::chrono::milliseconds interval_;
-  bool open_ = false;
-  std::chrono::steady_clock::time_point opened_;
-  size_t logged_ = 0;
-  std::array<uint64_t, kDropReasonCount> suppressed_{};
-};
-
-}  // namespace
-
 // Owns the acceptor, the connections and the engine. Shared with in-flight handlers, so it
 // outlives the TcpStoreServer object until the loop has drained them.
 class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer::Impl>,
@@ -129,7 +49,8 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
         acceptor_(io),
         retry_timer_(io),
         engine_(this),
-        drop_log_(io, options_.drop_warnings_per_interval, options_.drop_warning_interval) {}
+        warnings_(std::make_shared<WarningLimiter>(io, "store", options_.drop_warnings_per_interval,
+                                                   options_.drop_warning_interval)) {}
 
   Status listen();
   void startAccepting();
@@ -138,7 +59,7 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
   void send(ClientId client, const uint8_t* data, size_t size) override;
   bool roomFor(ClientId client, size_t size) override;
   void flush();
-  // Closes a connection the server gives up on: counted, and logged through drop_log_.
+  // Closes a connection the server gives up on: counted, and logged within warnings_' budget.
   void closeConnection(ClientId id, DropReason reason, const std::string& why);
   void connectionFinished(ClientId id);
 
@@ -147,7 +68,8 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
   tcp::acceptor acceptor_;
   asio::steady_timer retry_timer_;
   StoreEngine engine_;
-  DropLog drop_log_;
+  // The budget of every connection warning (drops, refusals, failed accepts; tcp_listen.h).
+  std::shared_ptr<WarningLimiter> warnings_;
   std::unordered_map<ClientId, std::shared_ptr<Connection>> connections_;
   std::vector<std::shared_ptr<Connection>> dirty_;
   std::vector<std::shared_ptr<Connection>> spare_dirty_;  // flush()'s other buffer
@@ -402,6 +324,7 @@ void TcpStoreServer::Impl::startAccepting() {
     conn->start();
   };
   hooks->refused = [this] { ++stats_.connections_rejected; };
+  hooks->warnings = warnings_;
   acceptConnections(shared_from_this(), acceptor_, retry_timer_, std::move(hooks));
 }
 
@@ -431,7 +354,10 @@ void TcpStoreServer::Impl::closeConnection(ClientId id, DropReason reason, const
   if (it == connections_.end()) return;
   ++stats_.connections_dropped;
   ++stats_.dropped_by_reason[static_cast<size_t>(reason)];
-  drop_log_.dropped(shared_from_this(), it->second->peer(), reason, why, &stats_);
+  if (!warnings_->warn(shared_from_this(), dropReasonName(reason),
+                       "closing connection from " + it->second->peer() + ": " + why)) {
+    ++stats_.drop_warnings_suppressed;
+  }
   connectionFinished(id);
 }
 
@@ -454,7 +380,7 @@ void TcpStoreServer::Impl::stop() {
   connections_.clear();
   for (auto& kv : conns) kv.second->close();
   dirty_.clear();
-  drop_log_.stop();
+  warnings_->stop();
 }
 
 Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::create(asio::io_context& io,
