@@ -10,7 +10,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <set>
 
 #include "agent/child_reaper.h"
@@ -22,19 +21,6 @@
 namespace cpprun::agent {
 
 namespace {
-
-// The state letter of /proc/<pid>/stat ('Z' zombie, 'D' uninterruptible, ...); 0 when gone.
-char processState(pid_t pid) {
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
-  FILE* f = std::fopen(path, "re");
-  if (f == nullptr) return 0;
-  char text[512] = {};
-  size_t n = std::fread(text, 1, sizeof text - 1, f);
-  std::fclose(f);
-  const char* close = static_cast<const char*>(::memrchr(text, ')', n));
-  return close != nullptr && close + 2 < text + n ? close[2] : 0;
-}
 
 // Kills every descendant and reaps until none is left (bounded: a process stuck in
 // uninterruptible sleep cannot be waited for forever). Returns how many distinct live processes

@@ -92,6 +92,9 @@ std::unique_ptr<ProcessLauncher> makeSystemProcessLauncher(WorkerContainment con
 
 // Children of `parent` according to /proc (for subreaper clean-up and for tests).
 std::vector<pid_t> childrenOf(pid_t parent);
+// The state letter /proc gives `pid` ('R', 'S', 'D' uninterruptible, 'Z' zombie, ...); 0 when
+// it is gone.
+char processState(pid_t pid);
 // Every descendant of `ancestor` (children, their children, ...), from one /proc scan.
 std::vector<pid_t> descendantsOf(pid_t ancestor);
 

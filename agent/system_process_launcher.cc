@@ -548,8 +548,21 @@ class SystemProcessLauncher : public ProcessLauncher {
   unsigned int fd_limit_ = 0;
 };
 
-// ppid of every process from /proc/<pid>/stat ("pid (comm) state ppid ...", comm may hold
-// spaces and parentheses, so parse after the last ')').
+// State letter and ppid from /proc/<pid>/stat ("pid (comm) state ppid ...", comm may hold
+// spaces and parentheses, so parse after the last ')'); nullopt once the process is gone.
+std::optional<std::pair<char, pid_t>> readProcStat(const std::string& pid) {
+  std::ifstream stat("/proc/" + pid + "/stat");
+  std::string text;
+  if (!std::getline(stat, text)) return std::nullopt;  // exited meanwhile
+  size_t close = text.rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  char state = 0;
+  long ppid = 0;
+  if (std::sscanf(text.c_str() + close + 1, " %c %ld", &state, &ppid) != 2) return std::nullopt;
+  return std::make_pair(state, static_cast<pid_t>(ppid));
+}
+
+// ppid of every process.
 std::map<pid_t, pid_t> parentsByPid() {
   std::map<pid_t, pid_t> parents;
   DIR* dir = ::opendir("/proc");
@@ -558,15 +571,7 @@ std::map<pid_t, pid_t> parentsByPid() {
     char* end = nullptr;
     long pid = std::strtol(entry->d_name, &end, 10);
     if (end == entry->d_name || *end != '\0') continue;
-    std::ifstream stat("/proc/" + std::string(entry->d_name) + "/stat");
-    std::string text;
-    if (!std::getline(stat, text)) continue;  // exited meanwhile
-    size_t close = text.rfind(')');
-    if (close == std::string::npos) continue;
-    char state = 0;
-    long ppid = 0;
-    if (std::sscanf(text.c_str() + close + 1, " %c %ld", &state, &ppid) != 2) continue;
-    parents[static_cast<pid_t>(pid)] = static_cast<pid_t>(ppid);
+    if (auto stat = readProcStat(entry->d_name)) parents[static_cast<pid_t>(pid)] = stat->second;
   }
   ::closedir(dir);
   return parents;
@@ -599,6 +604,11 @@ std::optional<std::vector<pid_t>> childrenFromTaskFiles(pid_t parent) {
   ::closedir(dir);
   if (!any_file) return std::nullopt;
   return children;
+}
+
+char processState(pid_t pid) {
+  auto stat = readProcStat(std::to_string(pid));
+  return stat ? stat->first : 0;
 }
 
 std::vector<pid_t> childrenOf(pid_t parent) {
