@@ -33,9 +33,6 @@ namespace cpprun::agent {
 
 namespace {
 
-// How long the console may take, at the agent's exit, to take the lines still queued for it.
-constexpr std::chrono::milliseconds kConsoleExitFlush{10000};
-
 // Whether a TCP connection to host:port (0.0.0.0 / :: mean this machine) is accepted now.
 bool somethingAccepts(const std::string& host, uint16_t port) {
   std::string target = host;
@@ -435,7 +432,7 @@ void LocalAgent::stopOutput() {
   output_stopped_ = true;
   // The console gets what is queued for a bounded time (a reader who never reads again must
   // not hold the agent forever); the log files get everything, within a minute.
-  (void)sinks_->close(kConsoleExitFlush, std::chrono::minutes(1));
+  (void)sinks_->close(kConsoleExitFlush, kFileExitFlush);
 }
 
 void LocalAgent::publishStatus() {

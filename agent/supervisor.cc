@@ -832,7 +832,7 @@ Supervisor::~Supervisor() {
   impl_->sinks_->attachLoop(nullptr);
   // Writers the supervisor made itself end with it. (Sinks from the options are their owner's.)
   if (!impl_->options_.sinks) {
-    impl_->sinks_->stop(std::chrono::seconds(10), std::chrono::minutes(1));
+    impl_->sinks_->stop(kConsoleExitFlush, kFileExitFlush);
   }
 }
 

@@ -128,7 +128,7 @@ OutputSinks::OutputSinks(int console_stdout_fd, int console_stderr_fd)
     stderr_writer_ = std::make_unique<OutputWriter>();
   }
   // Log files are not given up on at exit as the console is: they must lose nothing.
-  files_.setExitFlushBound(std::chrono::minutes(1));
+  files_.setExitFlushBound(kFileExitFlush);
 }
 
 OutputWriter& OutputSinks::console(int fd) {

@@ -107,6 +107,12 @@ inline constexpr std::chrono::milliseconds kConsoleStall{1000};
 inline constexpr size_t kConsoleBytesPerSink = 16 * 1024 * 1024;
 // Log-file bytes one worker stream may have waiting before its pipe is no longer read.
 inline constexpr size_t kFileBytesPerStream = 1024 * 1024;
+// How long the console may take, at the agent's exit, to take the lines still queued for it (a
+// reader who never reads again must not hold the agent for ever), the same after a signal ended
+// the job, and how long the log files may take (they must lose nothing).
+inline constexpr std::chrono::milliseconds kConsoleExitFlush{10000};
+inline constexpr std::chrono::milliseconds kConsoleExitFlushAfterSignal{2000};
+inline constexpr std::chrono::milliseconds kFileExitFlush{60000};
 // The agent's own log lines waiting on the console before new ones are dropped.
 inline constexpr size_t kLogBytesWaiting = 1024 * 1024;
 

@@ -435,12 +435,6 @@ int runJob(const AgentRun& run) {
   return reportOutcome(job, result.value(), world_size, group_world_size);
 }
 
-// How long the console may take, at the agent's exit, to take the lines still queued for it
-// (a reader who never reads again must not hold the agent forever; the log files get
-// everything), and the same after a signal ended the job.
-constexpr std::chrono::milliseconds kConsoleExitFlush{10000};
-constexpr std::chrono::milliseconds kConsoleExitFlushAfterSignal{2000};
-
 // A run: the run directory, then the agent under its guardian.
 int launch(const Job& job, const NumaDecision& numa) {
   const LaunchConfig& config = job.config;
@@ -487,8 +481,8 @@ int launch(const Job& job, const NumaDecision& numa) {
         }
         // A job ended by a signal: the user wants it over, not the console caught up.
         const bool signalled = agent_code > 128;
-        sinks->close(signalled ? kConsoleExitFlushAfterSignal : kConsoleExitFlush,
-                     std::chrono::minutes(1));
+        sinks->close(signalled ? agent::kConsoleExitFlushAfterSignal : agent::kConsoleExitFlush,
+                     agent::kFileExitFlush);
         return agent_code;
       },
       agent::GuardianOptions{config.signals_to_handle,
