@@ -18,10 +18,15 @@ DataLoader over a TensorDataset yields, without its per-sample collation cost), 
 benchmark compares compute with compute. --metrics FILE: rank 0 appends JSON lines in
 cpprun-mnist's format.
 
+--device cuda: each rank trains on the GPU its LOCAL_RANK picks, over NCCL, with the data held on
+the GPU (what tests/bench/mnist_bench.py compares cpprun-mnist --device cuda with); --bf16
+autocasts the forward pass to bfloat16. The default stays cpu (gloo), as the CPU tests expect.
+
 --fail-once RANK:EPOCH injects a fault, for restart tests: in the job's first attempt
 (TORCHELASTIC_RESTART_COUNT 0) rank RANK raises an error halfway through epoch EPOCH.
 """
 import argparse
+import contextlib
 import gzip
 import json
 import os
@@ -96,10 +101,24 @@ def main():
                         help="first attempt only: RANK fails halfway through EPOCH")
     parser.add_argument("--metrics")
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu",
+                        help="cpu (default: gloo), cuda (the GPU LOCAL_RANK picks, NCCL, the data "
+                        "held on the GPU) or auto (cuda when torch sees a GPU)")
+    parser.add_argument("--bf16", action="store_true",
+                        help="on cuda: autocast to bfloat16 (float accumulation), as cpprun-mnist --bf16")
     args = parser.parse_args()
 
     run_start = time.perf_counter()
-    dist.init_process_group(backend="gloo", init_method="env://")
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    if args.bf16 and not use_cuda:
+        parser.error("--bf16 needs --device cuda")
+    if use_cuda:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(backend="nccl" if use_cuda else "gloo", init_method="env://")
     rank, world = dist.get_rank(), dist.get_world_size()
     threads = int(os.environ.get("OMP_NUM_THREADS", "0")) or torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -112,8 +131,14 @@ def main():
     if rank != 0:
         train_x, train_y = load_split(args.data, "train")
     test_x, test_y = load_split(args.data, "t10k")
+    train_x, train_y, test_x, test_y = (t.to(device) for t in (train_x, train_y, test_x, test_y))
 
-    model = DDP(Net())
+    # (torch.autocast("cuda") fails on CPU-only builds even when disabled, so it is made only for --bf16.)
+    def autocast():
+        return (torch.autocast("cuda", dtype=torch.bfloat16) if args.bf16
+                else contextlib.nullcontext())
+
+    model = DDP(Net().to(device), device_ids=[device.index] if use_cuda else None)
     lr = args.lr * (world if args.scale_lr else 1)
     optimizer = torch.optim.Adadelta(model.parameters(), lr=lr)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=args.gamma)
@@ -125,7 +150,7 @@ def main():
     checkpoint = os.path.join(args.checkpoint_dir, "mnist_ddp.pt") if args.checkpoint_dir else None
     if args.resume and checkpoint and os.path.exists(checkpoint):
         # Every rank loads the same file (rank 0 wrote it before the attempt ended).
-        state = torch.load(checkpoint, map_location="cpu")
+        state = torch.load(checkpoint, map_location=device)
         model.module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -140,7 +165,7 @@ def main():
 
     for epoch in range(first_epoch, args.epochs + 1):
         sampler.set_epoch(epoch)
-        indices = torch.tensor(list(iter(sampler)))
+        indices = torch.tensor(list(iter(sampler)), device=device)
         batches = (len(indices) + args.batch_size - 1) // args.batch_size
         model.train()
         start = time.perf_counter()
@@ -149,25 +174,28 @@ def main():
                 raise RuntimeError(f"--fail-once: rank {rank} fails at epoch {epoch} batch {b}")
             idx = indices[b * args.batch_size:(b + 1) * args.batch_size]
             optimizer.zero_grad()
-            loss = F.nll_loss(model(train_x[idx]), train_y[idx])
+            with autocast():
+                loss = F.nll_loss(model(train_x[idx]).float(), train_y[idx])
             loss.backward()
             optimizer.step()
             if rank == 0 and not args.quiet and (b % args.log_interval == 0 or b == batches - 1):
                 seen = min((b * args.batch_size + len(idx)) * world, len(train_x))
                 print(f"Train Epoch: {epoch} [{seen}/{len(train_x)} ({100.0 * (b + 1) / batches:.0f}%)]"
                       f"\tLoss: {loss.item():.6f}", flush=True)
+        if use_cuda:
+            torch.cuda.synchronize()
         train_seconds = time.perf_counter() - start
         images_per_s = len(indices) * world / train_seconds
         scheduler.step()
 
         # Every rank evaluates a part of the test set; the sums are all-reduced.
         model.eval()
-        part = torch.tensor_split(torch.arange(len(test_x)), world)[rank]
+        part = torch.tensor_split(torch.arange(len(test_x), device=device), world)[rank]
         with torch.no_grad():
             out = model.module(test_x[part])
             sums = torch.tensor([F.nll_loss(out, test_y[part], reduction="sum").item(),
                                  (out.argmax(1) == test_y[part]).sum().item(), len(part)],
-                                dtype=torch.float64)
+                                dtype=torch.float64, device=device)
         dist.all_reduce(sums)
         test_loss, accuracy = sums[0].item() / sums[2].item(), 100.0 * sums[1].item() / sums[2].item()
         if rank == 0:

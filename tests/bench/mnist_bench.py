@@ -8,6 +8,7 @@ in one run.
         [--accuracy-batch-size 32] [--accuracy-epochs 6] [--target-accuracy 97] \\
         [--fashion-epochs 5] [--fashion /usr/share/datasets/fashion-mnist] \\
         [--peers torch2,torch113] [--torch2-python /opt/cpprun/torch2/bin/python]
+        [--trainer-args '--device cuda [--bf16]']
 
 Peers: torch2 = mnist_ddp.py under the pinned torch 2.x (--torch2-python; default
 ${CPPRUN_TORCH2_VENV:-/opt/cpprun/torch2}/bin/python), the anchor of the unsuffixed RESULT
@@ -45,7 +46,7 @@ TORCH_SCRIPT = os.path.join(HERE, "..", "..", "examples", "python", "mnist_ddp.p
 
 def run_job(args, trainer_argv, metrics, data=None, epochs=None, python="/usr/bin/python3",
             batch_size=None):
-    cmd = [args.cpprun, f"--nproc-per-node={args.nproc}"] + trainer_argv + [
+    cmd = [args.cpprun, f"--nproc-per-node={args.nproc}"] + trainer_argv + args.trainer_args.split() + [
         "--epochs", str(epochs), "--batch-size", str(batch_size or args.batch_size), "--quiet",
         "--metrics", metrics]
     if data:
@@ -96,6 +97,9 @@ def main():
     p.add_argument("--timeout", type=int, default=1800)
     p.add_argument("--peers", default="torch2,torch113",
                    help="any of torch2,torch113 (default: both)")
+    p.add_argument("--trainer-args", default="",
+                   help="arguments given to every trainer, ours and the peers' (for example "
+                   "'--device cuda' or '--device cuda --bf16'; both trainers take them)")
     p.add_argument("--torch2-python", default=os.path.join(
         os.environ.get("CPPRUN_TORCH2_VENV", "/opt/cpprun/torch2"), "bin", "python"))
     args = p.parse_args()
