@@ -99,6 +99,9 @@ def main():
                         help="the harness sets /interop_wakeup once the blocking get waits")
     parser.add_argument("--harness-done", action="store_true",
                         help="wait for the harness to set /harness_done before exiting")
+    parser.add_argument("--no-barrier", action="store_true",
+                        help="for a torch whose TCPStore has no barrier() (2.11 has none): leave "
+                        "out the BARRIER checks and say so; without this flag a missing barrier fails")
     args = parser.parse_args()
     if args.from_env:
         host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
@@ -265,14 +268,18 @@ def main():
     check("queue_len after pops", store.queue_len("jobs"), 0)
 
     # barrier (the BARRIER request): two store objects meet; then one alone times out.
-    thread, result = run_in_thread(lambda: waiter.barrier("meet", 2, timedelta(seconds=20)))
-    check("barrier second arrival", peer.barrier("meet", 2, timedelta(seconds=20)), None)
-    check("barrier first arrival", joined("barrier", thread, result, 25), None)
-    check("barrier counter", store.get("meet"), b"2")
-    check("barrier of one", store.barrier("solo", 1), None)
-    check_raises("barrier times out", lambda: doomed.barrier("lonely", 2, SHORT),
-                 dist.DistStoreError, 0.3)
-    check("connection after barrier timeout", doomed.get("meet"), b"2")
+    if args.no_barrier:
+        print(f"SKIPPED barrier checks: --no-barrier (torch {torch.__version__}, TCPStore.barrier "
+              f"{'present' if hasattr(store, 'barrier') else 'absent'})", flush=True)
+    else:
+        thread, result = run_in_thread(lambda: waiter.barrier("meet", 2, timedelta(seconds=20)))
+        check("barrier second arrival", peer.barrier("meet", 2, timedelta(seconds=20)), None)
+        check("barrier first arrival", joined("barrier", thread, result, 25), None)
+        check("barrier counter", store.get("meet"), b"2")
+        check("barrier of one", store.barrier("solo", 1), None)
+        check_raises("barrier times out", lambda: doomed.barrier("lonely", 2, SHORT),
+                     dist.DistStoreError, 0.3)
+        check("connection after barrier timeout", doomed.get("meet"), b"2")
 
     # PrefixStore, as init_process_group uses it: "<prefix>/" before every key, on the client.
     pg = dist.PrefixStore("default_pg", store)
@@ -310,6 +317,8 @@ def main():
                 "appended_later", "m1", "m2", "m3", "multi_later", "meet", "solo", "lonely",
                 "default_pg/x", "default_pg/0/rank_0", "default_pg/p1", "default_pg/p2",
                 "default_pg/pb/num_members", "default_pg/pb/last_member", "interop_final"}
+    if args.no_barrier:
+        expected -= {"meet", "solo", "lonely"}
     listed = set(store.list_keys())
     check("list_keys", sorted(listed - base_list), sorted(expected))
     keys = store.num_keys()
