@@ -29,6 +29,7 @@ step() {  # step NAME LIMIT_S COMMAND...; ONLY="a b" runs only the steps whose n
 
 accuracies() {  # accuracies NAME...: test accuracy and images/s per epoch from $work/NAME.jsonl
   for f in "$@"; do
+    [[ -f $work/$f.jsonl ]] || continue
     $PY -c 'import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if "\"test\"" in l]
 print("--- %s: accuracy per epoch %s, images/s %s" % (sys.argv[2], [round(r["accuracy"], 2) for r in rows],
