@@ -7,12 +7,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <optional>
 #include <utility>
 
+#include "agent/python_progress.h"
 #include "common/asio.h"
 #include "common/logging.h"
 #include "common/progress_file.h"
@@ -205,6 +207,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     watchdog_.beginAttempt(restart_count_, workers_.size());
     peer_stopped_ = false;
     stop_signal_ = 0;
+    python_progress_dir_ = preparePythonProgress(attempt.value().attempt_dir);
     for (size_t i = 0; i < workers_.size(); ++i) {
       workers_[i].spec = std::move(attempt.value().workers[i]);
       Status s = startWorker(i, attempt.value().attempt_dir);
@@ -246,6 +249,23 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     beginStop(SIGTERM);
   }
 
+  // The directory of this attempt's automatic progress module (agent/python_progress.h), or ""
+  // when stamps are off for it (no stall detection, --python-progress off, no log directory, or
+  // the module could not be written: stamps never stop a job from starting).
+  std::string preparePythonProgress(const std::string& attempt_dir) {
+    if (!watchdog_.stallDetectionOn() || !options_.stall.python_progress || attempt_dir.empty()) {
+      return "";
+    }
+    const std::string dir = attempt_dir + "/python";
+    Status written = writePythonProgressModule(dir);
+    if (!written.isOk()) {
+      CPPRUN_LOG(kWarn) << "automatic progress stamps are off for this attempt: "
+                        << written.message();
+      return "";
+    }
+    return dir;
+  }
+
   Status startWorker(size_t index, const std::string& attempt_dir) {
     Worker& w = workers_[index];
     std::string rank_dir =
@@ -278,6 +298,11 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     if (!rank_dir.empty()) {
       spec.env[kProgressFileVariable] = StallWatchdog::progressFile(rank_dir);
       spec.env["CPPRUN_STACK_FILE"] = StallWatchdog::stackFile(rank_dir);
+      if (!python_progress_dir_.empty()) {
+        addPythonProgress(spec.env, python_progress_dir_,
+                          pythonProgressInterval(options_.stall.timeout),
+                          std::getenv("PYTHONPATH"));
+      }
     }
     spec.stdout_fd = out_pipe[1];
     spec.stderr_fd = err_pipe[1];
@@ -806,6 +831,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
   std::vector<WorkerFailure> failures_;
   bool attempt_failed_ = false;
   bool peer_stopped_ = false;
+  std::string python_progress_dir_;  // this attempt's, see preparePythonProgress
   struct PeerStopNote {
     int attempt;
     std::string reason;

@@ -1,5 +1,6 @@
 #include "launcher/agent_options.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 
@@ -117,8 +118,15 @@ agent::LocalAgentOptions makeAgentOptions(const AgentOptionsInputs& in) {
   options.metrics_host = config.metrics_host;
   options.metrics_port = config.metrics_port;
   if (config.stall_timeout > 0) {
-    options.supervisor.stall.timeout = milliseconds(config.stall_timeout);
-    options.supervisor.stall.gdb_path = in.gdb_path;
+    auto& stall = options.supervisor.stall;
+    stall.timeout = milliseconds(config.stall_timeout);
+    const double first = config.stall_first_timeout > 0
+                             ? config.stall_first_timeout
+                             : std::max(kDefaultStallFirstTimeoutSeconds, config.stall_timeout);
+    stall.first_timeout = milliseconds(first);
+    stall.stacks_timeout = milliseconds(config.stall_stacks_timeout);
+    stall.python_progress = config.python_progress;
+    stall.gdb_path = in.gdb_path;
   }
   options.signals_to_handle = config.signals_to_handle;
   options.supervisor.max_restarts = config.max_restarts;

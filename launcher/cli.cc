@@ -418,6 +418,30 @@ Status applyStallTimeout(LaunchConfig& c, const std::string& v, const std::strin
   return Status::ok();
 }
 
+Status applyStallFirstTimeout(LaunchConfig& c, const std::string& v, const std::string& source) {
+  if (!parseSeconds(v, c.stall_first_timeout) || c.stall_first_timeout <= 0) {
+    return badValue(v, source, "a positive number of seconds");
+  }
+  return Status::ok();
+}
+
+Status applyStallStacksTimeout(LaunchConfig& c, const std::string& v, const std::string& source) {
+  if (v == "off") {
+    c.stall_stacks_timeout = 0;
+    return Status::ok();
+  }
+  if (!parseSeconds(v, c.stall_stacks_timeout) || c.stall_stacks_timeout <= 0) {
+    return badValue(v, source, "a positive number of seconds, or off");
+  }
+  return Status::ok();
+}
+
+Status applyPythonProgress(LaunchConfig& c, const std::string& v, const std::string& source) {
+  if (v != "on" && v != "off") return badValue(v, source, "on or off");
+  c.python_progress = v == "on";
+  return Status::ok();
+}
+
 // [HOST:]PORT, IPv6 as [ADDR]:PORT.
 Status applyMetricsPort(LaunchConfig& c, const std::string& v, const std::string& source) {
   const char* expected = "PORT or HOST:PORT (IPv6 as [ADDR]:PORT), port 0-65535";
@@ -565,10 +589,26 @@ const OptionSpec kOptions[] = {
      "TCPStore themselves)."},
     {"--stall-timeout", 0, Arity::kValue, false, applyStallTimeout, Section::kOperations, "SECONDS",
      "off",
-     "A rank whose progress file ($CPPRUN_PROGRESS_FILE, bumped by the trainer each step) has "
-     "not changed for this long while its process runs is stalled: its stacks (gdb; Python "
-     "faulthandler via examples/python/cpprun_progress.py) go to its log directory and the "
-     "report, then the attempt fails (restart or end)."},
+     "A rank whose progress file ($CPPRUN_PROGRESS_FILE: bumped by the trainer each step, or "
+     "stamped for Python workers by --python-progress) has not changed for this long since its "
+     "last report is stalled: its stacks (Python faulthandler, gdb; see "
+     "--stall-stacks-timeout) go to its log directory and the report, then the attempt fails "
+     "(restart or end)."},
+    {"--stall-first-timeout", 0, Arity::kValue, false, applyStallFirstTimeout, Section::kOperations,
+     "SECONDS", "600, at least --stall-timeout",
+     "With --stall-timeout: the bound from a worker's start to its first progress report "
+     "(imports, CUDA and NCCL set-up, the rendezvous, loading data), so a slow start is never "
+     "taken for a stall."},
+    {"--stall-stacks-timeout", 0, Arity::kValue, false, applyStallStacksTimeout,
+     Section::kOperations, "SECONDS|off", "1",
+     "With --stall-timeout: the bound on collecting a stalled rank's stacks (faulthandler, "
+     "then gdb, killed at the bound) before the attempt fails; off skips them."},
+    {"--python-progress", 0, Arity::kValue, false, applyPythonProgress, Section::kOperations,
+     "on|off", "on",
+     "With --stall-timeout: Python workers stamp progress by themselves, no trainer change "
+     "needed (a sitecustomize first on PYTHONPATH; the main thread stamps while it runs Python "
+     "once torch.distributed is initialised, so a rank blocked in a collective stops). "
+     "docs/supervision.md says what it sees and what it cannot."},
     {"--metrics-port", 0, Arity::kValue, false, applyMetricsPort, Section::kOperations,
      "[HOST:]PORT", "off",
      "Serve /healthz, /metrics (Prometheus) and /status (JSON) over HTTP on HOST (default "
@@ -797,6 +837,13 @@ Result<CliResult> parseCommandLine(const std::vector<std::string>& args, const E
     return invalidArgument(
         "-m/--module and --no-python cannot be used together: -m runs the entry point as a "
         "Python module, --no-python executes it directly");
+  }
+  for (const char* flag :
+       {"--stall-first-timeout", "--stall-stacks-timeout", "--python-progress"}) {
+    if (config.given.count(flag) != 0 && config.stall_timeout <= 0) {
+      return invalidArgument(std::string(flag) +
+                             " needs --stall-timeout (stall detection is off without it)");
+    }
   }
   if (config.strict_numa_binding && config.numa_binding.empty()) {
     return invalidArgument(

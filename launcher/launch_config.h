@@ -14,6 +14,10 @@ namespace cpprun::launcher {
 // How many workers per node: a number, or resolved from the machine.
 enum class NprocKind { kNumber, kGpu, kCpu, kAuto };
 
+// --stall-first-timeout's default (at least --stall-timeout): ten minutes for imports, CUDA and
+// NCCL set-up, the rendezvous of init_process_group and loading data, as a large job needs.
+inline constexpr double kDefaultStallFirstTimeoutSeconds = 600;
+
 struct LaunchConfig {
   // --nnodes N or MIN:MAX (0 < min <= max <= kMaxNodes, launch_limits.h).
   int min_nodes = 1;
@@ -66,6 +70,9 @@ struct LaunchConfig {
   bool dry_run = false;             // --dry-run
   bool check = false;               // --check: preflight report, no job (entry point optional)
   double stall_timeout = 0;         // --stall-timeout, seconds; 0: off
+  double stall_first_timeout = 0;   // --stall-first-timeout, seconds; 0: the default below
+  double stall_stacks_timeout = 1;  // --stall-stacks-timeout, seconds; 0: off
+  bool python_progress = true;      // --python-progress on|off
   std::string metrics_host = "127.0.0.1";  // --metrics-port [HOST:]PORT
   int metrics_port = -1;                   // -1: off
   std::string event_log;                   // --event-log FILE

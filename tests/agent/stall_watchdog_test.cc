@@ -216,7 +216,7 @@ TEST_CASE_METHOD(Fixture, "stall watchdog: a gdb that hangs is killed at its bou
   options.timeout = 50ms;
   options.check_interval = 10ms;
   options.gdb_path = "/opt/fake/gdb";
-  options.gdb_timeout = 100ms;
+  options.stacks_timeout = 100ms;
   make(options);
   startAttempt(1);
   REQUIRE(runUntil([&] { return launcher.spawned.size() == 1; }));
