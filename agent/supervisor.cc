@@ -37,6 +37,10 @@ int JobOutcome::exitCode() const {
       return 3;
     case Kind::kLostPeers:
       return 4;
+    case Kind::kUnhealthy:
+      return 5;
+    case Kind::kExcluded:
+      return 6;
   }
   return 1;
 }
@@ -53,6 +57,10 @@ const char* jobOutcomeName(JobOutcome::Kind kind) {
       return "start_failed";
     case JobOutcome::Kind::kLostPeers:
       return "lost_peers";
+    case JobOutcome::Kind::kUnhealthy:
+      return "unhealthy";
+    case JobOutcome::Kind::kExcluded:
+      return "excluded";
   }
   return "unknown";
 }
@@ -696,6 +704,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
         outcome.kind = JobOutcome::Kind::kSucceeded;
         break;
     }
+    if (options_.amend_outcome) options_.amend_outcome(outcome);
     emitJobEvents(outcome);
     if (on_done_) on_done_(outcome);
   }
