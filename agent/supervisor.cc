@@ -202,6 +202,18 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     auto attempt = prepare_(restart_count_);
     if (!attempt.isOk()) {
       start_error_ = attempt.status();
+      if (options_.coordinator != nullptr) {
+        // Multi-node: the others got the go too. Stop their workers and report, so the job's
+        // decision names this node (as for a worker that cannot be spawned) instead of the
+        // others losing it.
+        CPPRUN_LOG(kError) << start_error_.message();
+        for (const Worker& w : workers_) output_bytes_before_ += outputBytes(w);
+        workers_.clear();
+        peer_stopped_ = false;
+        announce("node could not start its workers: " + start_error_.message());
+        finishAttempt();
+        return;
+      }
       finishJob();
       return;
     }

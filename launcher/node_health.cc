@@ -28,12 +28,19 @@ std::vector<std::string> checkNodeNetwork(const std::vector<NetworkInterface>& i
   if (uses_gpus || !nccl_ifname.empty()) {
     auto nccl = ncclSocketInterface(interfaces, env);
     if (!nccl) {
-      problems.push_back("no interface NCCL would use is there (" +
+      problems.push_back("no interface NCCL would use is up (" +
                          (nccl_ifname.empty() ? std::string("NCCL's default order")
                                               : "NCCL_SOCKET_IFNAME=" + nccl_ifname) +
                          ")");
-    } else if (!nccl->up) {
-      problems.push_back("the interface NCCL would use, " + nccl->name + ", is down");
+    } else if (nccl_ifname.empty() && nccl->name.rfind("ib", 0) != 0) {
+      // NCCL prefers ib*; with every ib* interface down it quietly falls back to a slower one.
+      for (const NetworkInterface& i : interfaces) {
+        if (i.name.rfind("ib", 0) == 0) {
+          problems.push_back("interface " + i.name + " is down: NCCL would fall back to " +
+                             nccl->name);
+          break;
+        }
+      }
     }
   }
   std::istringstream names(envOr(env, "GLOO_SOCKET_IFNAME"));

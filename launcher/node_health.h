@@ -3,8 +3,10 @@
 // only what can change while a job runs and would break this node's part of it:
 //   GPUs        when the job uses GPUs: the CUDA driver answers and sees at least as many
 //               devices as the node's list (a GPU fallen off the bus, a driver in a bad state)
-//   network     the interface NCCL would use is up (when the job uses GPUs or NCCL_SOCKET_IFNAME
-//               is set), and every interface GLOO_SOCKET_IFNAME names exists and is up
+//   network     when the job uses GPUs or NCCL_SOCKET_IFNAME is set: an interface NCCL would use
+//               is up (NCCL_SOCKET_IFNAME's, else NCCL's default order), and without
+//               NCCL_SOCKET_IFNAME no ib* interface is down while NCCL would fall back to
+//               another; every interface GLOO_SOCKET_IFNAME names exists and is up
 //   directories --log-dir and every --health-check-dirs directory exists (made when missing,
 //               as the agent makes its log directory) and takes a new file (a read-only
 //               remount, a full disk, a lost mount)
