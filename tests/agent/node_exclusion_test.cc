@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "agent/job_keys.h"
+#include "launcher/cli.h"
 #include "launcher/node_health.h"
 
 namespace {
@@ -156,4 +157,40 @@ TEST_CASE("the built-in directory check makes a missing directory and finds a re
   CHECK(checkWritableDirectory(base + "/a/b").empty());
   CHECK(checkWritableDirectory("/proc/1").find("not writable") != std::string::npos);
   std::filesystem::remove_all(base);
+}
+
+TEST_CASE("cli: health check and exclusion options, their defaults and bad values", "[unit]") {
+  using cpprun::launcher::parseCommandLine;
+  auto parse = [](const std::vector<std::string>& args) { return parseCommandLine(args, {}); };
+  auto off = parse({"t.py"});
+  REQUIRE(off.isOk());
+  const auto& d = off.value().config;
+  CHECK(d.health_check.empty());
+  CHECK(d.health_check_timeout == 60);
+  CHECK(d.health_check_dirs.empty());
+  CHECK(d.builtin_health_checks);
+  CHECK(d.exclude_after == 3);
+  CHECK(d.exclude_window == 3600);
+  auto set = parse({"--health-check=nvidia-smi -q", "--health-check-timeout=2.5",
+                    "--health-check-dirs=/ckpt, /data", "--builtin-health-checks=off",
+                    "--exclude-after=0", "--exclude-window=60", "t.py"});
+  REQUIRE(set.isOk());
+  const auto& c = set.value().config;
+  CHECK(c.health_check == "nvidia-smi -q");
+  CHECK(c.health_check_timeout == 2.5);
+  CHECK(c.health_check_dirs == std::vector<std::string>{"/ckpt", "/data"});
+  CHECK_FALSE(c.builtin_health_checks);
+  CHECK(c.exclude_after == 0);
+  CHECK(c.exclude_window == 60);
+  for (const std::vector<std::string>& bad :
+       {std::vector<std::string>{"--health-check-timeout=0", "t.py"},
+        {"--health-check-dirs=/a,,/b", "t.py"},
+        {"--builtin-health-checks=yes", "t.py"},
+        {"--exclude-after=-1", "t.py"},
+        {"--exclude-window=0.5", "t.py"}}) {
+    INFO(bad[0]);
+    auto r = parse(bad);
+    REQUIRE_FALSE(r.isOk());
+    CHECK_THAT(r.status().message(), Catch::Contains(bad[0].substr(0, bad[0].find('='))));
+  }
 }
