@@ -688,6 +688,22 @@ const std::vector<std::string>& longNames() {
   return names;
 }
 
+// The long names of torchrun's options: the table's rows before cpprun's own (--dry-run on),
+// plus --help and --version.
+const std::vector<std::string>& torchrunLongNames() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const OptionSpec& spec : kOptions) {
+      if (std::string(spec.name) == "--dry-run") break;
+      v.emplace_back(spec.name);
+    }
+    v.emplace_back("--help");
+    v.emplace_back("--version");
+    return v;
+  }();
+  return names;
+}
+
 // PET_NPROC_PER_NODE for --nproc-per-node.
 std::string envName(const OptionSpec& spec) {
   std::string name = "PET_";
@@ -791,7 +807,13 @@ Result<CliResult> parseCommandLine(const std::vector<std::string>& args, const E
         inline_value = arg.substr(eq + 1);
       }
       auto resolved = internal::resolveLongOption(typed, longNames());
-      if (!resolved.isOk()) return resolved.status();
+      if (!resolved.isOk()) {
+        // cpprun's own options never make an abbreviation of one of torchrun's ambiguous: a
+        // torchrun command line ("--he" for --help) means under cpprun what it means there.
+        auto torchrun = internal::resolveLongOption(typed, torchrunLongNames());
+        if (!torchrun.isOk()) return resolved.status();
+        resolved = std::move(torchrun);
+      }
       spec = findLong(resolved.value());
     } else {
       spec = findShort(arg[1]);
