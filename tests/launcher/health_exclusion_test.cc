@@ -101,7 +101,7 @@ void requireTwoFinishWithoutC(std::vector<std::unique_ptr<ChildProcess>>& health
 
 }  // namespace
 
-TEST_CASE("c10d: a node whose health command fails does not join; the job finishes on the others",
+TEST_CASE("c10d: a node whose health command fails does not join, the job finishes on the others",
           "[integration][multinode][elastic][health]") {
   TempDir dir;
   const std::string d = dir.path();
@@ -130,7 +130,7 @@ TEST_CASE("c10d: a node whose health command fails does not join; the job finish
   CHECK(finished[0]["exit_code"] == 5);
 }
 
-TEST_CASE("c10d: a node that fails its health check before a re-join leaves; the others re-form",
+TEST_CASE("c10d: a node that fails its health check before a re-join leaves, the others re-form",
           "[integration][multinode][elastic][health]") {
   TempDir dir;
   const std::string d = dir.path();
@@ -246,7 +246,7 @@ TEST_CASE("etcd: a node whose workers keep failing is excluded and the job goes 
   CHECK(events(d + "/events.jsonl", "node_excluded").size() == 3);  // every node says so
 }
 
-TEST_CASE("etcd: a node that fails its health check before a re-join leaves; the others re-form",
+TEST_CASE("etcd: a node that fails its health check before a re-join leaves, the others re-form",
           "[integration][multinode][elastic][health][etcd]") {
   EtcdClusterOptions eo;
   eo.members = 1;
