@@ -25,6 +25,8 @@
 //   attempt/<n>/report/<rank>      how an agent's workers ended
 //   attempt/<n>/decision           the host's decision for the job
 //   attempt/<n>/done, all_done     agents that read the final decision (done: tickets)
+//   exclusion/failures             one line per root-cause failure of a node (appended by the
+//                                  decider; node_exclusion.h)
 //
 // One key outside every namespace: kServedRunIdKey, the run id of the job whose agent serves a
 // TCP store, set by that agent before it answers anyone. An agent of another run id that
@@ -48,6 +50,7 @@ inline constexpr const char* kStaticJoinedKey = "rdzv/joined";
 inline constexpr const char* kStaticCompleteKey = "rdzv/complete";
 inline constexpr const char* kRoundCounterKey = "rdzv/round";
 inline constexpr const char* kAliveKeyPrefix = "alive/";
+inline constexpr const char* kExclusionHistoryKey = "exclusion/failures";
 // At the root of a TCP store served by an agent (not in a namespace).
 inline constexpr const char* kServedRunIdKey = "cpprun/served_run_id";
 

@@ -39,6 +39,10 @@ int JobOutcome::exitCode() const {
       return 3;
     case Kind::kLostPeers:
       return 4;
+    case Kind::kUnhealthy:
+      return 5;
+    case Kind::kExcluded:
+      return 6;
   }
   return 1;
 }
@@ -55,6 +59,10 @@ const char* jobOutcomeName(JobOutcome::Kind kind) {
       return "start_failed";
     case JobOutcome::Kind::kLostPeers:
       return "lost_peers";
+    case JobOutcome::Kind::kUnhealthy:
+      return "unhealthy";
+    case JobOutcome::Kind::kExcluded:
+      return "excluded";
   }
   return "unknown";
 }
@@ -196,6 +204,18 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     auto attempt = prepare_(restart_count_);
     if (!attempt.isOk()) {
       start_error_ = attempt.status();
+      if (options_.coordinator != nullptr) {
+        // Multi-node: the others got the go too. Stop their workers and report, so the job's
+        // decision names this node (as for a worker that cannot be spawned) instead of the
+        // others losing it.
+        CPPRUN_LOG(kError) << start_error_.message();
+        for (const Worker& w : workers_) output_bytes_before_ += outputBytes(w);
+        workers_.clear();
+        peer_stopped_ = false;
+        announce("node could not start its workers: " + start_error_.message());
+        finishAttempt();
+        return;
+      }
       finishJob();
       return;
     }
@@ -721,6 +741,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
         outcome.kind = JobOutcome::Kind::kSucceeded;
         break;
     }
+    if (options_.amend_outcome) options_.amend_outcome(outcome);
     emitJobEvents(outcome);
     if (on_done_) on_done_(outcome);
   }

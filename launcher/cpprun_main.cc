@@ -389,6 +389,21 @@ int reportOutcome(const Job& job, const agent::JobOutcome& outcome, int world_si
       CPPRUN_LOG(kError) << "the job cannot go on without the other nodes: "
                          << outcome.error.message();
       return kExitLostPeers;
+    case agent::JobOutcome::Kind::kUnhealthy:
+      CPPRUN_LOG(kError) << outcome.error.message()
+                         << " (exit 5: this node failed its health check; see docs/operations.md)";
+      break;
+    case agent::JobOutcome::Kind::kExcluded:
+      if (!outcome.failures.empty()) {
+        logText(
+            agent::formatFailureReport(job.config.entrypoint, job.node.hostname, outcome.failures));
+      }
+      CPPRUN_LOG(kError) << outcome.error.message()
+                         << " (exit 6: this node left the job; see docs/operations.md)";
+      break;
+  }
+  for (const std::string& departure : outcome.departures) {
+    CPPRUN_LOG(kWarn) << "left the job: " << departure;
   }
   return outcome.exitCode();
 }

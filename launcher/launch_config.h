@@ -76,6 +76,15 @@ struct LaunchConfig {
   std::string metrics_host = "127.0.0.1";  // --metrics-port [HOST:]PORT
   int metrics_port = -1;                   // -1: off
   std::string event_log;                   // --event-log FILE
+  // Health checks before every join of a multi-node job (launcher/node_health.h,
+  // agent/health_check.h).
+  std::string health_check;                    // --health-check CMD; empty: none
+  double health_check_timeout = 60;            // --health-check-timeout, seconds (> 0)
+  std::vector<std::string> health_check_dirs;  // --health-check-dirs DIR[,DIR...]
+  bool builtin_health_checks = true;           // --builtin-health-checks on|off
+  // Exclusion (agent/node_exclusion.h): elastic jobs only.
+  int exclude_after = 3;         // --exclude-after K; 0: off
+  double exclude_window = 3600;  // --exclude-window SECONDS
 
   // Canonical long names ("--node-rank") of the options set on the command line or by their
   // PET_ variable: scheduler discovery fills only the others.
