@@ -1,6 +1,6 @@
 """progress_overhead: what the automatic progress stamps (--python-progress, agent/python_progress.h)
 cost a Python trainer's steps. One worker under cpprun with --stall-timeout, stamps on and off in
-alternating runs of the same step loop, medians, side by side in one run:
+alternating runs of the same step loop, best and median of the runs, side by side in one run:
 
     /opt/cpprun/torch2/bin/python tests/bench/progress_overhead.py --cpprun build/cpprun \\
         [--runs 5] [--seconds 3] [--stall-timeouts 0.5,5]
@@ -9,7 +9,8 @@ The step is a small CPU torch step (a 64x64 matrix product and an in-place add, 
 step shows a per-step cost most clearly. With --stall-timeout S the stamp interval is S/10
 (50-500 ms), so S=0.5 is the densest stamping a user can ask for.
 
-RESULT lines: progress_step_us_<S>s <on> off=<off> overhead=<on-off in ns per step> ratio=on/off
+RESULT lines: progress_step_us_<S>s_<best|median> <on> off=<off> overhead=<on-off in ns per step>
+ratio=on/off
 """
 import argparse
 import os
@@ -73,10 +74,13 @@ def main():
                 order = [True, False] if i % 2 == 0 else [False, True]
                 for stamps in order:
                     (on if stamps else off).append(run(args, stall_timeout, stamps, worker))
-            m_on, m_off = statistics.median(on), statistics.median(off)
             print(f"# --stall-timeout {stall_timeout:g}: step µs with stamps {on}, without {off}")
-            print(f"RESULT progress_step_us_{stall_timeout:g}s {m_on:.4f} off={m_off:.4f} "
-                  f"overhead={(m_on - m_off) * 1000:.1f}ns ratio={m_on / m_off:.4f}", flush=True)
+            # Best of N: on a shared machine the other load only ever adds time, so the fastest
+            # run of each is the closest to its cost; the medians are printed beside it.
+            for name, pick in (("best", min), ("median", statistics.median)):
+                m_on, m_off = pick(on), pick(off)
+                print(f"RESULT progress_step_us_{stall_timeout:g}s_{name} {m_on:.4f} off={m_off:.4f} "
+                      f"overhead={(m_on - m_off) * 1000:.1f}ns ratio={m_on / m_off:.4f}", flush=True)
     finally:
         os.unlink(worker)
 
