@@ -21,7 +21,7 @@ DIR=${CPPRUN_FT_LAUNCHER_DIR:-/opt/cpprun/ft-launcher}
 PY=${CPPRUN_TORCH2_VENV:-/opt/cpprun/torch2}/bin/python
 # What the launcher and the rank monitor client import here (found by importing them), pinned.
 DEPS=(pyyaml==6.0.4 psutil==7.2.2 defusedxml==0.7.1 httpx==0.28.1 idna==3.20
-      protobuf==7.36.2 grpcio==1.85.3)
+      protobuf==7.36.2 grpcio==1.85.3 packaging==25.0)
 
 case "$(realpath -m "$DIR")/" in
   "$(git -C "$(dirname "$0")" rev-parse --show-toplevel 2>/dev/null || echo /nonexistent)"/*)
