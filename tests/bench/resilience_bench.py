@@ -303,7 +303,27 @@ class Bench:
                     proc.kill_tree()
                     proc.wait(time.time() + 10)
                     return out
-            rc = proc.wait(deadline)
+            rc = None
+            while time.time() < deadline:
+                rc = proc.wait(time.time() + 0.2)
+                if rc is not None:
+                    break
+                events = read_events(d)
+                fault = [e["t"] for e in events if e["ev"] in ("fail", "hang")]
+                starts = [e["t"] for e in events if fault and e["ev"] == "start" and
+                          e["t"] > fault[0]]
+                readies = [e for e in events if fault and e["ev"] == "ready" and
+                           e["t"] > fault[0]]
+                if len(starts) >= 2 and len(readies) < 2 and \
+                        time.time() - max(starts) > self.a.ready_bound:
+                    proc.kill_tree()
+                    proc.wait(time.time() + 10)
+                    self.fail(launcher, f"{mode}: the next attempt's process group was not up "
+                              f"{self.a.ready_bound:g} s after its start ({d})")
+                    if mode == "fail":
+                        out["fault_spawned"] = min(starts) - fault[0]
+                        out["fault_ready"] = "restarted group stuck"
+                    return out
             if rc is None:
                 proc.kill_tree()
                 proc.wait(time.time() + 10)
@@ -486,6 +506,9 @@ def main():
                     help="ft_launcher: nodes above MIN become hot spares")
     ap.add_argument("--loss-nnodes-torchrun", default="2:2")
     ap.add_argument("--timeout", type=float, default=120.0, help="bound of each job, seconds")
+    ap.add_argument("--ready-bound", type=float, default=30.0,
+                    help="a next attempt whose gloo group is not up this long after its start "
+                         "fails the job")
     ap.add_argument("--end-grace", type=float, default=20.0,
                     help="loss: how long surviving agents get to exit once the job is done")
     ap.add_argument("--peer-failures-ok", action="store_true")
