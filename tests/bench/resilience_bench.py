@@ -18,9 +18,11 @@ times per launcher, the launchers' order rotating from one repetition to the nex
                   heartbeats). hang_detected: rank 1's `hang` stamp -> the launcher's first
                   output line saying so (time of arrival at the benchmark); hang_spawned: -> the
                   first worker of the next attempt.
-  hang-unchanged  the same hang with no progress calls at all (an unchanged trainer):
+  hang-unchanged  the same hang with no progress calls at all (an unchanged trainer), no
+                  earlier than --stall-timeout + --hang-after-extra s after the worker's start:
                   unchanged_detected, or "not detected" when nothing is seen within
-                  --stall-timeout + --detect-grace seconds (the job is then killed).
+                  --stall-timeout + --detect-grace seconds (the job is then killed), or "false
+                  stall" when the launcher reports a stall before the trainer hung (a failure).
   loss            3 agents on loopback, c10d rendezvous, 1 worker each, 2 needed (--loss-nnodes;
                   the third is the spare); once both workers are up and have run a few steps the
                   benchmark SIGKILLs (SIGSTOP first, so nothing reacts half-killed) one active
@@ -64,7 +66,8 @@ FT_DIR = os.environ.get("CPPRUN_FT_LAUNCHER_DIR", "/opt/cpprun/ft-launcher")
 LAUNCHERS = ("cpprun", "ft", "torchrun")
 # A launcher's first output line that reports the hang (arrival time at the benchmark).
 DETECT_RE = {
-    "cpprun": re.compile(r"is stalled|stall_detected|no progress for", re.I),
+    # "rank 0 (local_rank 0, pid 1724) is stalled: no progress for 5.0 s (...)"
+    "cpprun": re.compile(r"\) is stalled: "),
     # rank_monitor_server.py: "[Cycle 0] Did not get subsequent heartbeat. Waited 5.00 seconds."
     "ft": re.compile(r"Did not get \w+ heartbeat|Section .* timed out|out-of-section .*timeout",
                      re.I),
@@ -123,7 +126,9 @@ def reap_leftovers():
                 if f.read().rsplit(")", 1)[1].split()[0] == "Z":
                     continue
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                names.append(f.read().replace(b"\0", b" ").decode(errors="replace")[:80])
+                name = f.read().replace(b"\0", b" ").decode(errors="replace")[:80]
+            if name:  # empty: a process already exiting
+                names.append(name)
         except (OSError, IndexError):
             pass
     kill_pids(pids)
@@ -268,6 +273,8 @@ class Bench:
         env = self.env(d, mode, api)
         if launcher == "ft":
             env["PYTHONPATH"] = os.path.join(FT_DIR, "site") + ":" + env["PYTHONPATH"]
+        if mode == "hang-unchanged":
+            env["RB_HANG_AFTER"] = f"{self.a.stall_timeout + self.a.hang_after_extra:g}"
         argv = self.single_node_argv(launcher, mode, d)
         t0 = time.time()
         proc = Proc(argv, env, os.path.join(d, "launcher.log"))
@@ -497,6 +504,9 @@ def main():
                     help="pass --stall-stacks-timeout VALUE to cpprun (default: its default)")
     ap.add_argument("--detect-grace", type=float, default=10.0,
                     help="unchanged trainer: 'not detected' after --stall-timeout + this")
+    ap.add_argument("--hang-after-extra", type=float, default=5.0,
+                    help="hang-unchanged: rank 1 hangs no earlier than --stall-timeout + this "
+                         "after its start")
     ap.add_argument("--scenarios", default="fail,hang,hang-unchanged,loss")
     ap.add_argument("--launchers", default=",".join(LAUNCHERS))
     ap.add_argument("--cpprun", default=os.path.join(REPO, "build", "cpprun"))

@@ -28,6 +28,10 @@ DIR = os.environ["RB_DIR"]
 MODE = os.environ["RB_MODE"]
 API = os.environ.get("RB_API", "none")
 RANK = int(os.environ.get("RANK", "-1"))
+# Hang no earlier than this many seconds after the script's start (hang-unchanged: later than
+# the stall timeout, so a launcher that counts from the worker's start cannot pass for one that
+# saw the hang).
+HANG_AFTER = float(os.environ.get("RB_HANG_AFTER", "0"))
 
 
 def event(kind, t=None):
@@ -72,7 +76,8 @@ while True:
     beat(step)
     if AFTER and step >= 5:
         break
-    if not AFTER and step == 10 and RANK == 1 and MODE != "loss":
+    if not AFTER and step >= 10 and RANK == 1 and MODE != "loss" and \
+            time.time() - T_START >= HANG_AFTER:
         os.close(os.open(os.path.join(DIR, "faulted"), os.O_WRONLY | os.O_CREAT, 0o644))
         if MODE == "fail":
             event("fail")
