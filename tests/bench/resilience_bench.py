@@ -23,8 +23,8 @@ times per launcher, the launchers' order rotating from one repetition to the nex
                   unchanged_detected, or "not detected" when nothing is seen within
                   --stall-timeout + --detect-grace seconds (the job is then killed), or "false
                   stall" when the launcher reports a stall before the trainer hung (a failure).
-  loss            3 agents on loopback, c10d rendezvous, 1 worker each, 2 needed (--loss-nnodes;
-                  the third is the spare); once both workers are up and have run a few steps the
+  loss            3 agents on loopback, c10d rendezvous, 1 worker each, 2 needed
+                  (--loss-nnodes-cpprun/-ft/-torchrun: 2:2, 2:3, 2:2; the third is the spare); once both workers are up and have run a few steps the
                   benchmark SIGKILLs (SIGSTOP first, so nothing reacts half-killed) one active
                   agent that does not host the store, with its whole tree. loss_spawned: the kill
                   -> both workers of the next attempt at the top of their script; loss_ready: ->
@@ -214,7 +214,11 @@ class Bench:
         pp = [os.path.join(REPO, "examples", "python")]
         if api == "ft" or mode == "ft":
             pp.insert(0, os.path.join(FT_DIR, "site"))
-        env.update(RB_DIR=d, RB_MODE=mode, RB_API=api, GLOO_SOCKET_IFNAME="lo",
+        # TMPDIR: the launchers' own temporary files (torchelastic_* log folders, ft_launcher's
+        # rank-monitor sockets, cpprun's run folder) stay in the job's folder and go with it.
+        tmp = os.path.join(d, "tmp")
+        os.makedirs(tmp, exist_ok=True)
+        env.update(RB_DIR=d, RB_MODE=mode, RB_API=api, GLOO_SOCKET_IFNAME="lo", TMPDIR=tmp,
                    OMP_NUM_THREADS="1", PYTHON_EXEC=self.python,
                    PYTHONPATH=":".join(pp + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])))
         return env
