@@ -2,7 +2,7 @@
 # Installs NVIDIA's ft_launcher (PyPI nvidia-resiliency-ext, pinned) for the resilience benchmark
 # (tests/bench/resilience_bench.py) into a folder OUTSIDE the clone and outside the torch 2.x venv:
 #
-#   tests/bench/install_ft_launcher.sh            # -> ${CPPRUN_FT_LAUNCHER_DIR:-/opt/cpprun/ft-launcher}
+#   tests/bench/install_ft_launcher.sh    # -> ${CPPRUN_FT_LAUNCHER_DIR:-/opt/cpprun/ft-launcher}
 #
 # The wheels target CPython 3.12 and glibc 2.39 (manylinux_2_39); the venv here is Python 3.11 on
 # glibc 2.36, so pip would refuse to install them. The package is pure Python except its CUPTI
@@ -11,7 +11,8 @@
 # RankMonitorClient import on a CPU are installed for the venv's Python next to it. Nothing goes
 # into the venv: run it with
 #
-#   PYTHONPATH=$DIR/site $CPPRUN_TORCH2_VENV/bin/python -m nvidia_resiliency_ext.fault_tolerance.launcher ...
+#   PYTHONPATH=$DIR/site $CPPRUN_TORCH2_VENV/bin/python \
+#       -m nvidia_resiliency_ext.fault_tolerance.launcher ...
 #
 # (the `ft_launcher` console script is nvidia_resiliency_ext.fault_tolerance.launcher:main).
 set -euo pipefail
