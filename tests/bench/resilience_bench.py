@@ -25,8 +25,9 @@ times per launcher, the launchers' order rotating from one repetition to the nex
                   stall" when the launcher reports a stall before the trainer hung (a failure).
   loss            3 agents on loopback, c10d rendezvous, 1 worker each, 2 needed
                   (--loss-nnodes-cpprun/-ft/-torchrun: 2:2, 2:3, 2:2; the third is the spare);
-                  once both workers are up and have run a second, the benchmark SIGKILLs (SIGSTOP first, so nothing reacts half-killed) one active
-                  agent that does not host the store, with its whole tree. loss_spawned: the kill
+                  once both workers are up and have run a second, the benchmark SIGKILLs
+                  (SIGSTOP first, so nothing reacts half-killed) one active agent that does
+                  not host the store, with its whole tree. loss_spawned: the kill
                   -> both workers of the next attempt at the top of their script; loss_ready: ->
                   both with gloo up.
 
