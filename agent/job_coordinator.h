@@ -89,6 +89,10 @@ struct AttemptReport {
   std::vector<WorkerFailure> failures;
 };
 
+// An elastic agent that waited to join (a spare) finds the job over: the Abandoned status's
+// message starts with this (code kAlreadyExists); the agent exits 0, it was not needed.
+inline constexpr const char* kJobOverBeforeJoin = "the job ended before this node could join it";
+
 // The host's decision for the whole job after an attempt.
 struct JobDecision {
   enum class Kind { kRestart, kSucceeded, kFailed, kStopped };
@@ -130,6 +134,18 @@ class JobCoordinator {
   // This agent's workers failed (signal 0) or it received `signal`: claim the attempt's stop.
   virtual void announceStop(int restart_count, const std::string& reason, int signal) = 0;
   virtual void endAttempt(int restart_count, const AttemptReport& report, DecisionDone done) = 0;
+  // This agent asks to leave the job during attempt `restart_count` (drain: SIGPWR or POST
+  // /leave). `done` (on the loop) gets OK once the attempt's stop is claimed for the leave
+  // (every other node tears down and the group re-forms without this one, no restart budget
+  // used), or kInvalidArgument / kAlreadyExists naming why the leave is refused: the job is not
+  // elastic, this agent serves the job's store (c10d), the others would be fewer than min_nodes
+  // even with the spares waiting, or the attempt is not running or already stopping.
+  using LeaveDone = std::function<void(Status)>;
+  virtual void requestLeave(int restart_count, const std::string& reason, LeaveDone done) {
+    (void)restart_count;
+    (void)reason;
+    done(Status(StatusCode::kInvalidArgument, "this job cannot lose a node"));
+  }
   // Any thread.
   virtual RendezvousProgress progress() const = 0;
 };

@@ -37,6 +37,9 @@ int JobOutcome::exitCode() const {
       return 3;
     case Kind::kLostPeers:
       return 4;
+    case Kind::kLeft:
+    case Kind::kNotNeeded:
+      return 0;
   }
   return 1;
 }
@@ -53,6 +56,10 @@ const char* jobOutcomeName(JobOutcome::Kind kind) {
       return "start_failed";
     case JobOutcome::Kind::kLostPeers:
       return "lost_peers";
+    case JobOutcome::Kind::kLeft:
+      return "left";
+    case JobOutcome::Kind::kNotNeeded:
+      return "not_needed";
   }
   return "unknown";
 }
@@ -174,7 +181,15 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
           auto self = weak.lock();
           if (!self || self->state_ == State::kDone || n != self->restart_count_) return;
           if (!r.isOk()) {
-            self->lost_error_ = r.status();
+            const Status& s = r.status();
+            if (s.code() == StatusCode::kAlreadyExists &&
+                s.message().rfind(kJobOverBeforeJoin, 0) == 0) {
+              // A spare the job never needed: not a failure of this node.
+              self->not_needed_ = true;
+              self->summary_ = s.message();
+            } else {
+              self->lost_error_ = s;
+            }
             self->finishJob();
             return;
           }
@@ -397,6 +412,15 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     beginStop(signo != 0 ? signo : SIGTERM);
   }
 
+  void onLeave(const std::string& why) {
+    if (state_ != State::kRunning) return;
+    CPPRUN_LOG(kWarn) << "leaving the job (" << why
+                      << "); stopping this node's workers, the other nodes go on without it";
+    leaving_ = true;
+    peer_stopped_ = true;  // the job's decision says how the attempt ended, not this node
+    beginStop(SIGTERM);
+  }
+
   void onCoordinatorLost(const Status& status) {
     if (state_ == State::kDone) return;
     CPPRUN_LOG(kError) << status.message() << "; stopping the workers";
@@ -605,6 +629,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     summary_ = d.summary;
     switch (d.kind) {
       case JobDecision::Kind::kRestart:
+        if (leaving_) break;  // the others re-form without this node
         ++restart_count_;
         emitEvent(options_.event_log, "restart",
                   {{"restart", restart_count_},
@@ -695,6 +720,11 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
       case AttemptEnd::kSucceeded:
         outcome.kind = JobOutcome::Kind::kSucceeded;
         break;
+    }
+    if (outcome.kind == JobOutcome::Kind::kSucceeded && leaving_) {
+      outcome.kind = JobOutcome::Kind::kLeft;
+    } else if (outcome.kind == JobOutcome::Kind::kSucceeded && not_needed_) {
+      outcome.kind = JobOutcome::Kind::kNotNeeded;
     }
     emitJobEvents(outcome);
     if (on_done_) on_done_(outcome);
@@ -806,6 +836,8 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
   std::vector<WorkerFailure> failures_;
   bool attempt_failed_ = false;
   bool peer_stopped_ = false;
+  bool leaving_ = false;     // onLeave: this node leaves the job after this attempt
+  bool not_needed_ = false;  // a spare that found the job over
   struct PeerStopNote {
     int attempt;
     std::string reason;
@@ -846,6 +878,7 @@ const std::optional<AttemptStart>& Supervisor::attemptStart() const {
   return impl_->attempt_start_;
 }
 void Supervisor::onCoordinatorLost(const Status& status) { impl_->onCoordinatorLost(status); }
+void Supervisor::onLeave(const std::string& why) { impl_->onLeave(why); }
 bool Supervisor::done() const { return impl_->state_ == Impl::State::kDone; }
 int Supervisor::restartCount() const { return impl_->restart_count_; }
 

@@ -113,7 +113,17 @@ struct SupervisorSnapshot {
 };
 
 struct JobOutcome {
-  enum class Kind { kSucceeded, kWorkersFailed, kSignalled, kStartFailed, kLostPeers };
+  // kLeft: this node left the elastic job on request (drain; the others go on), exit 0.
+  // kNotNeeded: this node waited as a spare and the job ended without it, exit 0.
+  enum class Kind {
+    kSucceeded,
+    kWorkersFailed,
+    kSignalled,
+    kStartFailed,
+    kLostPeers,
+    kLeft,
+    kNotNeeded
+  };
   Kind kind = Kind::kSucceeded;
   int restarts = 0;  // attempts restarted
   int signal = 0;    // kSignalled: the signal received
@@ -121,13 +131,13 @@ struct JobOutcome {
   // The last failed attempt's: this node's in local-rank order, or (multi-node) every node's.
   std::vector<WorkerFailure> failures;
   std::string summary;  // multi-node: who stopped the job first, or why it ended
-  // 0 succeeded, 1 workers failed, 128+N signalled, 3 could not start, 4 lost the other nodes
-  // (see README).
+  // 0 succeeded (or left, or not needed), 1 workers failed, 128+N signalled, 3 could not start,
+  // 4 lost the other nodes (see README).
   int exitCode() const;
 };
 
 // How the event log spells a job's outcome: "succeeded", "workers_failed", "signalled",
-// "start_failed", "lost_peers".
+// "start_failed", "lost_peers", "left", "not_needed".
 const char* jobOutcomeName(JobOutcome::Kind kind);
 
 // How an attempt ended. When several things happened in one attempt (a handled signal arrived
@@ -180,6 +190,11 @@ class Supervisor {
   // get that signal instead, as that node's did (a SIGUSR1 pre-emption warning reaches every
   // rank, not only the ranks of the node Slurm happened to signal first).
   void onPeerStop(int restart_count, const std::string& reason, int signal = 0);
+  // Multi-node, elastic: the coordinator claimed the running attempt's stop for this node's
+  // leave (drain, JobCoordinator::requestLeave): the workers get SIGTERM (then SIGKILL after
+  // shutdown_timeout), this node reports and reads the job's decision like the others, and
+  // ends with JobOutcome::kLeft instead of joining the next round. `why` names the request.
+  void onLeave(const std::string& why);
   // Multi-node: the job's store cannot be reached; the workers are stopped and the job ends.
   void onCoordinatorLost(const Status& status);
   // Multi-node: what the nodes agreed for the attempt being prepared (membership, NCCL id);
