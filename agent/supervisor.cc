@@ -413,10 +413,13 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
   }
 
   void onLeave(const std::string& why) {
-    if (state_ != State::kRunning) return;
+    if (state_ == State::kDone) return;
     CPPRUN_LOG(kWarn) << "leaving the job (" << why
                       << "); stopping this node's workers, the other nodes go on without it";
+    // Also when the attempt ended meanwhile (the claim is made): the decision then ends this
+    // node's job instead of a next attempt.
     leaving_ = true;
+    if (state_ != State::kRunning) return;
     peer_stopped_ = true;  // the job's decision says how the attempt ended, not this node
     beginStop(SIGTERM);
   }

@@ -3,7 +3,8 @@
 // place of a SIGKILLed node and the world size stays MAX with no restart used; a second spare
 // the job never needs exits 0; one node drained by POST /leave or SIGPWR leaves (exit 0, the
 // event log says so) while the others re-form without it and finish with --max-restarts=0;
-// the store host and a leave below MIN are refused. Every wait is bounded and waits on lines
+// the store host and a leave below MIN are refused; and a spare on another network-namespace
+// host takes the place of a node cut off the network. Every wait is bounded and waits on lines
 // or exits, never on time.
 #include <signal.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include "tests/launcher/cpprun_test_helpers.h"
 #include "tests/support/etcd_cluster.h"
 #include "tests/support/http_get.h"
+#include "tests/support/netns_hosts.h"
 #include "tests/support/test_support.h"
 
 namespace {
@@ -100,7 +102,7 @@ std::vector<nlohmann::json> events(const std::string& path) {
   return out;
 }
 
-nlohmann::json readJson(const std::string& path) {
+nlohmann::json readEnvJson(const std::string& path) {
   std::ifstream in(path);
   std::stringstream text;
   text << in.rdbuf();
@@ -155,7 +157,7 @@ void spareReplacesLostNode(const std::string& backend, const std::string& endpoi
   waitExit(*agents[victim]);
   CHECK(used_spares == 1);
   for (int r = 0; r < 2; ++r) {
-    nlohmann::json e = readJson(d + "/env-" + std::to_string(r) + "-1.json");
+    nlohmann::json e = readEnvJson(d + "/env-" + std::to_string(r) + "-1.json");
     REQUIRE(e.is_object());
     CHECK(e["WORLD_SIZE"] == "2");
     CHECK(e["TORCHELASTIC_RESTART_COUNT"] == "1");
@@ -233,7 +235,7 @@ void drainOneNode(const std::string& backend, const std::string& endpoint, const
   CHECK(accepted == 1);
   CHECK(membership_restarts == 2);
   for (int r = 0; r < 2; ++r) {
-    nlohmann::json e = readJson(d + "/env-" + std::to_string(r) + "-1.json");
+    nlohmann::json e = readEnvJson(d + "/env-" + std::to_string(r) + "-1.json");
     REQUIRE(e.is_object());
     CHECK(e["WORLD_SIZE"] == "2");
   }
@@ -292,4 +294,61 @@ TEST_CASE("drain: a leave that would drop the job below MIN is refused and the j
     if (e["event"] == "leave_requested") refused = e["accepted"] == false;
   }
   CHECK(refused);
+}
+
+// Across hosts with a real network cut (tests/support/netns_hosts.h): the store on host 1, one
+// agent on each of hosts 1..3 for a job of exactly 2 nodes. The active node that does not serve
+// the store is cut off the bridge (silence, no error): the store host declares it lost after the
+// keep-alive bound, and the spare on the third host takes its place, world size 2, no restart
+// used; the cut node's agent finds the store gone and exits 4.
+TEST_CASE("netns hot spare: a node cut off the network is replaced by the spare on another host",
+          "[integration][netns][spares]") {
+  NetnsHosts hosts(3);
+  TempDir dir;
+  const std::string d = dir.path();
+  const std::vector<std::string> worker = {"env-json",
+                                           d + "/env-{rank}-{restart}.json",
+                                           "print",
+                                           "up {rank} {restart}",
+                                           "exit-if-restart",
+                                           "1",
+                                           "0",
+                                           "sleep-forever"};
+  Agents agents;
+  for (int h = 1; h <= 3; ++h) {  // host 1 first: its agent binds the endpoint and serves it
+    std::vector<std::string> argv = {
+        CPPRUN_BINARY,
+        "--nnodes=2:2",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=" + hosts.address(1) + ":29400",
+        "--rdzv-conf=keep_alive_interval=0.5,last_call_timeout=1,join_timeout=60",
+        "--max-restarts=0",
+        "--nproc-per-node=1",
+        "--no-python",
+        kWorker};
+    argv.insert(argv.end(), worker.begin(), worker.end());
+    agents.push_back(std::make_unique<ChildProcess>(hosts.onHost(h, argv)));
+    if (h == 1) REQUIRE(agents[0]->waitForText("this agent serves the job's store", 30s));
+  }
+  std::vector<size_t> active = activeAndSpares(agents, 2);
+  REQUIRE(std::find(active.begin(), active.end(), size_t{0}) != active.end());
+  const size_t cut = active[0] == 0 ? active[1] : active[0];
+  const size_t spare = 3 - cut;  // of 1 and 2, the one not cut
+  hosts.cutOff(static_cast<int>(cut) + 1);
+  for (size_t i : {size_t{0}, spare}) {
+    INFO(agents[i]->output());
+    CHECK(waitExit(*agents[i], 90s) == 0);
+    CHECK_THAT(agents[i]->output(), Catch::Contains("all 2 workers of 2 nodes succeeded"));
+  }
+  CHECK_THAT(agents[0]->output(),
+             Catch::Contains("stopped responding") && Catch::Contains("1 spare node(s) waiting"));
+  CHECK_THAT(agents[spare]->output(), Catch::Contains("waits as a spare") &&
+                                          Catch::Contains("rendezvous complete: 2 nodes"));
+  INFO(agents[cut]->output());
+  CHECK(waitExit(*agents[cut], 90s) == 4);
+  for (int r = 0; r < 2; ++r) {
+    nlohmann::json e = readEnvJson(d + "/env-" + std::to_string(r) + "-1.json");
+    REQUIRE(e.is_object());
+    CHECK(e["WORLD_SIZE"] == "2");
+  }
 }
