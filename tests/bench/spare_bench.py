@@ -13,7 +13,7 @@ a separate process (`cpprun --nnodes=N:N --nproc-per-node=1 --rdzv-backend c10d|
 --no-python WORKER stall-if-restart 0 exit 0`: attempt 0's workers run until stopped;
 the next attempt's exit 0 at once). Once attempt 0's workers all run and the spares say they
 wait, the active node with the highest group rank that does not serve the c10d store (on etcd:
-not the round's node 0 either, so both backends lose the same kind of node) is lost as a node
+not the round's node 0, the decider) is lost as a node
 that loses power: its guardian, agent and worker are SIGSTOPped, then SIGKILLed (no goodbye).
 
 Figures (epoch microseconds of the agents' --event-log against the kill's time.time()), medians
@@ -82,7 +82,9 @@ def one_run(backend, args, etcd_endpoints, rep):
             return None
         store_host = next((i for i in range(agents) if "serves the job's store" in
                            open(f"{run_dir}/agent-{i}.log").read()), None)
-        v = max((i for i in ranks if ranks[i] != 0 and i != store_host), key=lambda i: ranks[i])
+        # Not the c10d store host (its loss ends the job by design); of the others the highest
+        # rank, so on etcd not the round's node 0 (the decider) either.
+        v = max((i for i in ranks if i != store_host), key=lambda i: ranks[i])
         tree = descendants(procs[v][0])
         t_kill = time.time()
         for p in tree:
