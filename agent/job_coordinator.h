@@ -92,6 +92,9 @@ struct AttemptReport {
 // An elastic agent that waited to join (a spare) finds the job over: the Abandoned status's
 // message starts with this (code kAlreadyExists); the agent exits 0, it was not needed.
 inline constexpr const char* kJobOverBeforeJoin = "the job ended before this node could join it";
+// A spare asked to leave (drain) while it waited: the Abandoned status's message starts with this
+// (code kAlreadyExists); the agent exits 0, it left.
+inline constexpr const char* kLeftWhileSpare = "this node left the job while it waited as a spare";
 
 // The host's decision for the whole job after an attempt.
 struct JobDecision {
@@ -140,6 +143,8 @@ class JobCoordinator {
   // used), or kInvalidArgument / kAlreadyExists naming why the leave is refused: the job is not
   // elastic, this agent serves the job's store (c10d), the others would be fewer than min_nodes
   // even with the spares waiting, or the attempt is not running or already stopping.
+  // A spare (waitingAsSpare()) is accepted at once: it gives up its place in the next round
+  // within one keep-alive interval.
   using LeaveDone = std::function<void(Status)>;
   virtual void requestLeave(int restart_count, const std::string& reason, LeaveDone done) {
     (void)restart_count;
@@ -148,6 +153,8 @@ class JobCoordinator {
   }
   // Any thread.
   virtual RendezvousProgress progress() const = 0;
+  // Whether this agent waits as a hot spare now (rendezvous_rounds.h). Any thread.
+  virtual bool waitingAsSpare() const { return false; }
 };
 
 // The coordination seam: where the coordinator gets its connections to the job's store. The job

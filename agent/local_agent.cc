@@ -428,7 +428,7 @@ void LocalAgent::requestLeave(const std::string& source, std::function<void(cons
   } else if (!coordinator_) {
     verdict(Status(StatusCode::kInvalidArgument,
                    "a job of one node cannot go on without it; stop it instead (SIGTERM)"));
-  } else if (supervisor_->snapshot().state != "running") {
+  } else if (supervisor_->snapshot().state != "running" && !coordinator_->waitingAsSpare()) {
     verdict(Status(StatusCode::kAlreadyExists,
                    "this node's workers are not running (between attempts, stopping, or waiting "
                    "as a spare); ask again once they run"));

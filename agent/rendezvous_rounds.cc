@@ -193,7 +193,7 @@ std::vector<RendezvousRounds::SlotRecord> RendezvousRounds::roundRecords(Store& 
   return records;
 }
 
-void RendezvousRounds::waitForRunningRound(Store& store, int r) {
+void RendezvousRounds::waitForRunningRound(Store& store, int r, int64_t my_slot) {
   previous_ids_.clear();
   expected_survivors_ = -1;
   previous_attempt_ = -1;
@@ -228,13 +228,41 @@ void RendezvousRounds::waitForRunningRound(Store& store, int r) {
     CPPRUN_LOG(kInfo) << "rendezvous round " << r << ": the job runs attempt " << attempt
                       << " with " << previous_ids_.size()
                       << " nodes; this node waits as a spare until its membership changes";
-    waitKeys(waits_, store, {decision}, kNoDeadline, opts_.keep_alive_interval,
-             "rendezvous round " + std::to_string(r), roundOver, [&] {
-               return "rendezvous round " + std::to_string(r) +
-                      ": waiting as a spare while the job " + "runs attempt " +
-                      std::to_string(attempt) + " with " + std::to_string(previous_ids_.size()) +
-                      " nodes";
-             });
+    // Drained while waiting: the slot is emptied (the round skips empty slots), so the round
+    // never counts this agent in.
+    const auto leaveIfAsked = [&] {
+      if (!waits_.leaveRequested()) return;
+      store.deleteKey(roundKey(r, "agent/" + std::to_string(my_slot)));
+      // Counted out as a spare that read the outcome, so a store host ending the job does not
+      // linger for it (finishJob).
+      if (store.takeTicket(attemptKey(attempt, kSparesDoneKey)) >=
+          store.tickets(roundKey(r, "joined"))) {
+        store.set(attemptKey(attempt, kSparesAllDoneKey), "1");
+      }
+      CPPRUN_LOG(kInfo) << "rendezvous round " << r
+                        << ": leaving the job as asked; this spare gave up its place";
+      throw Abandoned{Status(StatusCode::kAlreadyExists, kLeftWhileSpare)};
+    };
+    waits_.setWaitingAsSpare(true);
+    try {
+      waitKeys(
+          waits_, store, {decision}, kNoDeadline, opts_.keep_alive_interval,
+          "rendezvous round " + std::to_string(r),
+          [&] {
+            leaveIfAsked();
+            return roundOver();
+          },
+          [&] {
+            return "rendezvous round " + std::to_string(r) +
+                   ": waiting as a spare while the job runs attempt " + std::to_string(attempt) +
+                   " with " + std::to_string(previous_ids_.size()) + " nodes";
+          });
+    } catch (...) {
+      waits_.setWaitingAsSpare(false);
+      throw;
+    }
+    waits_.setWaitingAsSpare(false);
+    leaveIfAsked();  // asked just before it stopped waiting
   }
   if (!store.check({decision})) return;
   Result<DecisionRecord> record =
@@ -460,7 +488,7 @@ Membership RendezvousRounds::joinElastic(Store& store, MemberLiveness& liveness,
                       << "; waiting for " << opts_.min_nodes << ".." << opts_.max_nodes
                       << " nodes (join timeout " << formatSeconds(opts_.join_timeout)
                       << ", last call " << formatSeconds(opts_.last_call_timeout) << ")";
-    waitForRunningRound(store, r);
+    waitForRunningRound(store, r, index);
     json members;
     if (opts_.is_host || opts_.host_per_round) {
       members = closeRound(store, r, index, next_attempt);
@@ -507,6 +535,11 @@ Membership RendezvousRounds::joinElastic(Store& store, MemberLiveness& liveness,
     completed(r, m);
     return m;
   }
+}
+
+int RendezvousRounds::waitingIn(Store& store, int r) {
+  if (r < 0) return 0;
+  return static_cast<int>(roundRecords(store, r, store.tickets(roundKey(r, "joined"))).size());
 }
 
 void RendezvousRounds::endRounds(Store& store, const std::string& outcome) {

@@ -55,6 +55,10 @@ class RendezvousRounds {
   // Host, elastic: tells agents still waiting to join that the job is over (`outcome`).
   void endRounds(rendezvous::Store& store, const std::string& outcome);
 
+  // The agents whose record is in round r now (while an attempt runs: the spares waiting in
+  // the next round; a drained spare empties its slot). Control thread.
+  int waitingIn(rendezvous::Store& store, int r);
+
   // The round agents join next (elastic; -1 before the first).
   int nextRound() const;
   // What the rendezvous has done (waiting_for is the coordinator's).
@@ -76,7 +80,9 @@ class RendezvousRounds {
   // a spare and waits (no deadline) until that attempt is decided, a member of round r-1 joins
   // round r, or (etcd) no member of round r-1 is alive. Records who round r-1's members were
   // and how many of them will come back (previous_ids_, expected_survivors_).
-  void waitForRunningRound(rendezvous::Store& store, int r);
+  // A spare asked to leave (WaitContext::leaveRequested) empties its slot `my_slot` and throws
+  // Abandoned (kLeftWhileSpare).
+  void waitForRunningRound(rendezvous::Store& store, int r, int64_t my_slot);
   // closeRound's last call when round r-1's survivors are known: until they all joined and
   // max_nodes are in, bounded by last_call_timeout.
   void lastCallForSurvivors(rendezvous::Store& store, int r);

@@ -92,6 +92,14 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
     });
   }
   void requestLeave(int n, const std::string& reason, LeaveDone done) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (waiting_as_spare_) {  // the control thread waits in the rounds: it sees this there
+        spare_leave_ = true;
+        post([done] { done(Status::ok()); });
+        return;
+      }
+    }
     enqueue([this, n, reason, done = std::move(done)] {
       Result<bool> claimed = guarded<bool>([&] {
         if (Status s = leaveRefusal(n); !s.isOk()) throw Abandoned{s};
@@ -112,6 +120,11 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
       });
       post([done, status = claimed.status()] { done(status); });
     });
+  }
+
+  bool waitingAsSpare() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return waiting_as_spare_;
   }
 
   RendezvousProgress progress() const override {
@@ -290,6 +303,14 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
     std::lock_guard<std::mutex> lock(mu_);
     waiting_for_ = what;
   }
+  void setWaitingAsSpare(bool spare) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    waiting_as_spare_ = spare;
+  }
+  bool leaveRequested() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return spare_leave_;
+  }
 
   std::string nodeNames(const std::vector<int>& ranks) const {
     return agent::nodeNames(opts_.expected_hosts, ranks);
@@ -373,7 +394,7 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
       }
       world = membership_->group_world_size - static_cast<int>(lost_agents_.size());
     }
-    const int64_t spares = control_client_->tickets(roundKey(rounds_.nextRound(), "joined"));
+    const int64_t spares = rounds_.waitingIn(*control_client_, rounds_.nextRound());
     if (world - 1 + spares < opts_.min_nodes) {
       return Status(StatusCode::kInvalidArgument,
                     "leaving would leave " + std::to_string(world - 1) + " node(s) and " +
@@ -598,8 +619,7 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
     policy.elastic = opts_.elastic;
     policy.min_nodes = opts_.min_nodes;
     if (opts_.elastic) {
-      policy.waiting_nodes =
-          static_cast<int>(control_client_->tickets(roundKey(rounds_.nextRound(), "joined")));
+      policy.waiting_nodes = rounds_.waitingIn(*control_client_, rounds_.nextRound());
     }
     JobDecision d =
         decideJob(membership, outcomes, stop, policy, restarts_used_, SystemClock::now());
@@ -813,6 +833,8 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
   std::map<int, std::string> lost_agents_;   // guarded by mu_; by group rank
   int liveness_attempt_ = -1;                // guarded by mu_; the attempt liveness watches
   int decided_attempt_ = -1;                 // guarded by mu_; the last attempt decided
+  bool waiting_as_spare_ = false;            // guarded by mu_; the rounds' spare wait
+  bool spare_leave_ = false;                 // guarded by mu_; drained while a spare
   std::vector<std::pair<int, LostMember>> unclaimed_losses_;  // guarded by mu_; (attempt, who)
   std::optional<Membership> membership_;                      // guarded by mu_
   RendezvousRounds rounds_{opts_, *this};     // control thread; nextRound(), progress(): any

@@ -187,6 +187,10 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
               // A spare the job never needed: not a failure of this node.
               self->not_needed_ = true;
               self->summary_ = s.message();
+            } else if (s.code() == StatusCode::kAlreadyExists &&
+                       s.message().rfind(kLeftWhileSpare, 0) == 0) {
+              self->leaving_ = true;  // a spare drained while it waited
+              self->summary_ = s.message();
             } else {
               self->lost_error_ = s;
             }

@@ -352,3 +352,34 @@ TEST_CASE("netns hot spare: a node cut off the network is replaced by the spare 
     CHECK(e["WORLD_SIZE"] == "2");
   }
 }
+
+TEST_CASE("drain: a spare asked to leave gives up its place and exits 0; the job goes on",
+          "[integration][multinode][elastic][drain][spares]") {
+  TempDir dir;
+  const std::string d = dir.path();
+  const std::string endpoint = "127.0.0.1:" + std::to_string(freeTcpPort());
+  const std::string id = runId("spare-drain");
+  const std::vector<std::string> args = {"print", "up {rank} {restart}", "wait-file", d + "/go",
+                                         "60"};
+  Agents agents;
+  for (int i = 0; i < 3; ++i) {
+    agents.push_back(agent("c10d", endpoint, id, "2:2", args, {"--metrics-port=0"}));
+  }
+  std::vector<size_t> active = activeAndSpares(agents, 2);
+  const size_t spare = 3 - active[0] - active[1];
+  auto answer = httpRequestRaw(metricsPort(*agents[spare]), "POST", "/leave", 20s);
+  REQUIRE(answer.has_value());
+  CHECK_THAT(*answer, Catch::StartsWith("HTTP/1.1 202"));
+  {
+    INFO(agents[spare]->output());
+    CHECK(waitExit(*agents[spare]) == 0);
+    CHECK_THAT(agents[spare]->output(), Catch::Contains("this spare gave up its place") &&
+                                            Catch::Contains("this node left the job as asked"));
+  }
+  std::ofstream(d + "/go").put('\n');
+  for (size_t i : active) {
+    INFO(agents[i]->output());
+    CHECK(waitExit(*agents[i]) == 0);
+    CHECK_THAT(agents[i]->output(), Catch::Contains("all 2 workers of 2 nodes succeeded"));
+  }
+}
