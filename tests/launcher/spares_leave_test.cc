@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <fstream>
 #include <memory>
@@ -38,9 +39,13 @@ std::unique_ptr<ChildProcess> agent(const std::string& backend, const std::strin
       "--rdzv-endpoint=" + endpoint,
       "--rdzv-id=" + run_id,
       "--rdzv-conf=keep_alive_interval=0.3,last_call_timeout=1,join_timeout=60",
-      "--max-restarts=0",
       "--nproc-per-node=1"};
   args.insert(args.end(), extra.begin(), extra.end());
+  // No restart budget unless a test gives one: a membership change must not need it.
+  if (std::none_of(extra.begin(), extra.end(),
+                   [](const std::string& a) { return a.rfind("--max-restarts", 0) == 0; })) {
+    args.push_back("--max-restarts=0");
+  }
   args.insert(args.end(), {"--no-python", kWorker});
   args.insert(args.end(), worker_args.begin(), worker_args.end());
   return std::make_unique<ChildProcess>(cpprunCommand(args));
@@ -382,4 +387,49 @@ TEST_CASE("drain: a spare asked to leave gives up its place and exits 0; the job
     CHECK(waitExit(*agents[i]) == 0);
     CHECK_THAT(agents[i]->output(), Catch::Contains("all 2 workers of 2 nodes succeeded"));
   }
+}
+
+namespace {
+
+// A job of exactly 2 with one spare; rank 0's worker fails in attempt 0 (--max-restarts=1): the
+// same two nodes restart (a spare replaces lost or departed nodes, never live ones, though it
+// holds the first slot of the round they re-form in), and the spare exits 0 unneeded.
+void failureKeepsTheNodes(const std::string& backend, const std::string& endpoint) {
+  TempDir dir;
+  const std::string d = dir.path();
+  const std::string id = runId("keep");
+  const std::vector<std::string> args = {
+      "print", "up {rank} {restart}", "wait-file", d + "/go", "60", "exit-if-restart", "1",
+      "0",     "exit-if-rank",        "0",         "3"};
+  Agents agents;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<std::string> extra = {"--max-restarts=1"};
+    agents.push_back(agent(backend, endpoint, id, "2:2", args, extra));
+  }
+  std::vector<size_t> active = activeAndSpares(agents, 2);
+  const size_t spare = 3 - active[0] - active[1];
+  std::ofstream(d + "/go").put('\n');
+  for (size_t i : active) {
+    INFO(agents[i]->output());
+    CHECK(waitExit(*agents[i]) == 0);
+    CHECK_THAT(agents[i]->output(), Catch::Contains("restarting every node (restart 1 of 1)") &&
+                                        Catch::Contains("all 2 workers of 2 nodes succeeded"));
+  }
+  INFO(agents[spare]->output());
+  CHECK(waitExit(*agents[spare]) == 0);
+  CHECK(agents[spare]->output().find("[default") == std::string::npos);
+  CHECK_THAT(agents[spare]->output(), Catch::Contains("the job did not need it"));
+}
+
+}  // namespace
+
+TEST_CASE("hot spares (c10d): a worker failure restarts the same nodes, the spare stays a spare",
+          "[integration][multinode][elastic][spares]") {
+  failureKeepsTheNodes("c10d", "127.0.0.1:" + std::to_string(freeTcpPort()));
+}
+
+TEST_CASE("hot spares (etcd): a worker failure restarts the same nodes, the spare stays a spare",
+          "[integration][multinode][etcd][spares]") {
+  EtcdCluster cluster;
+  failureKeepsTheNodes("etcd", cluster.endpointsFlag());
 }
