@@ -24,6 +24,11 @@
 // decides when node 0 is lost, and node 0 lost before its go sends every member to the next
 // round (StoreCoordinatorOptions).
 //
+// Elastic jobs also have hot spares (agents beyond max_nodes wait in the next round while the job
+// runs, and replace lost or departed nodes: rendezvous_rounds.h) and a graceful leave of one
+// agent (requestLeave: a stop claim with cause "leave"; the others re-form without it, no restart
+// budget used).
+//
 // Keys live under "cpprun/<run id>/" (kept across attempts); agent/job_keys.h lists them. The store
 // operations per agent per attempt are a constant number (join: 3, attempt: 2, report: 3),
 // whatever the number of agents.
