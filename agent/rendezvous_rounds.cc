@@ -197,7 +197,23 @@ void RendezvousRounds::waitForRunningRound(Store& store, int r, int64_t my_slot)
   previous_ids_.clear();
   expected_survivors_ = -1;
   previous_attempt_ = -1;
-  if (r <= 0 || !store.check({roundKey(r - 1, "members")})) return;
+  if (r <= 0) return;
+  if (!store.check({roundKey(r - 1, "members")})) {
+    // The counter moved to round r as round r-1 began closing; its members come within moments
+    // (the closer gives slots one interval to be written; on etcd another agent closes in a lost
+    // closer's place after the last call and the keep-alive bound). Before, an agent that came
+    // in that moment skipped the spare's wait and counted the join timeout instead.
+    try {
+      waitKeys(waits_, store, {roundKey(r - 1, "members")},
+               opts_.last_call_timeout +
+                   keepAliveBound(opts_.keep_alive_interval, opts_.keep_alive_max_attempt) +
+                   2 * opts_.keep_alive_interval,
+               opts_.keep_alive_interval, "rendezvous round " + std::to_string(r - 1));
+    } catch (const Abandoned& a) {
+      if (a.status.code() != StatusCode::kTimeout) throw;
+      return;
+    }
+  }
   const json previous =
       json::parse(toString(store.get(roundKey(r - 1, "members"))), nullptr, false);
   if (!previous.is_object() || !previous.contains("members") || !previous["members"].is_array()) {

@@ -5,7 +5,7 @@ etcd this benchmark starts), alternating within each repetition.
     /usr/bin/python3 tests/bench/spare_bench.py --cpprun build/cpprun \\
         --worker build/tests/cpprun_test_worker [--runs 5] [--nodes 2] [--spares 1] \\
         [--keep-alive-interval 1] [--keep-alive-max-attempt 3] [--etcd /usr/bin/etcd] \\
-        [--timeout 60]
+        [--timeout 60] [--loss kill|drain]
 
 A job of exactly --nodes nodes (`--nnodes=N:N`, one worker each) and --spares more agents, each
 a separate process (`cpprun --nnodes=N:N --nproc-per-node=1 --rdzv-backend c10d|etcd
@@ -15,6 +15,9 @@ the next attempt's exit 0 at once). Once attempt 0's workers all run and the spa
 wait, the active node with the highest group rank that does not serve the c10d store (on etcd:
 not the round's node 0, the decider) is lost as a node
 that loses power: its guardian, agent and worker are SIGSTOPped, then SIGKILLed (no goodbye).
+
+With --loss drain the same node is drained instead (POST /leave on its --metrics-port; it must
+answer 202 and the agent exit 0), and the figures are named drain_spare_*.
 
 Figures (epoch microseconds of the agents' --event-log against the kill's time.time()), medians
 of --runs:
@@ -39,6 +42,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from rendezvous_bench import PR_SET_CHILD_SUBREAPER, free_port, spawn, wait_all  # noqa: E402
@@ -61,7 +65,8 @@ def one_run(backend, args, etcd_endpoints, rep):
             argv = [args.cpprun, f"--nnodes={args.nodes}:{args.nodes}", "--nproc-per-node=1",
                     f"--rdzv-backend={backend}", f"--rdzv-endpoint={endpoint}",
                     f"--rdzv-id=spare-{os.getpid()}-{rep}", "--rdzv-conf", conf,
-                    "--max-restarts=0", f"--event-log={run_dir}/events.{i}", "--no-python",
+                    "--max-restarts=0", f"--event-log={run_dir}/events.{i}",
+                    "--metrics-port=0", "--no-python",
                     args.worker, "stall-if-restart", "0", "exit", "0"]
             procs.append(spawn(argv, env, os.path.join(run_dir, f"agent-{i}.log")))
         ranks, spares = {}, set()
@@ -85,15 +90,29 @@ def one_run(backend, args, etcd_endpoints, rep):
         # Not the c10d store host (its loss ends the job by design); of the others the highest
         # rank, so on etcd not the round's node 0 (the decider) either.
         v = max((i for i in ranks if i != store_host), key=lambda i: ranks[i])
-        tree = descendants(procs[v][0])
-        t_kill = time.time()
-        for p in tree:
-            os.kill(p, signal.SIGSTOP)
-        for p in tree:
-            os.kill(p, signal.SIGKILL)
+        if args.loss == "drain":
+            log = open(f"{run_dir}/agent-{v}.log").read()
+            port = int(log.split("metrics on http://127.0.0.1:")[1].split("/")[0])
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/leave", method="POST")
+            t_kill = time.time()
+            with urllib.request.urlopen(request, timeout=20) as answer:
+                if answer.status != 202:
+                    sys.stderr.write(f"{backend}: POST /leave answered {answer.status}\n")
+                    return None
+        else:
+            tree = descendants(procs[v][0])
+            t_kill = time.time()
+            for p in tree:
+                os.kill(p, signal.SIGSTOP)
+            for p in tree:
+                os.kill(p, signal.SIGKILL)
         others = [i for i in range(agents) if i != v]
         codes = wait_all([procs[i] for i in others], args.timeout)
-        os.waitpid(procs[v][0], 0)
+        if args.loss == "drain":
+            codes.update(wait_all([procs[v]], args.timeout))
+            others.append(v)  # the drained agent must exit 0 too
+        else:
+            os.waitpid(procs[v][0], 0)
         reap_leftovers()
         if len(codes) != len(others) or any(c != 0 for c in codes.values()):
             sys.stderr.write(f"{backend}: exit codes {codes} (want 0 from all {len(others)}); "
@@ -143,6 +162,8 @@ def main() -> int:
     p.add_argument("--keep-alive-max-attempt", type=int, default=3)
     p.add_argument("--etcd", default="/usr/bin/etcd")
     p.add_argument("--timeout", type=float, default=60)
+    p.add_argument("--loss", choices=("kill", "drain"), default="kill",
+                   help="kill: the node loses power; drain: POST /leave on its agent")
     args = p.parse_args()
     if args.nodes < 2 or args.spares < 1 or args.runs < 1:
         p.error("--nodes >= 2, --spares >= 1 and --runs >= 1")
@@ -164,7 +185,7 @@ def main() -> int:
     finally:
         cluster.kill()
     bound = args.keep_alive_interval * args.keep_alive_max_attempt
-    print(f"{args.nodes} nodes + {args.spares} spare(s), keep_alive_interval="
+    print(f"loss: {args.loss}; {args.nodes} nodes + {args.spares} spare(s), keep_alive_interval="
           f"{args.keep_alive_interval:g} s x {args.keep_alive_max_attempt} (liveness bound "
           f"{bound:g} s; etcd: lease TTL {max(1, round(bound))} s), medians of "
           f"{args.runs} run(s):")
@@ -178,8 +199,9 @@ def main() -> int:
               f"{min(r[1] for r in rs):.0f}, max {max(r[1] for r in rs):.0f})")
     for backend, rs in results.items():
         if rs:
-            print(f"RESULT spare_decided_{backend} {statistics.median(r[0] for r in rs):.0f} ms")
-            print(f"RESULT spare_running_{backend} {statistics.median(r[1] for r in rs):.0f} ms")
+            name = "spare" if args.loss == "kill" else "drain_spare"
+            print(f"RESULT {name}_decided_{backend} {statistics.median(r[0] for r in rs):.0f} ms")
+            print(f"RESULT {name}_running_{backend} {statistics.median(r[1] for r in rs):.0f} ms")
     if failed:
         print(f"{failed} run(s) failed", file=sys.stderr)
     return 1 if failed else 0
