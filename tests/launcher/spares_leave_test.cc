@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -117,7 +118,8 @@ nlohmann::json readEnvJson(const std::string& path) {
 // A node SIGKILLed (its agent; its workers die by their parent-death signal) while 2 spares
 // wait in a job of exactly 2 (--nnodes=2:2): one spare takes its place in the next round, the
 // world size stays 2, the restart budget (0) is not used, the other spare exits 0 unneeded.
-void spareReplacesLostNode(const std::string& backend, const std::string& endpoint) {
+void spareReplacesLostNode(const std::string& backend, const std::string& endpoint,
+                           const std::function<void()>& before_loss = {}) {
   TempDir dir;
   const std::string d = dir.path();
   const std::string id = runId("spare");
@@ -136,6 +138,7 @@ void spareReplacesLostNode(const std::string& backend, const std::string& endpoi
   // c10d: not the store host (its loss is the store's: exit 4 everywhere, by design).
   const size_t victim =
       backend == "c10d" && servesStore(*agents[active[0]]) ? active[1] : active[0];
+  if (before_loss) before_loss();
   killAgentOf(*agents[victim]);
   int used_spares = 0;
   for (size_t i = 0; i < agents.size(); ++i) {
@@ -172,7 +175,8 @@ void spareReplacesLostNode(const std::string& backend, const std::string& endpoi
 
 // Three nodes of a 2:3 job; one asked to leave (`how`: "http" or "signal"): it exits 0 saying
 // so, the others re-form on 2 nodes and succeed with --max-restarts=0; the event log has it.
-void drainOneNode(const std::string& backend, const std::string& endpoint, const std::string& how) {
+void drainOneNode(const std::string& backend, const std::string& endpoint, const std::string& how,
+                  const std::function<void()>& before_leave = {}) {
   TempDir dir;
   const std::string d = dir.path();
   const std::string id = runId("drain");
@@ -201,6 +205,7 @@ void drainOneNode(const std::string& backend, const std::string& endpoint, const
     CHECK_THAT(*refused,
                Catch::StartsWith("HTTP/1.1 409") && Catch::Contains("serves the job's store"));
   }
+  if (before_leave) before_leave();
   if (how == "http") {
     auto answer = httpRequestRaw(metricsPort(*agents[leaver]), "POST", "/leave", 20s);
     REQUIRE(answer.has_value());
@@ -258,6 +263,22 @@ TEST_CASE("hot spares (etcd): a spare takes a SIGKILLed node's place, world size
           "[integration][multinode][etcd][spares]") {
   EtcdCluster cluster;
   spareReplacesLostNode("etcd", cluster.endpointsFlag());
+}
+
+TEST_CASE("hot spares (etcd): with the etcd leader killed first, a spare still replaces a node",
+          "[integration][multinode][etcd][spares]") {
+  EtcdCluster cluster;
+  spareReplacesLostNode("etcd", cluster.endpointsFlag(), [&] {
+    const int leader = cluster.waitForLeader(10s);
+    REQUIRE(leader >= 0);
+    cluster.kill(leader);  // 2 of 3 members left: a quorum, a new leader soon
+  });
+}
+
+TEST_CASE("drain (etcd): with an etcd member killed first, POST /leave still drains one node",
+          "[integration][multinode][etcd][drain]") {
+  EtcdCluster cluster;
+  drainOneNode("etcd", cluster.endpointsFlag(), "http", [&] { cluster.kill(0); });
 }
 
 TEST_CASE("drain (c10d): POST /leave makes one node leave, the store host is refused",
