@@ -40,6 +40,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -100,6 +101,13 @@ inline constexpr const char* kJobOverBeforeJoin = "the job ended before this nod
 // A spare asked to leave (drain) while it waited: the Abandoned status's message starts with this
 // (code kAlreadyExists); the agent exits 0, it left.
 inline constexpr const char* kLeftWhileSpare = "this node left the job while it waited as a spare";
+// A node the decider excluded from the job (node_exclusion.h): it leaves, the others re-form.
+struct ExcludedNode {
+  int rank = -1;  // its group rank in the attempt
+  std::string host;
+  std::string agent_id;
+  std::string reason;  // "its workers caused 3 failures within 3600 s (...)"
+};
 
 // The host's decision for the whole job after an attempt.
 struct JobDecision {
@@ -111,6 +119,8 @@ struct JobDecision {
   int restarts_used = 0;  // of the job's budget (a re-formed group after a membership change
                           // is a new attempt but does not use the budget)
   bool membership_change = false;  // kRestart because agents were lost or are waiting to join
+  // kRestart: the node that leaves the job because its workers kept failing; nullopt: none.
+  std::optional<ExcludedNode> excluded;
 };
 
 // What the rendezvous has done, for /status and /metrics.
@@ -219,6 +229,10 @@ struct StoreCoordinatorOptions {
   int max_nodes = 1;
   std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};
   int max_restarts = 0;
+  // Exclusion (node_exclusion.h): an elastic job's node whose workers caused exclude_after
+  // failures within exclude_window leaves it. exclude_after 0: never.
+  int exclude_after = 3;
+  std::chrono::seconds exclude_window{std::chrono::hours(1)};
   AgentInfo self;
   std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};
   std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};

@@ -168,6 +168,12 @@ json decisionToJson(const JobDecision& decision, int readers) {
             {"membership_change", decision.membership_change},
             {"failures", json::array()}};
   for (const WorkerFailure& f : decision.failures) d["failures"].push_back(failureToJson(f));
+  if (decision.excluded) {
+    d["excluded"] = {{"rank", decision.excluded->rank},
+                     {"host", decision.excluded->host},
+                     {"agent_id", decision.excluded->agent_id},
+                     {"reason", decision.excluded->reason}};
+  }
   return d;
 }
 
@@ -183,6 +189,14 @@ Result<DecisionRecord> decisionFromJson(const json& d, int default_readers) {
   decision.membership_change = d.value("membership_change", false);
   for (const json& f : d.value("failures", json::array())) {
     decision.failures.push_back(failureFromJson(f));
+  }
+  if (const auto it = d.find("excluded"); it != d.end() && it->is_object()) {
+    ExcludedNode e;
+    e.rank = it->value("rank", -1);
+    e.host = it->value("host", "");
+    e.agent_id = it->value("agent_id", "");
+    e.reason = it->value("reason", "");
+    if (!e.agent_id.empty()) decision.excluded = e;
   }
   return record;
 }

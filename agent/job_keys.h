@@ -25,6 +25,8 @@
 //   attempt/<n>/report/<rank>      how an agent's workers ended
 //   attempt/<n>/decision           the host's decision for the job
 //   attempt/<n>/done, all_done     agents that read the final decision (done: tickets)
+//   exclusion/failures             one line per root-cause failure of a node (appended by the
+//                                  decider; node_exclusion.h)
 //
 // One key outside every namespace: kServedRunIdKey, the run id of the job whose agent serves a
 // TCP store, set by that agent before it answers anyone. An agent of another run id that
@@ -52,6 +54,7 @@ inline constexpr const char* kAliveKeyPrefix = "alive/";
 // last of them sets (the round they waited in counts them); the store host waits for it.
 inline constexpr const char* kSparesDoneKey = "spares_done";
 inline constexpr const char* kSparesAllDoneKey = "spares_all_done";
+inline constexpr const char* kExclusionHistoryKey = "exclusion/failures";
 // At the root of a TCP store served by an agent (not in a namespace).
 inline constexpr const char* kServedRunIdKey = "cpprun/served_run_id";
 

@@ -19,6 +19,7 @@
 #include "agent/child_reaper.h"
 #include "agent/event_log.h"
 #include "agent/failure_report.h"
+#include "agent/health_gate.h"
 #include "agent/http_server.h"
 #include "agent/job_keys.h"
 #include "agent/nccl_unique_id.h"
@@ -270,6 +271,10 @@ class LocalAgent {
   std::unique_ptr<ProcessLauncher> launcher_ = makeSystemProcessLauncher(options_.containment);
   std::unique_ptr<SingleNodeRendezvous> single_node_;  // one node
   std::unique_ptr<JobCoordinator> coordinator_;        // multi-node
+  // Multi-node: the health check before every join and the gate between the supervisor and the
+  // coordinator (health_gate.h): whether this node takes part in the next round.
+  std::unique_ptr<HealthCheck> health_;
+  std::unique_ptr<HealthGate> gate_;
   std::unique_ptr<Supervisor> supervisor_;
   // --metrics-port: the HTTP endpoint on a thread of its own, reading the snapshots this loop
   // publishes to status_board_ (agent_http_routes.h); both null without the option.
@@ -302,8 +307,10 @@ Status LocalAgent::open() {
   nccl_ids_.setMakesIds(!options_.multi_node || store_.server != nullptr);
   makeCoordinatorAndSupervisor();
   if (Status s = openMetrics(); !s.isOk()) return s;
-  reaper_ = std::make_unique<ChildReaper>(
-      io_, [this](pid_t pid, int status) { supervisor_->onChildExit(pid, status); });
+  reaper_ = std::make_unique<ChildReaper>(io_, [this](pid_t pid, int status) {
+    if (health_ && health_->onChildExit(pid, status)) return;
+    supervisor_->onChildExit(pid, status);
+  });
   // Every signal that would end the agent by its default action is caught (signal_policy.h):
   // the handled ones stop the job in order, the rest are logged and ignored.
   std::vector<int> caught = signalsToTakeOver();
@@ -348,7 +355,27 @@ void LocalAgent::makeCoordinatorAndSupervisor() {
         [this](const Status& s) {
           if (supervisor_) supervisor_->onCoordinatorLost(s);
         });
-    supervisor_options.coordinator = coordinator_.get();
+    health_ = std::make_unique<HealthCheck>(io_, *launcher_, options_.health);
+    HealthGateOptions go;
+    go.agent_id = co.self.id;
+    // A static job cannot go on without any of its nodes, and on the c10d backend the store
+    // host's agent is the job's store: these join and fail the job rather than leave it.
+    go.must_join = !co.elastic || (is_store_host && !co.host_per_round);
+    go.event_log = event_log_.get();
+    gate_ = std::make_unique<HealthGate>(*coordinator_, *health_, go);
+    supervisor_options.coordinator = gate_.get();
+    supervisor_options.amend_outcome = [this](JobOutcome& outcome) {
+      outcome.departures = gate_->departures();
+      if (gate_->left() == HealthGate::Left::kUnhealthy || !gate_->failure().isOk()) {
+        outcome.kind = JobOutcome::Kind::kUnhealthy;
+        outcome.error = gate_->failure().isOk()
+                            ? Status(StatusCode::kUnavailable, gate_->leftReason())
+                            : gate_->failure();
+      } else if (gate_->left() == HealthGate::Left::kExcluded) {
+        outcome.kind = JobOutcome::Kind::kExcluded;
+        outcome.error = Status(StatusCode::kUnavailable, gate_->leftReason());
+      }
+    };
   } else {
     single_node_ = std::make_unique<SingleNodeRendezvous>(event_log_.get(), options_.host_name);
   }
@@ -484,6 +511,9 @@ Result<AttemptSpec> LocalAgent::prepareAttempt(int restart_count) {
   if (coordinator_) {
     const auto& start = supervisor_->attemptStart();
     if (!start) return internalError("attempt prepared before the nodes agreed on it");
+    // A node that must join failed its health check: its workers do not start, and the job
+    // fails naming it (health_gate.h).
+    if (gate_ && !gate_->failure().isOk()) return gate_->failure();
     context.membership = start->membership;
     context.nccl_unique_id_hex = start->nccl_unique_id_hex;
     useRoundStore(start->membership, context);

@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/health_check.h"
 #include "agent/supervisor.h"
 #include "common/status.h"
 #include "rendezvous/wire.h"
@@ -71,6 +72,9 @@ struct LocalAgentOptions {
   // picks one; the log and the event log say which). Off when metrics_port < 0.
   std::string metrics_host = "127.0.0.1";
   int metrics_port = -1;
+  // Multi-node: the node's health check before every join of a round (health_check.h,
+  // health_gate.h); nothing to check (no command, no built-in checks): every join passes.
+  HealthCheckOptions health;
   // The job's cgroup and sentinel, for the workers the agent starts (the guardian's).
   WorkerContainment containment;
 };

@@ -297,7 +297,9 @@ void RendezvousRounds::waitForRunningRound(Store& store, int r, int64_t my_slot)
   }
   if (record.value().readers < 0) return;
   expected_survivors_ = record.value().readers;
-  // The node that asked to leave read the decision but does not come back.
+  // An excluded node (node_exclusion.h) read the decision but does not come back.
+  if (record.value().decision.excluded && expected_survivors_ > 0) --expected_survivors_;
+  // Nor does the node that asked to leave.
   if (store.check({attemptKey(attempt, "stop")})) {
     const StopClaim stop =
         stopFromJson(json::parse(toString(store.get(attemptKey(attempt, "stop"))), nullptr, false));
@@ -306,7 +308,14 @@ void RendezvousRounds::waitForRunningRound(Store& store, int r, int64_t my_slot)
 }
 
 void RendezvousRounds::lastCallForSurvivors(Store& store, int r) {
-  const auto deadline = SteadyClock::now() + opts_.last_call_timeout;
+  const auto began = SteadyClock::now();
+  const auto deadline = began + opts_.last_call_timeout;
+  // Survivors join within moments of the decision (their teardown is over); one that does not
+  // (a failed health check, a slow node) is not waited for longer than the keep-alive bound
+  // when the round is full without it: a spare then takes its place.
+  const auto survivors_deadline = std::min(
+      deadline, began + keepAliveBound(opts_.keep_alive_interval, opts_.keep_alive_max_attempt) +
+                    opts_.keep_alive_interval);
   const int wanted_survivors = std::min(expected_survivors_, opts_.max_nodes);
   while (true) {
     const int64_t joined = store.tickets(roundKey(r, "joined"));
@@ -316,7 +325,10 @@ void RendezvousRounds::lastCallForSurvivors(Store& store, int r) {
       ++total;
       if (previous_ids_.count(c.record.value("id", ""))) ++survivors;
     }
-    if (survivors >= wanted_survivors && total >= opts_.max_nodes) return;
+    if (total >= opts_.max_nodes &&
+        (survivors >= wanted_survivors || SteadyClock::now() >= survivors_deadline)) {
+      return;
+    }
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
     if (left <= std::chrono::milliseconds(0)) return;

@@ -28,6 +28,9 @@ using std::chrono::milliseconds;
 
 namespace {
 
+// After the helpers were SIGKILLed at the stack bound: how long their exits may take to be seen.
+constexpr milliseconds kKilledHelperGrace{200};
+
 // Up to `max_bytes` of `path` from `offset` ("" when it cannot be read).
 std::string readFileFrom(const std::string& path, uint64_t offset, size_t max_bytes) {
   std::ifstream in(path, std::ios::binary);
@@ -96,7 +99,23 @@ class StallWatchdog::Impl : public std::enable_shared_from_this<StallWatchdog::I
   milliseconds progressInterval() const {
     if (options_.check_interval.count() > 0) return options_.check_interval;
     if (!stallDetectionOn()) return milliseconds(1000);
-    return std::clamp(options_.timeout / 4, milliseconds(10), milliseconds(1000));
+    return std::clamp(options_.timeout / 10, milliseconds(10), milliseconds(250));
+  }
+
+  milliseconds firstTimeout() const {
+    return options_.first_timeout.count() > 0 ? options_.first_timeout : options_.timeout;
+  }
+  // A worker that ended its program and is exiting (agent/python_progress.h's marker) is
+  // bounded like a starting one. Looked at only when the shorter bound has passed.
+  static bool exiting(const Watched& w) {
+    std::error_code ec;
+    return std::filesystem::exists(w.progress_path + ".exiting", ec);
+  }
+  // Whether `w` has gone without progress for longer than the bound that applies to it.
+  bool pastBound(const Watched& w, SteadyClock::time_point now) const {
+    const auto quiet = now - w.state.last_progress;
+    if (!w.state.reported) return quiet >= firstTimeout();
+    return quiet >= options_.timeout && (quiet >= firstTimeout() || !exiting(w));
   }
 
   void beginAttempt(int attempt, size_t worker_count) {
@@ -156,6 +175,7 @@ class StallWatchdog::Impl : public std::enable_shared_from_this<StallWatchdog::I
         if (sample->mtime_ns != w.last_mtime_ns) {
           w.last_mtime_ns = sample->mtime_ns;
           w.state.last_progress = now;
+          w.state.reported = true;
           if (sample->counter) w.state.progress = sample->counter;
         }
       }
@@ -169,7 +189,7 @@ class StallWatchdog::Impl : public std::enable_shared_from_this<StallWatchdog::I
     std::vector<size_t> stalled;
     for (size_t i = 0; i < workers_.size(); ++i) {
       const Watched& w = workers_[i];
-      if (watched(w) && now - w.state.last_progress >= options_.timeout) stalled.push_back(i);
+      if (watched(w) && pastBound(w, now)) stalled.push_back(i);
     }
     if (!stalled.empty()) onStall(stalled, now);
   }
@@ -179,13 +199,24 @@ class StallWatchdog::Impl : public std::enable_shared_from_this<StallWatchdog::I
     std::string last = p.progress ? "last progress report: " + std::to_string(*p.progress)
                        : w.last_mtime_ns >= 0 ? std::string("its reports carry no counter")
                                               : std::string("it never reported progress");
-    return "stalled: no progress for " +
-           formatWait(std::chrono::duration_cast<milliseconds>(now - p.last_progress)) +
-           " (--stall-timeout " + formatWait(options_.timeout) + "; " + last + ")";
+    const bool finishing = p.reported && exiting(w);
+    const std::string bound = p.reported && !finishing
+                                  ? "--stall-timeout " + formatWait(options_.timeout)
+                                  : "--stall-first-timeout " + formatWait(firstTimeout());
+    const char* what = !p.reported ? "stalled: no first progress in "
+                       : finishing
+                           ? "stalled while exiting after its program ended: no progress for "
+                           : "stalled: no progress for ";
+    return std::string(what) +
+           formatWait(std::chrono::duration_cast<milliseconds>(now - p.last_progress)) + " (" +
+           bound + "; " + last + ")";
   }
+
+  bool stacksOn() const { return options_.stacks_timeout.count() > 0; }
 
   void onStall(const std::vector<size_t>& indices, SteadyClock::time_point now) {
     collecting_stacks_ = true;
+    stall_deadline_ = now + options_.stacks_timeout;
     ++stall_generation_;
     collection_pending_ = 0;
     stall_indices_ = indices;
@@ -210,7 +241,7 @@ class StallWatchdog::Impl : public std::enable_shared_from_this<StallWatchdog::I
            {"progress", w.state.progress ? nlohmann::json(*w.state.progress) : nlohmann::json()}});
       // Python stacks: only a worker whose helper registered faulthandler on SIGUSR1 (it
       // created the stack file) gets the signal; to any other, SIGUSR1 may mean "stop".
-      if (!w.stack_path.empty() && std::filesystem::exists(w.stack_path)) {
+      if (stacksOn() && !w.stack_path.empty() && std::filesystem::exists(w.stack_path)) {
         w.python_stack_offset = fileSize(w.stack_path);
         w.python_stack_requested = true;
         Status sent = launcher_.signalProcess(w.worker.pid, SIGUSR1);
@@ -221,11 +252,12 @@ class StallWatchdog::Impl : public std::enable_shared_from_this<StallWatchdog::I
         }
       }
     }
-    if (options_.gdb_path.empty()) {
+    if (stacksOn() && options_.gdb_path.empty()) {
       CPPRUN_LOG(kWarn) << "gdb not found: no native stacks of the stalled ranks";
     }
     if (callbacks_.on_stalled) callbacks_.on_stalled(indices);
-    stack_timer_.expires_after(any_python ? options_.faulthandler_grace : milliseconds(0));
+    const milliseconds grace = std::min(options_.faulthandler_grace, options_.stacks_timeout / 2);
+    stack_timer_.expires_after(any_python ? grace : milliseconds(0));
     stack_timer_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
       auto self = weak.lock();
       if (!self || ec || !self->collecting_stacks_) return;
@@ -234,7 +266,7 @@ class StallWatchdog::Impl : public std::enable_shared_from_this<StallWatchdog::I
   }
 
   void startNativeStacks() {
-    if (!options_.gdb_path.empty()) {
+    if (stacksOn() && !options_.gdb_path.empty()) {
       for (size_t i : stall_indices_) {
         Watched& w = workers_[i];
         if (w.exited || w.worker.rank_dir.empty()) continue;
@@ -274,16 +306,32 @@ class StallWatchdog::Impl : public std::enable_shared_from_this<StallWatchdog::I
       finishStall();
       return;
     }
-    // gdb gets a bound too: a worker in an uninterruptible state may hold it.
-    stack_timer_.expires_after(options_.gdb_timeout);
+    // The collection is bounded from the stall: a gdb reading a large program's symbols, or
+    // held by a worker in an uninterruptible state, is killed at the bound with what it wrote.
+    stack_timer_.expires_at(stall_deadline_);
     stack_timer_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
       auto self = weak.lock();
       if (!self || ec || !self->collecting_stacks_) return;
-      CPPRUN_LOG(kWarn) << "gdb did not finish within " << formatWait(self->options_.gdb_timeout)
-                        << "; killing it";
+      CPPRUN_LOG(kWarn) << "stack collection did not finish within "
+                        << formatWait(self->options_.stacks_timeout)
+                        << " (--stall-stacks-timeout); killing gdb";
       for (const auto& helper : self->helpers_) {
         (void)self->launcher_.signalGroup(helper.first, SIGKILL);
       }
+      // A tracer killed while its tracee is stopped can leave it stopped, deaf to the SIGTERM
+      // of the teardown that follows: let it run again.
+      for (size_t i : self->stall_indices_) {
+        const Watched& w = self->workers_[i];
+        if (!w.exited && w.worker.pid > 0)
+          (void)self->launcher_.signalProcess(w.worker.pid, SIGCONT);
+      }
+      // A gdb that SIGKILL cannot end at once (in an uninterruptible wait itself) is left to
+      // the reaper: the stall is reported now, with whatever the files hold.
+      self->stack_timer_.expires_after(kKilledHelperGrace);
+      self->stack_timer_.async_wait([weak](const boost::system::error_code& ec2) {
+        auto again = weak.lock();
+        if (again && !ec2) again->finishStall();
+      });
     });
   }
 
@@ -324,7 +372,9 @@ class StallWatchdog::Impl : public std::enable_shared_from_this<StallWatchdog::I
         }
         files.push_back(w.gdb_output_path);
       }
-      if (excerpt.empty()) {
+      if (excerpt.empty() && !stacksOn()) {
+        excerpt.push_back("no stacks: --stall-stacks-timeout off");
+      } else if (excerpt.empty()) {
         excerpt.push_back(
             "no stacks: gdb was not found and the worker registered no faulthandler "
             "(examples/python/cpprun_progress.py)");
@@ -351,6 +401,7 @@ class StallWatchdog::Impl : public std::enable_shared_from_this<StallWatchdog::I
   // The stall being collected: its ranks, how many gdbs are still running, and its number
   // (the gdb helpers by pid remember theirs, so one of an older stall is ignored).
   bool collecting_stacks_ = false;
+  SteadyClock::time_point stall_deadline_;
   std::vector<size_t> stall_indices_;
   int collection_pending_ = 0;
   uint64_t stall_generation_ = 0;

@@ -3,18 +3,22 @@
 // teardown, restarts); the watchdog owns everything about progress and stalls.
 //
 // Progress: every worker with a rank directory gets CPPRUN_PROGRESS_FILE (common/progress_file.h)
-// and CPPRUN_STACK_FILE there (progressFile/stackFile give the paths). A changed file is progress.
-// While checks run (startChecks .. stopChecks) the files are read every check interval; a
-// running worker whose file has not changed for `StallOptions::timeout` (counted from its start
-// until its first report) is stalled.
+// and CPPRUN_STACK_FILE there (progressFile/stackFile give the paths). A changed file is progress
+// (the trainer's own reports, or the automatic stamps of agent/python_progress.h). While checks
+// run (startChecks .. stopChecks) the files are read every check interval. Two bounds, as
+// NVIDIA's ft_launcher has: a running worker that has not reported since its start for
+// `first_timeout` (imports, CUDA/NCCL set-up, the rendezvous, loading data), or whose file has
+// not changed since its last report for `timeout`, is stalled.
 //
-// Stack collection, per stall (every rank found stalled by one check together):
+// Stack collection, per stall (every rank found stalled by one check together), all of it
+// bounded by `stacks_timeout` from the stall (0: no stacks, on_collected at once):
 //
 //   check finds ranks stalled ──▶ SIGUSR1 to each rank whose faulthandler helper created its
 //        │                        stack file (Python stacks), then on_stalled
-//        ▼ faulthandler_grace (0 when no rank got SIGUSR1)
+//        ▼ faulthandler_grace (0 when no rank got SIGUSR1; at most half the bound)
 //   gdb -batch "thread apply all bt" per stalled rank still running (native stacks), each
-//        │ writing <rank dir>/stacks_gdb.txt; all of them SIGKILLed at gdb_timeout
+//        │ writing <rank dir>/stacks_gdb.txt; all SIGKILLed (and their ranks sent SIGCONT, so
+//        │ none stays stopped by ptrace) when the bound is reached
 //        ▼ every gdb exited (or none was started)
 //   excerpts built from both files, logged ──▶ on_collected (the supervisor fails the attempt)
 //
@@ -47,20 +51,27 @@ class io_context;
 namespace cpprun::agent {
 
 struct StallOptions {
-  // 0: stall detection off.
+  // Between two progress reports of a worker; 0: stall detection off.
   std::chrono::milliseconds timeout{0};
-  // How often progress files are read; 0: a quarter of the timeout, at most 1 s (and 1 s when
-  // only /status reads progress).
+  // From a worker's start to its first report; 0: the same as `timeout`.
+  std::chrono::milliseconds first_timeout{0};
+  // How often progress files are read; 0: a tenth of the timeout, between 10 and 250 ms (1 s
+  // when only /status reads progress).
   std::chrono::milliseconds check_interval{0};
   std::string gdb_path;  // empty: no native stacks
-  std::chrono::milliseconds gdb_timeout{std::chrono::seconds(30)};
+  // The whole stack collection of a stall, from its detection; 0: no stacks at all.
+  std::chrono::milliseconds stacks_timeout{std::chrono::seconds(1)};
   // Between SIGUSR1 (faulthandler) and attaching gdb, so the Python stacks are written first.
   std::chrono::milliseconds faulthandler_grace{std::chrono::milliseconds(250)};
+  // Python workers stamp progress by themselves (agent/python_progress.h; the supervisor acts
+  // on it, with stall detection on).
+  bool python_progress = true;
 };
 
 // What the watchdog knows about one worker of the current attempt.
 struct WorkerProgress {
   bool started = false;                                 // workerStarted was called for it
+  bool reported = false;                                // it has reported since its start
   std::chrono::steady_clock::time_point last_progress;  // its last report, or its start
   std::optional<uint64_t> progress;                     // the last counter it reported
   bool stalled = false;

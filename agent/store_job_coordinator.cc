@@ -21,6 +21,7 @@
 #include "agent/job_decision.h"
 #include "agent/job_keys.h"
 #include "agent/liveness.h"
+#include "agent/node_exclusion.h"
 #include "agent/rendezvous_rounds.h"
 #include "common/asio.h"
 #include "common/logging.h"
@@ -621,10 +622,55 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
     if (opts_.elastic) {
       policy.waiting_nodes = rounds_.waitingIn(*control_client_, rounds_.nextRound());
     }
-    JobDecision d =
-        decideJob(membership, outcomes, stop, policy, restarts_used_, SystemClock::now());
+    const auto now = SystemClock::now();
+    JobDecision d = decideJob(membership, outcomes, stop, policy, restarts_used_, now);
+    considerExclusion(membership, outcomes, stop, now, d);
     restarts_used_ = d.restarts_used;
     return d;
+  }
+
+  // Decider: when the attempt's root cause was one node's own workers, records it in the job's
+  // failure history (in the store, so a later decider reads it too) and excludes the node once
+  // it has caused exclude_after failures within exclude_window (node_exclusion.h).
+  void considerExclusion(const Membership& membership, const std::map<int, NodeOutcome>& outcomes,
+                         const StopClaim& stop, SystemClock::time_point now, JobDecision& d) {
+    if (opts_.exclude_after <= 0 || stop.cause != StopCause::kFailure || stop.by < 0) return;
+    if (d.kind != JobDecision::Kind::kRestart && d.kind != JobDecision::Kind::kFailed) return;
+    if (d.membership_change || d.signal != 0) return;
+    const auto culprit = outcomes.find(stop.by);
+    if (culprit == outcomes.end() || culprit->second.lost ||
+        culprit->second.report.kind != AttemptReport::Kind::kFailed) {
+      return;
+    }
+    const AgentInfo& agent = membership.agents.at(static_cast<size_t>(stop.by));
+    const int64_t now_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count();
+    control_client_->append(
+        kExclusionHistoryKey,
+        rendezvous::toBytes(encodeFailureRecord({agent.id, agent.host, now_ms})));
+    const auto history = decodeFailureHistory(toString(control_client_->get(kExclusionHistoryKey)));
+    ExclusionPolicy policy{opts_.exclude_after, opts_.exclude_window};
+    ExclusionInput in;
+    in.culprit_rank = stop.by;
+    in.failures = failuresWithin(history, agent.id, policy.window, now_ms);
+    in.elastic = opts_.elastic;
+    in.min_nodes = opts_.min_nodes;
+    int lost = 0;
+    for (const auto& [rank, outcome] : outcomes) lost += outcome.lost ? 1 : 0;
+    in.survivors = membership.group_world_size - lost;
+    // c10d: the store host's agent is the job's store; it cannot leave without ending the job.
+    in.culprit_may_leave = opts_.host_per_round || stop.by != membership.group_rank;
+    const int restarts_before = restarts_used_;
+    if (const std::string blocked = exclusionBlocked(policy, in); !blocked.empty()) {
+      CPPRUN_LOG(kWarn) << "node " << stop.by << " (" << agent.host << ") caused " << in.failures
+                        << " failures within " << policy.window.count()
+                        << " s but is not excluded: " << blocked;
+      return;
+    }
+    applyExclusion(membership, policy, in, restarts_before, d);
+    if (d.excluded) {
+      CPPRUN_LOG(kError) << d.summary;
+    }
   }
 
   // After the final decision: wake every watcher (the stop key), tell agents still waiting to

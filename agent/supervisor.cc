@@ -7,12 +7,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <optional>
 #include <utility>
 
+#include "agent/python_progress.h"
 #include "common/asio.h"
 #include "common/logging.h"
 #include "common/progress_file.h"
@@ -40,6 +42,10 @@ int JobOutcome::exitCode() const {
     case Kind::kLeft:
     case Kind::kNotNeeded:
       return 0;
+    case Kind::kUnhealthy:
+      return 5;
+    case Kind::kExcluded:
+      return 6;
   }
   return 1;
 }
@@ -60,6 +66,10 @@ const char* jobOutcomeName(JobOutcome::Kind kind) {
       return "left";
     case JobOutcome::Kind::kNotNeeded:
       return "not_needed";
+    case JobOutcome::Kind::kUnhealthy:
+      return "unhealthy";
+    case JobOutcome::Kind::kExcluded:
+      return "excluded";
   }
   return "unknown";
 }
@@ -213,6 +223,18 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     auto attempt = prepare_(restart_count_);
     if (!attempt.isOk()) {
       start_error_ = attempt.status();
+      if (options_.coordinator != nullptr) {
+        // Multi-node: the others got the go too. Stop their workers and report, so the job's
+        // decision names this node (as for a worker that cannot be spawned) instead of the
+        // others losing it.
+        CPPRUN_LOG(kError) << start_error_.message();
+        for (const Worker& w : workers_) output_bytes_before_ += outputBytes(w);
+        workers_.clear();
+        peer_stopped_ = false;
+        announce("node could not start its workers: " + start_error_.message());
+        finishAttempt();
+        return;
+      }
       finishJob();
       return;
     }
@@ -224,6 +246,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     watchdog_.beginAttempt(restart_count_, workers_.size());
     peer_stopped_ = false;
     stop_signal_ = 0;
+    python_progress_dir_ = preparePythonProgress(attempt.value().attempt_dir);
     for (size_t i = 0; i < workers_.size(); ++i) {
       workers_[i].spec = std::move(attempt.value().workers[i]);
       Status s = startWorker(i, attempt.value().attempt_dir);
@@ -265,6 +288,23 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     beginStop(SIGTERM);
   }
 
+  // The directory of this attempt's automatic progress module (agent/python_progress.h), or ""
+  // when stamps are off for it (no stall detection, --python-progress off, no log directory, or
+  // the module could not be written: stamps never stop a job from starting).
+  std::string preparePythonProgress(const std::string& attempt_dir) {
+    if (!watchdog_.stallDetectionOn() || !options_.stall.python_progress || attempt_dir.empty()) {
+      return "";
+    }
+    const std::string dir = attempt_dir + "/python";
+    Status written = writePythonProgressModule(dir);
+    if (!written.isOk()) {
+      CPPRUN_LOG(kWarn) << "automatic progress stamps are off for this attempt: "
+                        << written.message();
+      return "";
+    }
+    return dir;
+  }
+
   Status startWorker(size_t index, const std::string& attempt_dir) {
     Worker& w = workers_[index];
     std::string rank_dir =
@@ -297,6 +337,11 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     if (!rank_dir.empty()) {
       spec.env[kProgressFileVariable] = StallWatchdog::progressFile(rank_dir);
       spec.env["CPPRUN_STACK_FILE"] = StallWatchdog::stackFile(rank_dir);
+      if (!python_progress_dir_.empty()) {
+        addPythonProgress(spec.env, python_progress_dir_,
+                          pythonProgressInterval(options_.stall.timeout),
+                          std::getenv("PYTHONPATH"));
+      }
     }
     spec.stdout_fd = out_pipe[1];
     spec.stderr_fd = err_pipe[1];
@@ -733,6 +778,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     } else if (outcome.kind == JobOutcome::Kind::kSucceeded && not_needed_) {
       outcome.kind = JobOutcome::Kind::kNotNeeded;
     }
+    if (options_.amend_outcome) options_.amend_outcome(outcome);
     emitJobEvents(outcome);
     if (on_done_) on_done_(outcome);
   }
@@ -843,8 +889,9 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
   std::vector<WorkerFailure> failures_;
   bool attempt_failed_ = false;
   bool peer_stopped_ = false;
-  bool leaving_ = false;     // onLeave: this node leaves the job after this attempt
-  bool not_needed_ = false;  // a spare that found the job over
+  bool leaving_ = false;             // onLeave: this node leaves the job after this attempt
+  bool not_needed_ = false;          // a spare that found the job over
+  std::string python_progress_dir_;  // this attempt's, see preparePythonProgress
   struct PeerStopNote {
     int attempt;
     std::string reason;

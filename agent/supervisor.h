@@ -58,6 +58,8 @@ struct AttemptSpec {
   std::string attempt_dir;  // <log dir>/<run id>/attempt_<n>; per-rank dirs are made under it
 };
 
+struct JobOutcome;
+
 struct SupervisorOptions {
   int max_restarts = 0;
   std::chrono::milliseconds shutdown_timeout{30000};
@@ -78,6 +80,9 @@ struct SupervisorOptions {
   // stalled console never blocks the loop). Null: the supervisor makes its own for
   // output.console_stdout_fd / console_stderr_fd.
   std::shared_ptr<OutputSinks> sinks;
+  // Run on the job's outcome before it is logged and handed on: the agent's last word on it
+  // (a node that left the job: health_gate.h). Empty: none.
+  std::function<void(JobOutcome&)> amend_outcome;
 };
 
 // What the supervisor is doing now, for /status and /metrics (loop thread).
@@ -115,6 +120,7 @@ struct SupervisorSnapshot {
 struct JobOutcome {
   // kLeft: this node left the elastic job on request (drain; the others go on), exit 0.
   // kNotNeeded: this node waited as a spare and the job ended without it, exit 0.
+  // kUnhealthy, kExcluded: this node left the job (health_gate.h) and the others go on.
   enum class Kind {
     kSucceeded,
     kWorkersFailed,
@@ -122,7 +128,9 @@ struct JobOutcome {
     kStartFailed,
     kLostPeers,
     kLeft,
-    kNotNeeded
+    kNotNeeded,
+    kUnhealthy,
+    kExcluded
   };
   Kind kind = Kind::kSucceeded;
   int restarts = 0;  // attempts restarted
@@ -131,13 +139,16 @@ struct JobOutcome {
   // The last failed attempt's: this node's in local-rank order, or (multi-node) every node's.
   std::vector<WorkerFailure> failures;
   std::string summary;  // multi-node: who stopped the job first, or why it ended
-  // 0 succeeded (or left, or not needed), 1 workers failed, 128+N signalled, 3 could not start,
-  // 4 lost the other nodes (see README).
+  // Multi-node: the nodes that left the job while this one was in it (excluded), one line each.
+  std::vector<std::string> departures;
+  // 0 succeeded (or left, or not needed), 1 workers failed, 128+N signalled, 3 could not start, 4
+  // lost the other nodes, 5 this node failed its health check and left, 6 this node was excluded
+  // (docs/supervision.md).
   int exitCode() const;
 };
 
 // How the event log spells a job's outcome: "succeeded", "workers_failed", "signalled",
-// "start_failed", "lost_peers", "left", "not_needed".
+// "start_failed", "lost_peers", "left", "not_needed", "unhealthy", "excluded".
 const char* jobOutcomeName(JobOutcome::Kind kind);
 
 // How an attempt ended. When several things happened in one attempt (a handled signal arrived

@@ -1,10 +1,12 @@
 #include "launcher/agent_options.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 
 #include "agent/etcd_connector.h"
 #include "agent/nccl_unique_id.h"
+#include "launcher/node_health.h"
 
 namespace cpprun::launcher {
 
@@ -117,8 +119,25 @@ agent::LocalAgentOptions makeAgentOptions(const AgentOptionsInputs& in) {
   options.metrics_host = config.metrics_host;
   options.metrics_port = config.metrics_port;
   if (config.stall_timeout > 0) {
-    options.supervisor.stall.timeout = milliseconds(config.stall_timeout);
-    options.supervisor.stall.gdb_path = in.gdb_path;
+    auto& stall = options.supervisor.stall;
+    stall.timeout = milliseconds(config.stall_timeout);
+    const double first = config.stall_first_timeout > 0
+                             ? config.stall_first_timeout
+                             : std::max(kDefaultStallFirstTimeoutSeconds, config.stall_timeout);
+    stall.first_timeout = milliseconds(first);
+    stall.stacks_timeout = milliseconds(config.stall_stacks_timeout);
+    stall.python_progress = config.python_progress;
+    stall.gdb_path = in.gdb_path;
+  }
+  if (options.multi_node) {
+    options.health.command = config.health_check;
+    options.health.timeout = milliseconds(config.health_check_timeout);
+    if (config.builtin_health_checks) {
+      options.health.builtin = makeBuiltinHealthCheck(config, in.node, in.env);
+    }
+    options.multi_node->exclude_after = config.exclude_after;
+    options.multi_node->exclude_window =
+        std::chrono::seconds(static_cast<int64_t>(config.exclude_window));
   }
   options.signals_to_handle = config.signals_to_handle;
   options.supervisor.max_restarts = config.max_restarts;

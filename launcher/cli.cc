@@ -418,6 +418,30 @@ Status applyStallTimeout(LaunchConfig& c, const std::string& v, const std::strin
   return Status::ok();
 }
 
+Status applyStallFirstTimeout(LaunchConfig& c, const std::string& v, const std::string& source) {
+  if (!parseSeconds(v, c.stall_first_timeout) || c.stall_first_timeout <= 0) {
+    return badValue(v, source, "a positive number of seconds");
+  }
+  return Status::ok();
+}
+
+Status applyStallStacksTimeout(LaunchConfig& c, const std::string& v, const std::string& source) {
+  if (v == "off") {
+    c.stall_stacks_timeout = 0;
+    return Status::ok();
+  }
+  if (!parseSeconds(v, c.stall_stacks_timeout) || c.stall_stacks_timeout <= 0) {
+    return badValue(v, source, "a positive number of seconds, or off");
+  }
+  return Status::ok();
+}
+
+Status applyPythonProgress(LaunchConfig& c, const std::string& v, const std::string& source) {
+  if (v != "on" && v != "off") return badValue(v, source, "on or off");
+  c.python_progress = v == "on";
+  return Status::ok();
+}
+
 // [HOST:]PORT, IPv6 as [ADDR]:PORT.
 Status applyMetricsPort(LaunchConfig& c, const std::string& v, const std::string& source) {
   const char* expected = "PORT or HOST:PORT (IPv6 as [ADDR]:PORT), port 0-65535";
@@ -445,6 +469,62 @@ Status applyMetricsPort(LaunchConfig& c, const std::string& v, const std::string
 Status applyEventLog(LaunchConfig& c, const std::string& v, const std::string& source) {
   if (v.empty()) return badValue(v, source, "a file path");
   c.event_log = v;
+  return Status::ok();
+}
+
+// Health checks and exclusion (issue 23: launcher/node_health.h, agent/health_gate.h,
+// agent/node_exclusion.h).
+Status applyHealthCheck(LaunchConfig& c, const std::string& v, const std::string& source) {
+  if (v.empty()) return badValue(v, source, "a shell command");
+  c.health_check = v;
+  return Status::ok();
+}
+
+Status applyHealthCheckTimeout(LaunchConfig& c, const std::string& v, const std::string& source) {
+  if (!parseSeconds(v, c.health_check_timeout) || c.health_check_timeout <= 0) {
+    return badValue(v, source, "a positive number of seconds");
+  }
+  return Status::ok();
+}
+
+Status applyHealthCheckDirs(LaunchConfig& c, const std::string& v, const std::string& source) {
+  std::vector<std::string> dirs;
+  size_t start = 0;
+  while (start <= v.size()) {
+    const size_t comma = v.find(',', start);
+    const std::string dir =
+        strip(v.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (dir.empty()) return badValue(v, source, "DIR[,DIR...] (found an empty directory)");
+    dirs.push_back(dir);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  c.health_check_dirs = std::move(dirs);
+  return Status::ok();
+}
+
+Status applyBuiltinHealthChecks(LaunchConfig& c, const std::string& v, const std::string& source) {
+  if (v == "on") {
+    c.builtin_health_checks = true;
+  } else if (v == "off") {
+    c.builtin_health_checks = false;
+  } else {
+    return badValue(v, source, "on or off");
+  }
+  return Status::ok();
+}
+
+Status applyExcludeAfter(LaunchConfig& c, const std::string& v, const std::string& source) {
+  if (!parseIntIn(v, 0, INT_MAX, c.exclude_after)) {
+    return badValue(v, source, "a non-negative integer (0: never exclude)");
+  }
+  return Status::ok();
+}
+
+Status applyExcludeWindow(LaunchConfig& c, const std::string& v, const std::string& source) {
+  if (!parseSeconds(v, c.exclude_window) || c.exclude_window < 1) {
+    return badValue(v, source, "a number of seconds, at least 1");
+  }
   return Status::ok();
 }
 
@@ -565,10 +645,26 @@ const OptionSpec kOptions[] = {
      "TCPStore themselves)."},
     {"--stall-timeout", 0, Arity::kValue, false, applyStallTimeout, Section::kOperations, "SECONDS",
      "off",
-     "A rank whose progress file ($CPPRUN_PROGRESS_FILE, bumped by the trainer each step) has "
-     "not changed for this long while its process runs is stalled: its stacks (gdb; Python "
-     "faulthandler via examples/python/cpprun_progress.py) go to its log directory and the "
-     "report, then the attempt fails (restart or end)."},
+     "A rank whose progress file ($CPPRUN_PROGRESS_FILE: bumped by the trainer each step, or "
+     "stamped for Python workers by --python-progress) has not changed for this long since its "
+     "last report is stalled: its stacks (Python faulthandler, gdb; see "
+     "--stall-stacks-timeout) go to its log directory and the report, then the attempt fails "
+     "(restart or end)."},
+    {"--stall-first-timeout", 0, Arity::kValue, false, applyStallFirstTimeout, Section::kOperations,
+     "SECONDS", "600, at least --stall-timeout",
+     "With --stall-timeout: the bound from a worker's start to its first progress report "
+     "(imports, CUDA and NCCL set-up, the rendezvous, loading data), so a slow start is never "
+     "taken for a stall."},
+    {"--stall-stacks-timeout", 0, Arity::kValue, false, applyStallStacksTimeout,
+     Section::kOperations, "SECONDS|off", "1",
+     "With --stall-timeout: the bound on collecting a stalled rank's stacks (faulthandler, "
+     "then gdb, killed at the bound) before the attempt fails; off skips them."},
+    {"--python-progress", 0, Arity::kValue, false, applyPythonProgress, Section::kOperations,
+     "on|off", "on",
+     "With --stall-timeout: Python workers stamp progress by themselves, no trainer change "
+     "needed (a sitecustomize first on PYTHONPATH; the main thread stamps while it runs Python "
+     "once torch.distributed is initialised, so a rank blocked in a collective stops). "
+     "docs/supervision.md says what it sees and what it cannot."},
     {"--metrics-port", 0, Arity::kValue, false, applyMetricsPort, Section::kOperations,
      "[HOST:]PORT", "off",
      "Serve /healthz, /metrics (Prometheus) and /status (JSON) over HTTP on HOST (default "
@@ -581,6 +677,28 @@ const OptionSpec kOptions[] = {
      "With --numa-binding: a worker that cannot be bound (no topology, no GPU for its local "
      "rank) stops the job from starting (exit 3), as torchrun does, instead of starting "
      "unbound."},
+    {"--health-check", 0, Arity::kValue, false, applyHealthCheck, Section::kRestarts, "CMD", "none",
+     "Multi-node: run `/bin/sh -c CMD` before every join of a round (the first and each "
+     "re-join); a non-zero exit, a death or --health-check-timeout fails the node, which then "
+     "does not join: elastic, it leaves (exit 5) and the others go on; static, or the c10d "
+     "store host, the job fails naming it. $CPPRUN_HEALTH_CHECK_ATTEMPT is the attempt."},
+    {"--health-check-timeout", 0, Arity::kValue, false, applyHealthCheckTimeout, Section::kRestarts,
+     "SECONDS", "60", "Bound on the health check (the command and the built-in checks together)."},
+    {"--health-check-dirs", 0, Arity::kValue, false, applyHealthCheckDirs, Section::kRestarts,
+     "DIR[,DIR...]", "none",
+     "Directories the built-in check finds writable before every join (checkpoints, data), "
+     "beside --log-dir."},
+    {"--builtin-health-checks", 0, Arity::kValue, false, applyBuiltinHealthChecks,
+     Section::kRestarts, "on|off", "on",
+     "Multi-node: before every join check the GPUs and driver (when the job uses GPUs), that "
+     "the interface NCCL/gloo would use is up, and that --log-dir and --health-check-dirs are "
+     "writable."},
+    {"--exclude-after", 0, Arity::kValue, false, applyExcludeAfter, Section::kRestarts, "K", "3",
+     "Elastic: a node whose workers were the root cause of K failures within --exclude-window "
+     "leaves the job (exit 6) and the others re-form without it while MIN are left; that "
+     "failure does not use the restart budget. 0: never."},
+    {"--exclude-window", 0, Arity::kValue, false, applyExcludeWindow, Section::kRestarts, "SECONDS",
+     "3600", "The window of --exclude-after."},
     {"--help", 'h', Arity::kHelp, false, nullptr, Section::kOperations, nullptr, nullptr,
      "Show this text and exit."},
     {"--version", 0, Arity::kVersion, false, nullptr, Section::kOperations, nullptr, nullptr,
@@ -605,6 +723,22 @@ const std::vector<std::string>& longNames() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> v;
     for (const OptionSpec& spec : kOptions) v.emplace_back(spec.name);
+    return v;
+  }();
+  return names;
+}
+
+// The long names of torchrun's options: the table's rows before cpprun's own (--dry-run on),
+// plus --help and --version.
+const std::vector<std::string>& torchrunLongNames() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const OptionSpec& spec : kOptions) {
+      if (std::string(spec.name) == "--dry-run") break;
+      v.emplace_back(spec.name);
+    }
+    v.emplace_back("--help");
+    v.emplace_back("--version");
     return v;
   }();
   return names;
@@ -713,7 +847,13 @@ Result<CliResult> parseCommandLine(const std::vector<std::string>& args, const E
         inline_value = arg.substr(eq + 1);
       }
       auto resolved = internal::resolveLongOption(typed, longNames());
-      if (!resolved.isOk()) return resolved.status();
+      if (!resolved.isOk()) {
+        // cpprun's own options never make an abbreviation of one of torchrun's ambiguous: a
+        // torchrun command line ("--he" for --help) means under cpprun what it means there.
+        auto torchrun = internal::resolveLongOption(typed, torchrunLongNames());
+        if (!torchrun.isOk()) return resolved.status();
+        resolved = std::move(torchrun);
+      }
       spec = findLong(resolved.value());
     } else {
       spec = findShort(arg[1]);
@@ -797,6 +937,13 @@ Result<CliResult> parseCommandLine(const std::vector<std::string>& args, const E
     return invalidArgument(
         "-m/--module and --no-python cannot be used together: -m runs the entry point as a "
         "Python module, --no-python executes it directly");
+  }
+  for (const char* flag :
+       {"--stall-first-timeout", "--stall-stacks-timeout", "--python-progress"}) {
+    if (config.given.count(flag) != 0 && config.stall_timeout <= 0) {
+      return invalidArgument(std::string(flag) +
+                             " needs --stall-timeout (stall detection is off without it)");
+    }
   }
   if (config.strict_numa_binding && config.numa_binding.empty()) {
     return invalidArgument(

@@ -397,6 +397,21 @@ int reportOutcome(const Job& job, const agent::JobOutcome& outcome, int world_si
       CPPRUN_LOG(kInfo) << "this node waited as a spare and the job did not need it ("
                         << outcome.summary << ")";
       break;
+    case agent::JobOutcome::Kind::kUnhealthy:
+      CPPRUN_LOG(kError) << outcome.error.message()
+                         << " (exit 5: this node failed its health check; see docs/operations.md)";
+      break;
+    case agent::JobOutcome::Kind::kExcluded:
+      if (!outcome.failures.empty()) {
+        logText(
+            agent::formatFailureReport(job.config.entrypoint, job.node.hostname, outcome.failures));
+      }
+      CPPRUN_LOG(kError) << outcome.error.message()
+                         << " (exit 6: this node left the job; see docs/operations.md)";
+      break;
+  }
+  for (const std::string& departure : outcome.departures) {
+    CPPRUN_LOG(kWarn) << "left the job: " << departure;
   }
   return outcome.exitCode();
 }

@@ -14,6 +14,10 @@ namespace cpprun::launcher {
 // How many workers per node: a number, or resolved from the machine.
 enum class NprocKind { kNumber, kGpu, kCpu, kAuto };
 
+// --stall-first-timeout's default (at least --stall-timeout): ten minutes for imports, CUDA and
+// NCCL set-up, the rendezvous of init_process_group and loading data, as a large job needs.
+inline constexpr double kDefaultStallFirstTimeoutSeconds = 600;
+
 struct LaunchConfig {
   // --nnodes N or MIN:MAX (0 < min <= max <= kMaxNodes, launch_limits.h).
   int min_nodes = 1;
@@ -66,9 +70,21 @@ struct LaunchConfig {
   bool dry_run = false;             // --dry-run
   bool check = false;               // --check: preflight report, no job (entry point optional)
   double stall_timeout = 0;         // --stall-timeout, seconds; 0: off
+  double stall_first_timeout = 0;   // --stall-first-timeout, seconds; 0: the default below
+  double stall_stacks_timeout = 1;  // --stall-stacks-timeout, seconds; 0: off
+  bool python_progress = true;      // --python-progress on|off
   std::string metrics_host = "127.0.0.1";  // --metrics-port [HOST:]PORT
   int metrics_port = -1;                   // -1: off
   std::string event_log;                   // --event-log FILE
+  // Health checks before every join of a multi-node job (launcher/node_health.h,
+  // agent/health_check.h).
+  std::string health_check;                    // --health-check CMD; empty: none
+  double health_check_timeout = 60;            // --health-check-timeout, seconds (> 0)
+  std::vector<std::string> health_check_dirs;  // --health-check-dirs DIR[,DIR...]
+  bool builtin_health_checks = true;           // --builtin-health-checks on|off
+  // Exclusion (agent/node_exclusion.h): elastic jobs only.
+  int exclude_after = 3;         // --exclude-after K; 0: off
+  double exclude_window = 3600;  // --exclude-window SECONDS
 
   // Canonical long names ("--node-rank") of the options set on the command line or by their
   // PET_ variable: scheduler discovery fills only the others.

@@ -497,6 +497,12 @@ bool servesStore(const RendezvousSettings& rdzv) {
   return false;
 }
 
+std::vector<NetworkInterface> networkInterfaces() {
+  SystemFacts f;
+  probeInterfaces(f);
+  return f.interfaces;
+}
+
 SystemFacts probeSystem(const LaunchConfig& config, const RendezvousSettings& rdzv,
                         const std::map<std::string, std::string>& env) {
   SystemFacts f;

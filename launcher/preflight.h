@@ -97,6 +97,9 @@ std::optional<NetworkInterface> ncclSocketInterface(const std::vector<NetworkInt
 uint64_t workerOpenFilesNeeded(int world_size);
 uint64_t agentOpenFilesNeeded(int world_size, int nproc, bool serves_store);
 
+// Every address of every interface of this machine, as --check lists them (getifaddrs).
+std::vector<NetworkInterface> networkInterfaces();
+
 // True when this agent serves the rendezvous store (node 0 / the endpoint's host).
 bool servesStore(const RendezvousSettings& rdzv);
 

@@ -6,6 +6,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -216,7 +217,7 @@ TEST_CASE_METHOD(Fixture, "stall watchdog: a gdb that hangs is killed at its bou
   options.timeout = 50ms;
   options.check_interval = 10ms;
   options.gdb_path = "/opt/fake/gdb";
-  options.gdb_timeout = 100ms;
+  options.stacks_timeout = 100ms;
   make(options);
   startAttempt(1);
   REQUIRE(runUntil([&] { return launcher.spawned.size() == 1; }));
@@ -286,4 +287,94 @@ TEST_CASE_METHOD(Fixture, "stall watchdog: progress is tracked for status with d
   io.run_for(100ms);
   io.restart();
   CHECK(stalled_at.empty());
+}
+
+TEST_CASE_METHOD(Fixture,
+                 "stall watchdog: a worker that has not reported yet is bounded by the first "
+                 "timeout, then by the timeout between reports",
+                 "[unit]") {
+  StallOptions options;
+  options.timeout = 60ms;
+  options.first_timeout = 400ms;
+  options.check_interval = 10ms;
+  make(options);
+  const auto start = SteadyClock::now();
+  startAttempt(2);
+  // Worker 1 reports once, early; worker 0 never does.
+  ProgressReporter progress(StallWatchdog::progressFile(rankDir(1)));
+  progress.bump(1);
+  REQUIRE(runUntil([&] { return !stalled_at.empty(); }));
+  CHECK(log.front() == "stalled 1");  // silent for 60 ms after its report, long before 400 ms
+  CHECK(stalled_at.front() - start < 300ms);
+  CHECK(watchdog->worker(1).stall_message.rfind("stalled: no progress for", 0) == 0);
+  REQUIRE(runUntil([&] { return collected; }));
+  collected = false;
+  REQUIRE(runUntil([&] { return stalled_at.size() == 2; }));
+  CHECK(std::find(log.begin(), log.end(), "stalled 0") != log.end());
+  CHECK(stalled_at.back() - start >= 400ms);  // the first timeout, not the 60 ms one
+  CHECK_THAT(watchdog->worker(0).stall_message,
+             Catch::StartsWith("stalled: no first progress in") &&
+                 Catch::Contains("--stall-first-timeout") &&
+                 Catch::Contains("it never reported progress"));
+}
+
+TEST_CASE_METHOD(Fixture,
+                 "stall watchdog: a worker whose program ended (the .exiting marker) is bounded "
+                 "by the first timeout while it exits",
+                 "[unit]") {
+  StallOptions options;
+  options.timeout = 50ms;
+  options.first_timeout = 300ms;
+  options.check_interval = 10ms;
+  make(options);
+  startAttempt(1);
+  ProgressReporter progress(StallWatchdog::progressFile(rankDir(0)));
+  progress.bump(1);
+  std::ofstream(StallWatchdog::progressFile(rankDir(0)) + ".exiting").flush();
+  const auto marked = SteadyClock::now();
+  REQUIRE(runUntil([&] { return !stalled_at.empty(); }));
+  CHECK(stalled_at.front() - marked >= 280ms);
+  CHECK_THAT(watchdog->worker(0).stall_message,
+             Catch::StartsWith("stalled while exiting after its program ended"));
+}
+
+TEST_CASE_METHOD(Fixture,
+                 "stall watchdog: with stacks off a stall is reported at once, with no SIGUSR1 "
+                 "and no gdb",
+                 "[unit]") {
+  StallOptions options;
+  options.timeout = 50ms;
+  options.check_interval = 10ms;
+  options.gdb_path = "/opt/fake/gdb";
+  options.stacks_timeout = 0ms;
+  make(options);
+  startAttempt(1);
+  std::ofstream(StallWatchdog::stackFile(rankDir(0))).flush();  // a faulthandler is registered
+  REQUIRE(runUntil([&] { return collected; }));
+  CHECK(launcher.spawned.empty());
+  for (const std::string& entry : log) CHECK(entry.rfind("signal ", 0) != 0);
+  REQUIRE(watchdog->worker(0).stack_excerpt.size() == 1);
+  CHECK(watchdog->worker(0).stack_excerpt[0] == "no stacks: --stall-stacks-timeout off");
+}
+
+TEST_CASE_METHOD(Fixture,
+                 "stall watchdog: stacks not in by the bound are abandoned: gdb killed, its rank "
+                 "sent SIGCONT, the stall reported",
+                 "[unit]") {
+  StallOptions options;
+  options.timeout = 50ms;
+  options.check_interval = 10ms;
+  options.gdb_path = "/opt/fake/gdb";
+  options.stacks_timeout = 150ms;
+  make(options);
+  startAttempt(1);
+  REQUIRE(runUntil([&] { return !stalled_at.empty(); }));
+  const auto stalled = stalled_at.front();
+  // The fake gdb never exits (the launcher records its SIGKILL but plays no exit).
+  REQUIRE(runUntil([&] { return collected; }, 3s));
+  const auto took = SteadyClock::now() - stalled;
+  CHECK(took >= 150ms);
+  CHECK(took < 1s);
+  CHECK(std::find(log.begin(), log.end(), "group 6000001 9") != log.end());
+  CHECK(std::find(log.begin(), log.end(), "signal 100 18") != log.end());  // SIGCONT
 }

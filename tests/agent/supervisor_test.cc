@@ -419,7 +419,8 @@ TEST_CASE_METHOD(Fixture,
   const WorkerFailure& f = outcome->failures[0];
   CHECK(f.rank == 1);
   CHECK_FALSE(f.teardown);  // the agent ended it, but the stall is the failure
-  CHECK_THAT(f.message, Catch::StartsWith("stalled: no progress for"));
+  CHECK_THAT(f.message, Catch::StartsWith("stalled: no first progress in"));
+  CHECK_THAT(f.message, Catch::Contains("--stall-first-timeout"));
   CHECK_THAT(f.message, Catch::Contains("it never reported progress"));
   CHECK_THAT(f.traceback, Catch::Contains("File \"t.py\", line 3 in hang"));
   CHECK_THAT(f.traceback, Catch::Contains("#0  pause () at pause.c:29"));

@@ -743,6 +743,37 @@ TEST_CASE("cli operations options: --stall-timeout, --metrics-port, --event-log"
   CHECK(parseOk({"t.py"}, {{"PET_STALL_TIMEOUT", "3"}}).stall_timeout == 0);
 }
 
+TEST_CASE("cli stall options: the first timeout, the stack bound and the automatic Python stamps",
+          "[unit]") {
+  LaunchConfig defaults = parseOk({"--stall-timeout=5", "t.py"});
+  CHECK(defaults.stall_first_timeout == 0);  // 0: the default, max(600 s, --stall-timeout)
+  CHECK(defaults.stall_stacks_timeout == 1);
+  CHECK(defaults.python_progress);
+  LaunchConfig c = parseOk({"--stall-timeout=5", "--stall-first-timeout=120",
+                            "--stall-stacks-timeout=off", "--python-progress=off", "t.py"});
+  CHECK(c.stall_first_timeout == 120);
+  CHECK(c.stall_stacks_timeout == 0);
+  CHECK_FALSE(c.python_progress);
+  CHECK(parseOk({"--stall-timeout=5", "--stall-stacks-timeout=2.5", "t.py"}).stall_stacks_timeout ==
+        2.5);
+  for (const char* bad : {"0", "-1", "off", "x"}) {
+    INFO(bad);
+    CHECK_THAT(
+        parseError({"--stall-timeout=5", std::string("--stall-first-timeout=") + bad, "t.py"}),
+        Catch::Contains("a positive number of seconds"));
+  }
+  CHECK_THAT(parseError({"--stall-timeout=5", "--stall-stacks-timeout=0", "t.py"}),
+             Catch::Contains("a positive number of seconds, or off"));
+  CHECK_THAT(parseError({"--stall-timeout=5", "--python-progress=auto", "t.py"}),
+             Catch::Contains("on or off"));
+  // Without stall detection they would do nothing: said, not ignored.
+  for (const char* flag :
+       {"--stall-first-timeout=60", "--stall-stacks-timeout=off", "--python-progress=off"}) {
+    INFO(flag);
+    CHECK_THAT(parseError({flag, "t.py"}), Catch::Contains("needs --stall-timeout"));
+  }
+}
+
 TEST_CASE("one node without a run id or port gets a random run id, as under torchrun 2.15",
           "[unit]") {
   using cpprun::launcher::applyOneNodeRunId;

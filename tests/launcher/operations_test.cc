@@ -20,6 +20,7 @@
 #include "tests/launcher/cpprun_test_helpers.h"
 #include "tests/support/http_get.h"
 #include "tests/support/test_support.h"
+#include "tests/support/torch_peers.h"
 
 namespace {
 
@@ -45,6 +46,15 @@ std::vector<Json> eventsNamed(const std::vector<Json>& events, const std::string
   }
   return out;
 }
+
+// The epoch seconds a worker printed as "<prefix><seconds>" (cpprun's "[default0]:" before it).
+double printedTime(const std::string& output, const std::string& prefix) {
+  const size_t at = output.find(prefix);
+  REQUIRE(at != std::string::npos);
+  return std::stod(output.substr(at + prefix.size()));
+}
+
+double eventSeconds(const Json& event) { return event.at("time_us").get<double>() / 1e6; }
 
 double secondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -420,4 +430,108 @@ TEST_CASE("the store host waiting for a node to join names it",
   CHECK_THAT(node0->output(), Catch::Contains("timeout in 5"));
   auto node1 = startNode(port, 1);
   bothSucceed(*node0, *node1);
+}
+
+// ---- hang detection with no trainer change (--python-progress, agent/python_progress.h) ----
+
+TEST_CASE(
+    "a Python rank hung in a real gloo collective is caught with no trainer change, and the next "
+    "attempt starts within the stall timeout plus 2 s",
+    "[integration][stall][torch][torch2]") {
+  requireTorchPeer(torch2());
+  TempDir dir;
+  const std::string events = dir.path() + "/events.jsonl";
+  // Three all-reduces; then rank 1 sleeps and rank 0 blocks in the next all_reduce (gloo). The
+  // script never touches the progress file: only the automatic stamps can make progress.
+  ChildProcess run(
+      cpprunCommand({"--nproc-per-node=2", "--stall-timeout=3", "--max-restarts=1",
+                     "--log-dir=" + dir.path(), "--rdzv-id=hang", "--event-log=" + events,
+                     sourcePath("tests/torch/collective_hang_worker.py"), "hang-rank", "1"}),
+      {{"PYTHON_EXEC", torch2().python}});
+  auto status = run.wait(120s);
+  REQUIRE(status.has_value());
+  INFO(run.output());
+  CHECK(exitCodeOf(*status) == 0);  // the second attempt finishes
+  const double hang_at = printedTime(run.output(), "HANG_AT ");
+  const auto all = readEvents(events);
+  auto stalls = eventsNamed(all, "stall_detected");
+  REQUIRE(!stalls.empty());
+  bool blocked_rank_caught = false;
+  for (const Json& stall : stalls) {
+    CHECK(stall["attempt"] == 0);
+    blocked_rank_caught = blocked_rank_caught || stall["rank"] == 0;
+    // Within the timeout + 1 s of the hang; never before the timeout less one stamp interval.
+    const double after = eventSeconds(stall) - hang_at;
+    CHECK(after >= 3.0 - 0.35);
+    CHECK(after <= 3.0 + 1.0);
+  }
+  CHECK(blocked_rank_caught);  // rank 0 is the one stuck inside gloo's all_reduce
+  double next_attempt = 0;
+  for (const Json& started : eventsNamed(all, "worker_started")) {
+    if (started["attempt"] == 1 && next_attempt == 0) next_attempt = eventSeconds(started);
+  }
+  REQUIRE(next_attempt > 0);
+  CHECK(next_attempt - hang_at <= 3.0 + 2.0);
+  // Rank 0's Python stack, from the faulthandler the stamps registered: inside all_reduce.
+  CHECK_THAT(readFile(dir.path() + "/hang/attempt_0/0/python_stacks.txt"),
+             Catch::Contains("in all_reduce"));
+}
+
+TEST_CASE(
+    "a Python rank busy in a pure-Python loop for longer than the stall timeout is left alone",
+    "[integration][stall][torch][torch2]") {
+  requireTorchPeer(torch2());
+  TempDir dir;
+  ChildProcess run(
+      cpprunCommand({"--nproc-per-node=2", "--stall-timeout=1.5", "--log-dir=" + dir.path(),
+                     sourcePath("tests/torch/collective_hang_worker.py"), "busy", "5"}),
+      {{"PYTHON_EXEC", torch2().python}});
+  auto status = run.wait(120s);
+  REQUIRE(status.has_value());
+  INFO(run.output());
+  CHECK(exitCodeOf(*status) == 0);
+  CHECK_THAT(run.output(),
+             Catch::Contains("[default0]:DONE") && Catch::Contains("[default1]:DONE"));
+  CHECK_THAT(run.output(), !Catch::Contains("is stalled:"));
+}
+
+TEST_CASE(
+    "with --python-progress off a Python rank that never reports is caught at "
+    "--stall-first-timeout, not at --stall-timeout",
+    "[integration][stall][torch][torch2]") {
+  requireTorchPeer(torch2());
+  TempDir dir;
+  const std::string events = dir.path() + "/events.jsonl";
+  ChildProcess run(
+      cpprunCommand({"--nproc-per-node=2", "--stall-timeout=1", "--stall-first-timeout=6",
+                     "--python-progress=off", "--stall-stacks-timeout=off",
+                     "--log-dir=" + dir.path(), "--event-log=" + events,
+                     sourcePath("tests/torch/collective_hang_worker.py"), "hang-rank", "1"}),
+      {{"PYTHON_EXEC", torch2().python}});
+  auto status = run.wait(120s);
+  REQUIRE(status.has_value());
+  INFO(run.output());
+  CHECK(exitCodeOf(*status) == 1);
+  auto stalls = eventsNamed(readEvents(events), "stall_detected");
+  REQUIRE(!stalls.empty());
+  // Counted from the workers' start (before the hang), at the first timeout: a run whose
+  // stamps were on, or whose bound were --stall-timeout, is caught within ~1 s of the hang.
+  for (const Json& stall : stalls) CHECK(stall["seconds_since_progress"].get<double>() >= 6.0);
+  CHECK_THAT(run.output(), Catch::Contains("stalled: no first progress in"));
+  CHECK_THAT(run.output(), Catch::Contains("--stall-stacks-timeout off"));
+}
+
+TEST_CASE("a slow start (no report for longer than --stall-timeout) is not a stall",
+          "[integration][stall]") {
+  TempDir dir;
+  // 2.5 s before the first report (an import of torch under load) with a 1 s bound between
+  // steps: the default first timeout (600 s) covers the start.
+  ChildProcess run(cpprunCommand({"--nproc-per-node=2", "--stall-timeout=1",
+                                  "--log-dir=" + dir.path(), "--no-python", kWorker, "sleep", "2.5",
+                                  "progress-every", "5", "0.2", "exit", "0"}));
+  auto status = run.wait(60s);
+  REQUIRE(status.has_value());
+  INFO(run.output());
+  CHECK(exitCodeOf(*status) == 0);
+  CHECK_THAT(run.output(), !Catch::Contains("is stalled:"));
 }

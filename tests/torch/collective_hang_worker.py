@@ -1,0 +1,43 @@
+"""A torch.distributed (gloo) trainer with no progress calls at all, for the automatic progress
+stamps of --python-progress (agent/python_progress.h). Run under cpprun with PYTHON_EXEC set:
+
+    collective_hang_worker.py hang-rank R [STEPS]   STEPS all-reduces; then, in the first attempt
+                                                   only (TORCHELASTIC_RESTART_COUNT 0), rank R
+                                                   stops taking part (sleeps) and every other rank
+                                                   blocks in the next all_reduce; a later attempt
+                                                   finishes
+    collective_hang_worker.py busy SECONDS         every rank spins in pure Python for SECONDS
+                                                   (no call into C longer than microseconds),
+                                                   then one all_reduce, and exits 0
+
+Prints "HANG_AT <time.time()>" just before the hang (flushed), "DONE" at a clean end.
+"""
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo", init_method="env://")
+tensor = torch.ones(4)
+mode = sys.argv[1]
+if mode == "hang-rank":
+    for _ in range(int(sys.argv[3]) if len(sys.argv) > 3 else 3):
+        dist.all_reduce(tensor)
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+        print(f"HANG_AT {time.time():.6f}", flush=True)
+        if dist.get_rank() == int(sys.argv[2]):
+            while True:
+                time.sleep(3600)
+        dist.all_reduce(tensor)  # the other rank never comes: blocked in gloo
+elif mode == "busy":
+    end = time.time() + float(sys.argv[2])
+    spins = 0
+    while time.time() < end:
+        spins += 1
+    dist.all_reduce(tensor)
+else:
+    sys.exit(f"unknown mode {mode}")
+dist.destroy_process_group()
+print("DONE", flush=True)
