@@ -87,4 +87,15 @@ HttpHandler agentStatusRoutes(std::function<AgentStatus()> snapshot) {
   };
 }
 
+HttpHandler agentActionRoutes(std::function<HttpResponse()> leave) {
+  return [leave = std::move(leave)](const std::string& target) {
+    const std::string path = target.substr(0, target.find('?'));
+    if (path == "/leave") return leave();
+    HttpResponse r;
+    r.status = 404;
+    r.body = "not found; cpprun acts on POST /leave only\n";
+    return r;
+  };
+}
+
 }  // namespace cpprun::agent

@@ -1,7 +1,8 @@
 // The agent's HTTP routes: /healthz, /metrics (Prometheus text) and /status (JSON), answered
 // from a snapshot of the agent (agent_status.h renders it). Any other path gets 404 naming the
-// three it serves. No route acts on the job; one that did would hand its action to the agent's
-// loop with asio::post and answer without waiting on it.
+// three it serves. One route acts on the job: POST /leave (agentActionRoutes) makes this agent
+// leave an elastic job (drain); the action is handed to the agent's loop, and the answer waits
+// a bounded time for the loop's verdict (202 accepted, 409 refused with the reason).
 //
 // StatusBoard is how the HTTP thread (HttpServerThread) sees the agent without touching any
 // object of the agent's loop: the loop publishes snapshots, immutable AgentStatus values behind
@@ -75,5 +76,10 @@ class StatusBoard {
 
 // REQUIRES: `snapshot` is not empty and stays callable while the server serves.
 HttpHandler agentStatusRoutes(std::function<AgentStatus()> snapshot);
+
+// POST routes: /leave calls `leave` (on the HTTP thread; it hands the request to the agent's
+// loop and waits for its verdict, bounded) and answers what it returns; any other path: 404.
+// REQUIRES: `leave` stays callable while the server serves.
+HttpHandler agentActionRoutes(std::function<HttpResponse()> leave);
 
 }  // namespace cpprun::agent

@@ -45,6 +45,10 @@ class WaitContext {
   virtual void checkAbandoned() = 0;
   // What the agent waits for now ("" when nothing), for /status.
   virtual void setWaiting(const std::string& what) = 0;
+  // Hot spares (rendezvous_rounds.h): the agent waits as a spare now (true) or no longer, and
+  // whether it was asked to leave meanwhile (drain: it then gives up its slot and ends).
+  virtual void setWaitingAsSpare(bool spare) { (void)spare; }
+  virtual bool leaveRequested() { return false; }
 };
 
 // One wait's notices: when WaitNotice says one is due, logs what the wait is for, how long it

@@ -184,13 +184,14 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     bool keep_alive =
         request.keep_alive() && requests_on_connection_ < options().max_requests_per_connection;
     unsigned version = request.version();
-    if (request.method() != http::verb::get && request.method() != http::verb::head) {
+    const bool post = request.method() == http::verb::post && options().post_handler;
+    if (request.method() != http::verb::get && request.method() != http::verb::head && !post) {
       prepare(version, keep_alive, 405, kTextPlain,
               "method " +
                   std::string(request.method_string().data(), request.method_string().size()) +
                   " not allowed\n",
               false);
-      response_.set(http::field::allow, "GET, HEAD");
+      response_.set(http::field::allow, options().post_handler ? "GET, HEAD, POST" : "GET, HEAD");
       write();
       return;
     }
@@ -198,7 +199,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     std::string target(request.target().data(), request.target().size());
     HttpResponse r;
     try {
-      r = server_->handler_(target);
+      r = post ? options().post_handler(target) : server_->handler_(target);
     } catch (const std::exception& e) {
       CPPRUN_LOG(kError) << "http: handler for " << target << " threw: " << e.what();
       r = HttpResponse{500, kTextPlain, "internal error\n"};

@@ -5,7 +5,9 @@
 // request target to a response.
 //
 // Each connection reads one request at a time: GET and HEAD go to the handler (HEAD gets the
-// headers a GET would, without the body); any other method gets 405 with `Allow: GET, HEAD`; a
+// headers a GET would, without the body); POST goes to options.post_handler when there is one
+// (its body is read, within max_request_bytes, and ignored); any other method gets 405 with
+// `Allow: GET, HEAD` (`GET, HEAD, POST` with a post_handler); a
 // malformed request (conflicting Content-Length and Transfer-Encoding among them) gets 400, a
 // request over max_request_bytes 431 (header) or 413 (body), and the connection is closed after
 // that response. Keep-alive and `Connection: close` are honoured; the response to a
@@ -74,6 +76,9 @@ struct HttpServerOptions {
   // Requests served on one keep-alive connection; the last one's response closes it (so no one
   // client holds a connection slot for ever).
   size_t max_requests_per_connection = 1000;
+  // POST requests, by target, on the server's thread like `handler` (may block it briefly: the
+  // agent's POST /leave waits a bounded time for its loop's answer). Empty: POST gets 405.
+  HttpHandler post_handler;
 };
 
 class HttpServer {

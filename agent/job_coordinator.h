@@ -24,6 +24,11 @@
 // decides when node 0 is lost, and node 0 lost before its go sends every member to the next
 // round (StoreCoordinatorOptions).
 //
+// Elastic jobs also have hot spares (agents beyond max_nodes wait in the next round while the job
+// runs, and replace lost or departed nodes: rendezvous_rounds.h) and a graceful leave of one
+// agent (requestLeave: a stop claim with cause "leave"; the others re-form without it, no restart
+// budget used).
+//
 // Keys live under "cpprun/<run id>/" (kept across attempts); agent/job_keys.h lists them. The store
 // operations per agent per attempt are a constant number (join: 3, attempt: 2, report: 3),
 // whatever the number of agents.
@@ -90,6 +95,12 @@ struct AttemptReport {
   std::vector<WorkerFailure> failures;
 };
 
+// An elastic agent that waited to join (a spare) finds the job over: the Abandoned status's
+// message starts with this (code kAlreadyExists); the agent exits 0, it was not needed.
+inline constexpr const char* kJobOverBeforeJoin = "the job ended before this node could join it";
+// A spare asked to leave (drain) while it waited: the Abandoned status's message starts with this
+// (code kAlreadyExists); the agent exits 0, it left.
+inline constexpr const char* kLeftWhileSpare = "this node left the job while it waited as a spare";
 // A node the decider excluded from the job (node_exclusion.h): it leaves, the others re-form.
 struct ExcludedNode {
   int rank = -1;  // its group rank in the attempt
@@ -141,8 +152,24 @@ class JobCoordinator {
   // This agent's workers failed (signal 0) or it received `signal`: claim the attempt's stop.
   virtual void announceStop(int restart_count, const std::string& reason, int signal) = 0;
   virtual void endAttempt(int restart_count, const AttemptReport& report, DecisionDone done) = 0;
+  // This agent asks to leave the job during attempt `restart_count` (drain: SIGPWR or POST
+  // /leave). `done` (on the loop) gets OK once the attempt's stop is claimed for the leave
+  // (every other node tears down and the group re-forms without this one, no restart budget
+  // used), or kInvalidArgument / kAlreadyExists naming why the leave is refused: the job is not
+  // elastic, this agent serves the job's store (c10d), the others would be fewer than min_nodes
+  // even with the spares waiting, or the attempt is not running or already stopping.
+  // A spare (waitingAsSpare()) is accepted at once: it gives up its place in the next round
+  // within one keep-alive interval.
+  using LeaveDone = std::function<void(Status)>;
+  virtual void requestLeave(int restart_count, const std::string& reason, LeaveDone done) {
+    (void)restart_count;
+    (void)reason;
+    done(Status(StatusCode::kInvalidArgument, "this job cannot lose a node"));
+  }
   // Any thread.
   virtual RendezvousProgress progress() const = 0;
+  // Whether this agent waits as a hot spare now (rendezvous_rounds.h). Any thread.
+  virtual bool waitingAsSpare() const { return false; }
 };
 
 // The coordination seam: where the coordinator gets its connections to the job's store. The job

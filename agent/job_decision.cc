@@ -58,9 +58,12 @@ JobDecision decideJob(const Membership& membership, const std::map<int, NodeOutc
     // Static: the lost node cannot be replaced. Elastic: go on with the others while enough
     // are left; a membership change does not use the restart budget.
     d.summary = lost_error;
-    if (policy.elastic && survivors >= policy.min_nodes) {
+    if (policy.elastic && survivors + policy.waiting_nodes >= policy.min_nodes) {
       d.kind = JobDecision::Kind::kRestart;
       d.membership_change = true;
+      if (policy.waiting_nodes > 0) {
+        d.summary += "; " + std::to_string(policy.waiting_nodes) + " spare node(s) waiting";
+      }
     } else {
       d.kind = JobDecision::Kind::kFailed;
       if (policy.elastic) {
@@ -68,6 +71,11 @@ JobDecision decideJob(const Membership& membership, const std::map<int, NodeOutc
                      std::to_string(policy.min_nodes);
       }
     }
+  } else if (stop.cause == StopCause::kLeave && !any_failed) {
+    // A drained node: the others re-form without it (the leave was refused up front when that
+    // would leave fewer than min_nodes with the spares).
+    d.kind = JobDecision::Kind::kRestart;
+    d.membership_change = true;
   } else if (stop.cause == StopCause::kJoin && !any_failed) {
     d.kind = JobDecision::Kind::kRestart;
     d.membership_change = true;

@@ -6,6 +6,7 @@
 // Precedence: a forwarded signal stops the job; else a node that could not start its workers
 // fails it; else lost nodes (static: the job fails; elastic: the others re-form while at least
 // min_nodes are left, without using the budget); else agents waiting to join re-form the group
+// (no budget); else a node that asked to leave (StopCause::kLeave) re-forms the group without it
 // (no budget); else a failure or a stop claim restarts while the budget lasts, then fails; else
 // the job succeeded. Failures come root cause first: lost nodes' stand-ins, then the stop
 // claimant's own failures, then every other node's, marked collateral unless they are teardown.
@@ -33,6 +34,9 @@ struct DecisionPolicy {
   int max_restarts = 0;  // the job's restart budget
   bool elastic = false;
   int min_nodes = 1;  // elastic: fewer live nodes than this cannot go on
+  // Elastic: agents waiting in the next round (hot spares). They count towards min_nodes when
+  // nodes are lost or leave: the group re-forms with them.
+  int waiting_nodes = 0;
 };
 
 // REQUIRES: `outcomes` has an entry for every rank 0..membership.group_world_size-1.

@@ -102,6 +102,8 @@ const char* stopCauseName(StopCause c) {
       return "join";
     case StopCause::kEnd:
       return "end";
+    case StopCause::kLeave:
+      return "leave";
   }
   return "failure";
 }
@@ -111,6 +113,7 @@ StopCause stopCauseFromName(const std::string& s) {
   if (s == "lost") return StopCause::kLost;
   if (s == "join") return StopCause::kJoin;
   if (s == "end") return StopCause::kEnd;
+  if (s == "leave") return StopCause::kLeave;
   return StopCause::kFailure;
 }
 

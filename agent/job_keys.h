@@ -50,6 +50,10 @@ inline constexpr const char* kStaticJoinedKey = "rdzv/joined";
 inline constexpr const char* kStaticCompleteKey = "rdzv/complete";
 inline constexpr const char* kRoundCounterKey = "rdzv/round";
 inline constexpr const char* kAliveKeyPrefix = "alive/";
+// In attempt/<n>/: spares that saw the job's final decision (a ticket each), and the mark the
+// last of them sets (the round they waited in counts them); the store host waits for it.
+inline constexpr const char* kSparesDoneKey = "spares_done";
+inline constexpr const char* kSparesAllDoneKey = "spares_all_done";
 inline constexpr const char* kExclusionHistoryKey = "exclusion/failures";
 // At the root of a TCP store served by an agent (not in a namespace).
 inline constexpr const char* kServedRunIdKey = "cpprun/served_run_id";
@@ -87,7 +91,8 @@ const char* decisionKindName(JobDecision::Kind kind);
 Result<DecisionRecord> decisionFromJson(const nlohmann::json& doc, int default_readers);
 
 // Who stopped an attempt and why: the first claim of the attempt's stop key wins.
-enum class StopCause { kFailure, kSignal, kLost, kJoin, kEnd };
+// kLeave: the claiming agent leaves the job (drained: SIGPWR or POST /leave, local_agent.h).
+enum class StopCause { kFailure, kSignal, kLost, kJoin, kEnd, kLeave };
 inline constexpr int kByNobody = -1;  // the end of the job (no agent's doing)
 struct StopClaim {
   int by = kByNobody;  // the claiming agent's group rank; for kLost, the lost agent's

@@ -143,6 +143,10 @@ class NcclIds {
 
 namespace asio = boost::asio;
 
+// How long POST /leave waits for the loop's verdict before it answers 202 without one.
+constexpr std::chrono::seconds kLeaveAnswerBound{10};
+std::string formatLeaveBound() { return std::to_string(kLeaveAnswerBound.count()) + " s"; }
+
 // The job's store as this agent sees it: the server when this agent serves it (null when it is
 // a client of another's), and the address the workers reach it at.
 struct StoreEndpoint {
@@ -240,6 +244,11 @@ class LocalAgent {
   // The supervisor's PrepareAttempt: the attempt's context, then the caller's workers.
   Result<AttemptSpec> prepareAttempt(int restart_count);
   AgentStatus statusNow() const;
+  // Drain: asks the job to go on without this node (`source`: "SIGPWR", "POST /leave"); `done`
+  // gets the verdict on the loop. Loop thread.
+  void requestLeave(const std::string& source, std::function<void(const Status&)> done);
+  // POST /leave, on the HTTP thread: hands the request to the loop, waits for its verdict.
+  HttpResponse leaveOverHttp();
   // The loop is over: the console and log-file writers finish (bounded) and stop.
   void stopOutput();
   // On the loop: a snapshot for the HTTP thread, while the endpoint serves.
@@ -275,6 +284,7 @@ class LocalAgent {
   asio::signal_set signals_{io_};
   std::set<int> ignored_signals_;  // caught, not handled, already logged once
   bool output_stopped_ = false;
+  bool leave_requested_ = false;       // a leave was accepted; loop thread
   std::optional<JobOutcome> outcome_;  // set when the supervisor is done
 };
 
@@ -389,6 +399,7 @@ Status LocalAgent::openMetrics() {
     asio::post(io_, [this] { publishStatus(); });
   });
   // Nice +10: under CPU contention HTTP gets about a tenth of what the loop gets.
+  ho.post_handler = agentActionRoutes([this] { return leaveOverHttp(); });
   auto created = HttpServerThread::start(
       ho, agentStatusRoutes([board = status_board_.get()] { return board->read(); }),
       /*niceness=*/10);
@@ -397,7 +408,7 @@ Status LocalAgent::openMetrics() {
   }
   metrics_ = std::move(created).value();
   CPPRUN_LOG(kInfo) << "metrics on http://" << hostPort(metrics_->host(), metrics_->port())
-                    << "/metrics (also /healthz, /status)";
+                    << "/metrics (also /healthz, /status; POST /leave drains this node)";
   emitEvent(event_log_.get(), "metrics_listening",
             {{"address", metrics_->host()}, {"port", metrics_->port()}});
   return Status::ok();
@@ -409,6 +420,9 @@ void LocalAgent::armSignals() {
     const auto& handled = options_.signals_to_handle;
     if (std::find(handled.begin(), handled.end(), signo) != handled.end()) {
       supervisor_->onSignal(signo);
+    } else if (signo == kLeaveSignal) {
+      CPPRUN_LOG(kInfo) << "received " << signalName(signo) << ": leaving the job";
+      requestLeave(signalName(signo), [](const Status&) {});
     } else if (ignored_signals_.insert(signo).second) {
       // Once per signal: a storm of them must not flood the console.
       CPPRUN_LOG(kWarn) << "received " << signalName(signo)
@@ -418,6 +432,62 @@ void LocalAgent::armSignals() {
     }
     armSignals();
   });
+}
+
+void LocalAgent::requestLeave(const std::string& source, std::function<void(const Status&)> done) {
+  const int attempt = supervisor_->restartCount();
+  auto verdict = [this, source, attempt, done = std::move(done)](const Status& s) {
+    if (s.isOk()) {
+      leave_requested_ = true;
+      emitEvent(event_log_.get(), "leave_requested",
+                {{"source", source}, {"attempt", attempt}, {"accepted", true}});
+      supervisor_->onLeave("drained by " + source);
+    } else {
+      CPPRUN_LOG(kWarn) << "cannot leave the job (asked by " << source << "): " << s.message();
+      emitEvent(
+          event_log_.get(), "leave_requested",
+          {{"source", source}, {"attempt", attempt}, {"accepted", false}, {"reason", s.message()}});
+    }
+    done(s);
+  };
+  if (leave_requested_) {
+    verdict(Status(StatusCode::kAlreadyExists, "this node is already leaving the job"));
+  } else if (!coordinator_) {
+    verdict(Status(StatusCode::kInvalidArgument,
+                   "a job of one node cannot go on without it; stop it instead (SIGTERM)"));
+  } else if (supervisor_->snapshot().state != "running" && !coordinator_->waitingAsSpare()) {
+    verdict(Status(StatusCode::kAlreadyExists,
+                   "this node's workers are not running (between attempts, stopping, or waiting "
+                   "as a spare); ask again once they run"));
+  } else {
+    coordinator_->requestLeave(attempt, source, std::move(verdict));
+  }
+}
+
+HttpResponse LocalAgent::leaveOverHttp() {
+  auto answer = std::make_shared<std::promise<Status>>();
+  std::future<Status> verdict = answer->get_future();
+  asio::post(io_, [this, answer] {
+    requestLeave("POST /leave", [answer](const Status& s) { answer->set_value(s); });
+  });
+  HttpResponse r;
+  // The verdict takes a store round trip on the coordinator's thread: bounded by the store's
+  // request timeout, well under this.
+  if (verdict.wait_for(kLeaveAnswerBound) != std::future_status::ready) {
+    r.status = 202;
+    r.body = "leave requested; no verdict within " + formatLeaveBound() +
+             ": see the agent's log and event log\n";
+    return r;
+  }
+  const Status s = verdict.get();
+  if (s.isOk()) {
+    r.status = 202;
+    r.body = "leaving: this node's workers stop and the other nodes go on without it\n";
+  } else {
+    r.status = 409;
+    r.body = "refused: " + s.message() + "\n";
+  }
+  return r;
 }
 
 std::string LocalAgent::prepareHostAttempt(int restart_count) {

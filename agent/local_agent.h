@@ -19,6 +19,13 @@
 // that order and taken down in reverse. A new part is one member in its place and one line in
 // LocalAgent::open() (plus its stop in run() when it must stop while the loop still runs).
 //
+// Drain (graceful leave of one node): kLeaveSignal (SIGPWR, signal_policy.h) to the agent, or
+// POST /leave on its --metrics-port endpoint, asks an elastic job to go on without this node.
+// The coordinator refuses what would break the job (job_coordinator.h, requestLeave), with the
+// reason in the log, the `leave_requested` event and the HTTP answer (409); once accepted,
+// the workers get SIGTERM, the others re-form without this node (no restart budget used) and
+// this agent exits 0 saying it left (JobOutcome::kLeft).
+//
 // Thread safety: runLocalAgent() blocks the calling thread until the job ends; the agent must
 // be that thread for the workers' parent-death signal to stay armed.
 #pragma once

@@ -193,6 +193,154 @@ std::vector<RendezvousRounds::SlotRecord> RendezvousRounds::roundRecords(Store& 
   return records;
 }
 
+void RendezvousRounds::waitForRunningRound(Store& store, int r, int64_t my_slot) {
+  previous_ids_.clear();
+  expected_survivors_ = -1;
+  previous_attempt_ = -1;
+  if (r <= 0) return;
+  if (!store.check({roundKey(r - 1, "members")})) {
+    // The counter moved to round r as round r-1 began closing; its members come within moments
+    // (the closer gives slots one interval to be written; on etcd another agent closes in a lost
+    // closer's place after the last call and the keep-alive bound). Before, an agent that came
+    // in that moment skipped the spare's wait and counted the join timeout instead.
+    try {
+      waitKeys(waits_, store, {roundKey(r - 1, "members")},
+               opts_.last_call_timeout +
+                   keepAliveBound(opts_.keep_alive_interval, opts_.keep_alive_max_attempt) +
+                   2 * opts_.keep_alive_interval,
+               opts_.keep_alive_interval, "rendezvous round " + std::to_string(r - 1));
+    } catch (const Abandoned& a) {
+      if (a.status.code() != StatusCode::kTimeout) throw;
+      return;
+    }
+  }
+  const json previous =
+      json::parse(toString(store.get(roundKey(r - 1, "members"))), nullptr, false);
+  if (!previous.is_object() || !previous.contains("members") || !previous["members"].is_array()) {
+    return;  // an error or the end of the job: nothing runs
+  }
+  std::vector<std::string> alive_keys;
+  for (const json& m : previous["members"]) {
+    const std::string id = m.value("id", "");
+    previous_ids_.insert(id);
+    alive_keys.push_back(std::string(kAliveKeyPrefix) + id);
+  }
+  const int attempt = previous.value("attempt", 0);
+  previous_attempt_ = attempt;
+  const std::string decision = attemptKey(attempt, "decision");
+  // Whether a member of round r-1 has joined round r (its attempt is over even without a
+  // decision: its node 0 was lost before the go) or (etcd) none of them is alive any more.
+  const auto roundOver = [&] {
+    for (const SlotRecord& c : roundRecords(store, r, store.tickets(roundKey(r, "joined")))) {
+      if (previous_ids_.count(c.record.value("id", ""))) return true;
+    }
+    if (!opts_.host_per_round) return false;  // heartbeats: the store host decides
+    for (const std::string& key : alive_keys) {
+      if (store.check({key})) return false;
+    }
+    return true;
+  };
+  if (!store.check({decision}) && !roundOver()) {
+    CPPRUN_LOG(kInfo) << "rendezvous round " << r << ": the job runs attempt " << attempt
+                      << " with " << previous_ids_.size()
+                      << " nodes; this node waits as a spare until its membership changes";
+    // Drained while waiting: the slot is emptied (the round skips empty slots), so the round
+    // never counts this agent in.
+    const auto leaveIfAsked = [&] {
+      if (!waits_.leaveRequested()) return;
+      store.deleteKey(roundKey(r, "agent/" + std::to_string(my_slot)));
+      // Counted out as a spare that read the outcome, so a store host ending the job does not
+      // linger for it (finishJob).
+      if (store.takeTicket(attemptKey(attempt, kSparesDoneKey)) >=
+          store.tickets(roundKey(r, "joined"))) {
+        store.set(attemptKey(attempt, kSparesAllDoneKey), "1");
+      }
+      CPPRUN_LOG(kInfo) << "rendezvous round " << r
+                        << ": leaving the job as asked; this spare gave up its place";
+      throw Abandoned{Status(StatusCode::kAlreadyExists, kLeftWhileSpare)};
+    };
+    waits_.setWaitingAsSpare(true);
+    try {
+      waitKeys(
+          waits_, store, {decision}, kNoDeadline, opts_.keep_alive_interval,
+          "rendezvous round " + std::to_string(r),
+          [&] {
+            leaveIfAsked();
+            return roundOver();
+          },
+          [&] {
+            return "rendezvous round " + std::to_string(r) +
+                   ": waiting as a spare while the job runs attempt " + std::to_string(attempt) +
+                   " with " + std::to_string(previous_ids_.size()) + " nodes";
+          });
+    } catch (...) {
+      waits_.setWaitingAsSpare(false);
+      throw;
+    }
+    waits_.setWaitingAsSpare(false);
+    leaveIfAsked();  // asked just before it stopped waiting
+  }
+  if (!store.check({decision})) return;
+  Result<DecisionRecord> record =
+      decisionFromJson(json::parse(toString(store.get(decision)), nullptr, false), -1);
+  if (!record.isOk()) return;
+  if (record.value().decision.kind != JobDecision::Kind::kRestart) {
+    // The job is over. Count this spare out, so the store host (c10d) keeps serving until every
+    // spare has read that (bounded by its final linger, as for the members).
+    if (store.takeTicket(attemptKey(attempt, kSparesDoneKey)) >=
+        store.tickets(roundKey(r, "joined"))) {
+      store.set(attemptKey(attempt, kSparesAllDoneKey), "1");
+    }
+    throw Abandoned{Status(
+        StatusCode::kAlreadyExists,
+        std::string(kJobOverBeforeJoin) + ": " + decisionKindName(record.value().decision.kind))};
+  }
+  if (record.value().readers < 0) return;
+  expected_survivors_ = record.value().readers;
+  // An excluded node (node_exclusion.h) read the decision but does not come back.
+  if (record.value().decision.excluded && expected_survivors_ > 0) --expected_survivors_;
+  // Nor does the node that asked to leave.
+  if (store.check({attemptKey(attempt, "stop")})) {
+    const StopClaim stop =
+        stopFromJson(json::parse(toString(store.get(attemptKey(attempt, "stop"))), nullptr, false));
+    if (stop.cause == StopCause::kLeave && expected_survivors_ > 0) --expected_survivors_;
+  }
+}
+
+void RendezvousRounds::lastCallForSurvivors(Store& store, int r) {
+  const auto began = SteadyClock::now();
+  const auto deadline = began + opts_.last_call_timeout;
+  // Survivors join within moments of the decision (their teardown is over); one that does not
+  // (a failed health check, a slow node) is not waited for longer than the keep-alive bound
+  // when the round is full without it: a spare then takes its place.
+  const auto survivors_deadline = std::min(
+      deadline, began + keepAliveBound(opts_.keep_alive_interval, opts_.keep_alive_max_attempt) +
+                    opts_.keep_alive_interval);
+  const int wanted_survivors = std::min(expected_survivors_, opts_.max_nodes);
+  while (true) {
+    const int64_t joined = store.tickets(roundKey(r, "joined"));
+    int survivors = 0;
+    int total = 0;
+    for (const SlotRecord& c : roundRecords(store, r, joined)) {
+      ++total;
+      if (previous_ids_.count(c.record.value("id", ""))) ++survivors;
+    }
+    if (total >= opts_.max_nodes &&
+        (survivors >= wanted_survivors || SteadyClock::now() >= survivors_deadline)) {
+      return;
+    }
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
+    if (left <= std::chrono::milliseconds(0)) return;
+    waits_.checkAbandoned();
+    try {  // the next slot's record, or a slice
+      store.wait({roundKey(r, "agent/" + std::to_string(joined + 1))},
+                 std::min(left, opts_.keep_alive_interval));
+    } catch (const StoreTimeout&) {
+    }
+  }
+}
+
 // Host: closes round r once max_nodes joined, or last_call_timeout after min_nodes did (the
 // whole wait bounded by join_timeout), and publishes its members in rank order. Returns the
 // members document.
@@ -269,7 +417,10 @@ json RendezvousRounds::closeRound(Store& store, int r, int64_t my_slot, int next
                         << opts_.min_nodes << " did not close it; closing it in its place";
     }
   }
-  if (opts_.max_nodes > opts_.min_nodes) {
+  if (!previous_ids_.empty() && expected_survivors_ >= 0) {
+    // Re-forming: spares may hold the first slots; wait for the previous round's survivors too.
+    lastCallForSurvivors(store, r);
+  } else if (opts_.max_nodes > opts_.min_nodes) {
     try {  // last call: more may come, up to max_nodes
       store.wait({roundKey(r, "agent/" + std::to_string(opts_.max_nodes))},
                  opts_.last_call_timeout);
@@ -293,7 +444,11 @@ json RendezvousRounds::closeRound(Store& store, int r, int64_t my_slot, int next
     }
   }
   std::vector<SlotRecord> candidates = roundRecords(store, r, joined, all_written);
-  // The first max_nodes to join, and always this agent (it closes the round).
+  // The previous round's survivors first (a spare takes a lost node's place, never a live
+  // one's), then the first to join, and always this agent (it closes the round).
+  std::stable_partition(candidates.begin(), candidates.end(), [&](const SlotRecord& c) {
+    return previous_ids_.count(c.record.value("id", "")) > 0;
+  });
   if (static_cast<int>(candidates.size()) > opts_.max_nodes) {
     auto mine = std::find_if(candidates.begin(), candidates.end(), [&](const SlotRecord& c) {
       return c.record.value("id", "") == opts_.self.id;
@@ -313,7 +468,11 @@ json RendezvousRounds::closeRound(Store& store, int r, int64_t my_slot, int next
   std::stable_sort(
       candidates.begin(), candidates.end(),
       [&](const SlotRecord& a, const SlotRecord& b) { return order_key(a) < order_key(b); });
-  json members = {{"attempt", next_attempt}, {"round", r}, {"members", json::array()}};
+  // An agent that never ran an attempt (a spare closing the round, etcd) knows the job's
+  // attempt number from the previous round only: the next one comes after that round's.
+  json members = {{"attempt", std::max(next_attempt, previous_attempt_ + 1)},
+                  {"round", r},
+                  {"members", json::array()}};
   for (const SlotRecord& c : candidates) {
     json m = c.record;
     m["index"] = c.index;
@@ -357,6 +516,7 @@ Membership RendezvousRounds::joinElastic(Store& store, MemberLiveness& liveness,
                       << "; waiting for " << opts_.min_nodes << ".." << opts_.max_nodes
                       << " nodes (join timeout " << formatSeconds(opts_.join_timeout)
                       << ", last call " << formatSeconds(opts_.last_call_timeout) << ")";
+    waitForRunningRound(store, r, index);
     json members;
     if (opts_.is_host || opts_.host_per_round) {
       members = closeRound(store, r, index, next_attempt);
@@ -377,9 +537,9 @@ Membership RendezvousRounds::joinElastic(Store& store, MemberLiveness& liveness,
       throw Abandoned{unavailable(members["error"].get<std::string>())};
     }
     if (members.contains("job_over")) {
-      throw Abandoned{
-          Status(StatusCode::kAlreadyExists, "the job ended before this node could join it: " +
-                                                 members.value("job_over", std::string()))};
+      throw Abandoned{Status(
+          StatusCode::kAlreadyExists,
+          std::string(kJobOverBeforeJoin) + ": " + members.value("job_over", std::string()))};
     }
     std::vector<AgentInfo> agents;
     int my_rank = -1;
@@ -403,6 +563,11 @@ Membership RendezvousRounds::joinElastic(Store& store, MemberLiveness& liveness,
     completed(r, m);
     return m;
   }
+}
+
+int RendezvousRounds::waitingIn(Store& store, int r) {
+  if (r < 0) return 0;
+  return static_cast<int>(roundRecords(store, r, store.tickets(roundKey(r, "joined"))).size());
 }
 
 void RendezvousRounds::endRounds(Store& store, const std::string& outcome) {

@@ -5,6 +5,14 @@
 // order: the scheduler's rank, else the previous round's rank, else join order). Keys:
 // job_keys.h. The coordinator (store_job_coordinator.cc) runs it on its control thread.
 //
+// Hot spares: an agent that finds the job running at MAX nodes (its round closed without it,
+// or it came while an attempt of the previous round runs) is a spare. It holds a slot in the
+// next round and waits there, with no deadline, until the running attempt is decided (the
+// join timeout counts from then); the round it waits in closes only after that, so spares never
+// form a group of their own beside the running job. When the round closes, the previous
+// round's survivors are waited for (bounded by the last call) and kept before newcomers, so a
+// spare replaces a lost or departed node and never a live one.
+//
 // Thread safety: join*, endRounds: the coordinator's control thread only. nextRound() and
 // progress(): any thread.
 #pragma once
@@ -12,6 +20,7 @@
 #include <chrono>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -46,6 +55,10 @@ class RendezvousRounds {
   // Host, elastic: tells agents still waiting to join that the job is over (`outcome`).
   void endRounds(rendezvous::Store& store, const std::string& outcome);
 
+  // The agents whose record is in round r now (while an attempt runs: the spares waiting in
+  // the next round; a drained spare empties its slot). Control thread.
+  int waitingIn(rendezvous::Store& store, int r);
+
   // The round agents join next (elastic; -1 before the first).
   int nextRound() const;
   // What the rendezvous has done (waiting_for is the coordinator's).
@@ -63,10 +76,25 @@ class RendezvousRounds {
   void started(int round);
   void completed(int round, const Membership& m);
   void logMembership(const Membership& m) const;
+  // Before round r is closed or waited for: when round r-1's attempt still runs, this agent is
+  // a spare and waits (no deadline) until that attempt is decided, a member of round r-1 joins
+  // round r, or (etcd) no member of round r-1 is alive. Records who round r-1's members were
+  // and how many of them will come back (previous_ids_, expected_survivors_).
+  // A spare asked to leave (WaitContext::leaveRequested) empties its slot `my_slot` and throws
+  // Abandoned (kLeftWhileSpare).
+  void waitForRunningRound(rendezvous::Store& store, int r, int64_t my_slot);
+  // closeRound's last call when round r-1's survivors are known: until they all joined and
+  // max_nodes are in, bounded by last_call_timeout.
+  void lastCallForSurvivors(rendezvous::Store& store, int r);
 
   const StoreCoordinatorOptions& opts_;
   WaitContext& waits_;
   int previous_rank_ = -1;  // control thread only
+  // Round r-1's members' ids, and how many of them read its decision and will join round r
+  // (-1: unknown, e.g. no decision). Set by waitForRunningRound; control thread only.
+  std::set<std::string> previous_ids_;
+  int expected_survivors_ = -1;
+  int previous_attempt_ = -1;  // round r-1's attempt (-1: none)
 
   mutable std::mutex mu_;
   int next_round_ = -1;                                  // guarded by mu_

@@ -28,6 +28,13 @@ std::vector<int> terminatingSignals();
 // from the caller stays: nohup's SIGHUP is not taken over).
 std::vector<int> signalsToTakeOver();
 
+// The drain signal: SIGPWR to one agent of an elastic job makes it leave the job (its workers
+// stop, the others re-form without it, no restart used; local_agent.h), unless it is listed
+// in --signals-to-handle, which then wins. Not in torchrun's default --signals-to-handle
+// (SIGTERM, SIGINT, SIGHUP, SIGQUIT) nor in what Slurm's --signal and pre-emption send (SIGUSR1,
+// SIGUSR2, SIGTERM), and no terminal sends it (SIGWINCH would come with every window resize).
+inline constexpr int kLeaveSignal = SIGPWR;
+
 // True when `signo`'s disposition in this process is SIG_IGN.
 bool isIgnored(int signo);
 

@@ -92,6 +92,42 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
       }
     });
   }
+  void requestLeave(int n, const std::string& reason, LeaveDone done) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (waiting_as_spare_) {  // the control thread waits in the rounds: it sees this there
+        spare_leave_ = true;
+        post([done] { done(Status::ok()); });
+        return;
+      }
+    }
+    enqueue([this, n, reason, done = std::move(done)] {
+      Result<bool> claimed = guarded<bool>([&] {
+        if (Status s = leaveRefusal(n); !s.isOk()) throw Abandoned{s};
+        const int rank = myRank();
+        const StopClaim claim{rank,
+                              "node " + std::to_string(rank) + " (" + opts_.self.host +
+                                  ") left the job (" + reason + ")",
+                              StopCause::kLeave, 0};
+        const std::string mine = stopToJson(claim).dump();
+        const std::string stored = toString(
+            control_client_->compareSet(attemptKey(n, "stop"), {}, rendezvous::toBytes(mine)));
+        if (stored != mine) {
+          throw Abandoned{Status(StatusCode::kAlreadyExists,
+                                 "attempt " + std::to_string(n) +
+                                     " is already stopping; ask again once the group re-formed")};
+        }
+        return true;
+      });
+      post([done, status = claimed.status()] { done(status); });
+    });
+  }
+
+  bool waitingAsSpare() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return waiting_as_spare_;
+  }
+
   RendezvousProgress progress() const override {
     RendezvousProgress p = rounds_.progress();
     std::lock_guard<std::mutex> lock(mu_);
@@ -268,6 +304,14 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
     std::lock_guard<std::mutex> lock(mu_);
     waiting_for_ = what;
   }
+  void setWaitingAsSpare(bool spare) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    waiting_as_spare_ = spare;
+  }
+  bool leaveRequested() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return spare_leave_;
+  }
 
   std::string nodeNames(const std::vector<int>& ranks) const {
     return agent::nodeNames(opts_.expected_hosts, ranks);
@@ -327,6 +371,39 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
       liveness_attempt_ = *attempt;
     }
     liveness_->watch(*attempt, currentMembership());
+  }
+
+  // Why this agent may not leave attempt n now (OK: it may). Control thread.
+  Status leaveRefusal(int n) {
+    if (!opts_.elastic) {
+      return Status(StatusCode::kInvalidArgument,
+                    "a job of a fixed node count (--nnodes N) cannot lose a node; only an elastic "
+                    "job (--nnodes=MIN:MAX with --rdzv-backend c10d or etcd) can");
+    }
+    if (!opts_.host_per_round && opts_.is_host) {
+      return Status(StatusCode::kInvalidArgument,
+                    "this agent serves the job's store (the c10d store host): the other nodes "
+                    "cannot go on without it; drain another node, or stop the job (SIGTERM)");
+    }
+    int world;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (watch_attempt_ != n || !membership_) {
+        return Status(StatusCode::kAlreadyExists,
+                      "no attempt of this node is running (it is between attempts or waits as a "
+                      "spare); ask again once its workers run");
+      }
+      world = membership_->group_world_size - static_cast<int>(lost_agents_.size());
+    }
+    const int64_t spares = rounds_.waitingIn(*control_client_, rounds_.nextRound());
+    if (world - 1 + spares < opts_.min_nodes) {
+      return Status(StatusCode::kInvalidArgument,
+                    "leaving would leave " + std::to_string(world - 1) + " node(s) and " +
+                        std::to_string(spares) + " spare(s), fewer than the minimum " +
+                        std::to_string(opts_.min_nodes) +
+                        " (--nnodes MIN): refused; stop the whole job instead (SIGTERM)");
+    }
+    return Status::ok();
   }
 
   // host_per_round, waiting for the go: node 0, which gives it, is lost.
@@ -487,6 +564,10 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
       next_attempt_ = n + 1;
       restarts_used_ = decision.restarts_used;
     }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      decided_attempt_ = n;
+    }
     if (decision.kind != JobDecision::Kind::kRestart) finishJob(n, decision);
     return decision;
   }
@@ -538,6 +619,9 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
     policy.max_restarts = opts_.max_restarts;
     policy.elastic = opts_.elastic;
     policy.min_nodes = opts_.min_nodes;
+    if (opts_.elastic) {
+      policy.waiting_nodes = rounds_.waitingIn(*control_client_, rounds_.nextRound());
+    }
     const auto now = SystemClock::now();
     JobDecision d = decideJob(membership, outcomes, stop, policy, restarts_used_, now);
     considerExclusion(membership, outcomes, stop, now, d);
@@ -601,8 +685,17 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
     const int64_t out = control_client_->takeTicket(attemptKey(n, "done"));
     if (out >= decision_readers_) control_client_->set(attemptKey(n, "all_done"), "1");
     if (isHost()) {
+      const auto linger_end = SteadyClock::now() + opts_.final_linger;
       try {
         control_client_->wait({attemptKey(n, "all_done")}, opts_.final_linger);
+        // Spares waiting in the next round read the outcome too (c10d: from this store).
+        if (opts_.elastic &&
+            control_client_->tickets(roundKey(rounds_.nextRound(), "joined")) > 0) {
+          control_client_->wait({attemptKey(n, kSparesAllDoneKey)},
+                                std::max(std::chrono::milliseconds(1),
+                                         std::chrono::duration_cast<std::chrono::milliseconds>(
+                                             linger_end - SteadyClock::now())));
+        }
       } catch (const StoreTimeout&) {
         CPPRUN_LOG(kWarn) << "not every node read the job's outcome within "
                           << opts_.final_linger.count() / 1000.0 << " s; ending anyway";
@@ -699,7 +792,12 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
     bool started;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (attempt != liveness_attempt_ || job_over_ || shutting_down_) return;
+      // A decided attempt is over: a member missing from the next round (it left, or it is
+      // lost after the decision) is left out of that round instead.
+      if (attempt != liveness_attempt_ || attempt <= decided_attempt_ || job_over_ ||
+          shutting_down_) {
+        return;
+      }
       if (!lost_agents_.emplace(lost.rank, lost.reason).second) return;
       unclaimed_losses_.push_back({attempt, lost});
       started = watch_attempt_ == attempt;
@@ -780,6 +878,9 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
   std::string waiting_for_;                  // guarded by mu_; what the control thread awaits
   std::map<int, std::string> lost_agents_;   // guarded by mu_; by group rank
   int liveness_attempt_ = -1;                // guarded by mu_; the attempt liveness watches
+  int decided_attempt_ = -1;                 // guarded by mu_; the last attempt decided
+  bool waiting_as_spare_ = false;            // guarded by mu_; the rounds' spare wait
+  bool spare_leave_ = false;                 // guarded by mu_; drained while a spare
   std::vector<std::pair<int, LostMember>> unclaimed_losses_;  // guarded by mu_; (attempt, who)
   std::optional<Membership> membership_;                      // guarded by mu_
   RendezvousRounds rounds_{opts_, *this};     // control thread; nextRound(), progress(): any

@@ -39,6 +39,9 @@ int JobOutcome::exitCode() const {
       return 3;
     case Kind::kLostPeers:
       return 4;
+    case Kind::kLeft:
+    case Kind::kNotNeeded:
+      return 0;
     case Kind::kUnhealthy:
       return 5;
     case Kind::kExcluded:
@@ -59,6 +62,10 @@ const char* jobOutcomeName(JobOutcome::Kind kind) {
       return "start_failed";
     case JobOutcome::Kind::kLostPeers:
       return "lost_peers";
+    case JobOutcome::Kind::kLeft:
+      return "left";
+    case JobOutcome::Kind::kNotNeeded:
+      return "not_needed";
     case JobOutcome::Kind::kUnhealthy:
       return "unhealthy";
     case JobOutcome::Kind::kExcluded:
@@ -184,7 +191,19 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
           auto self = weak.lock();
           if (!self || self->state_ == State::kDone || n != self->restart_count_) return;
           if (!r.isOk()) {
-            self->lost_error_ = r.status();
+            const Status& s = r.status();
+            if (s.code() == StatusCode::kAlreadyExists &&
+                s.message().rfind(kJobOverBeforeJoin, 0) == 0) {
+              // A spare the job never needed: not a failure of this node.
+              self->not_needed_ = true;
+              self->summary_ = s.message();
+            } else if (s.code() == StatusCode::kAlreadyExists &&
+                       s.message().rfind(kLeftWhileSpare, 0) == 0) {
+              self->leaving_ = true;  // a spare drained while it waited
+              self->summary_ = s.message();
+            } else {
+              self->lost_error_ = s;
+            }
             self->finishJob();
             return;
           }
@@ -442,6 +461,18 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     beginStop(signo != 0 ? signo : SIGTERM);
   }
 
+  void onLeave(const std::string& why) {
+    if (state_ == State::kDone) return;
+    CPPRUN_LOG(kWarn) << "leaving the job (" << why
+                      << "); stopping this node's workers, the other nodes go on without it";
+    // Also when the attempt ended meanwhile (the claim is made): the decision then ends this
+    // node's job instead of a next attempt.
+    leaving_ = true;
+    if (state_ != State::kRunning) return;
+    peer_stopped_ = true;  // the job's decision says how the attempt ended, not this node
+    beginStop(SIGTERM);
+  }
+
   void onCoordinatorLost(const Status& status) {
     if (state_ == State::kDone) return;
     CPPRUN_LOG(kError) << status.message() << "; stopping the workers";
@@ -650,6 +681,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     summary_ = d.summary;
     switch (d.kind) {
       case JobDecision::Kind::kRestart:
+        if (leaving_) break;  // the others re-form without this node
         ++restart_count_;
         emitEvent(options_.event_log, "restart",
                   {{"restart", restart_count_},
@@ -740,6 +772,11 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
       case AttemptEnd::kSucceeded:
         outcome.kind = JobOutcome::Kind::kSucceeded;
         break;
+    }
+    if (outcome.kind == JobOutcome::Kind::kSucceeded && leaving_) {
+      outcome.kind = JobOutcome::Kind::kLeft;
+    } else if (outcome.kind == JobOutcome::Kind::kSucceeded && not_needed_) {
+      outcome.kind = JobOutcome::Kind::kNotNeeded;
     }
     if (options_.amend_outcome) options_.amend_outcome(outcome);
     emitJobEvents(outcome);
@@ -852,6 +889,8 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
   std::vector<WorkerFailure> failures_;
   bool attempt_failed_ = false;
   bool peer_stopped_ = false;
+  bool leaving_ = false;             // onLeave: this node leaves the job after this attempt
+  bool not_needed_ = false;          // a spare that found the job over
   std::string python_progress_dir_;  // this attempt's, see preparePythonProgress
   struct PeerStopNote {
     int attempt;
@@ -893,6 +932,7 @@ const std::optional<AttemptStart>& Supervisor::attemptStart() const {
   return impl_->attempt_start_;
 }
 void Supervisor::onCoordinatorLost(const Status& status) { impl_->onCoordinatorLost(status); }
+void Supervisor::onLeave(const std::string& why) { impl_->onLeave(why); }
 bool Supervisor::done() const { return impl_->state_ == Impl::State::kDone; }
 int Supervisor::restartCount() const { return impl_->restart_count_; }
 

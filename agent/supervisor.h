@@ -118,6 +118,8 @@ struct SupervisorSnapshot {
 };
 
 struct JobOutcome {
+  // kLeft: this node left the elastic job on request (drain; the others go on), exit 0.
+  // kNotNeeded: this node waited as a spare and the job ended without it, exit 0.
   // kUnhealthy, kExcluded: this node left the job (health_gate.h) and the others go on.
   enum class Kind {
     kSucceeded,
@@ -125,6 +127,8 @@ struct JobOutcome {
     kSignalled,
     kStartFailed,
     kLostPeers,
+    kLeft,
+    kNotNeeded,
     kUnhealthy,
     kExcluded
   };
@@ -137,13 +141,14 @@ struct JobOutcome {
   std::string summary;  // multi-node: who stopped the job first, or why it ended
   // Multi-node: the nodes that left the job while this one was in it (excluded), one line each.
   std::vector<std::string> departures;
-  // 0 succeeded, 1 workers failed, 128+N signalled, 3 could not start, 4 lost the other nodes,
-  // 5 this node failed its health check and left, 6 this node was excluded (docs/supervision.md).
+  // 0 succeeded (or left, or not needed), 1 workers failed, 128+N signalled, 3 could not start, 4
+  // lost the other nodes, 5 this node failed its health check and left, 6 this node was excluded
+  // (docs/supervision.md).
   int exitCode() const;
 };
 
 // How the event log spells a job's outcome: "succeeded", "workers_failed", "signalled",
-// "start_failed", "lost_peers", "unhealthy", "excluded".
+// "start_failed", "lost_peers", "left", "not_needed", "unhealthy", "excluded".
 const char* jobOutcomeName(JobOutcome::Kind kind);
 
 // How an attempt ended. When several things happened in one attempt (a handled signal arrived
@@ -196,6 +201,11 @@ class Supervisor {
   // get that signal instead, as that node's did (a SIGUSR1 pre-emption warning reaches every
   // rank, not only the ranks of the node Slurm happened to signal first).
   void onPeerStop(int restart_count, const std::string& reason, int signal = 0);
+  // Multi-node, elastic: the coordinator claimed the running attempt's stop for this node's
+  // leave (drain, JobCoordinator::requestLeave): the workers get SIGTERM (then SIGKILL after
+  // shutdown_timeout), this node reports and reads the job's decision like the others, and
+  // ends with JobOutcome::kLeft instead of joining the next round. `why` names the request.
+  void onLeave(const std::string& why);
   // Multi-node: the job's store cannot be reached; the workers are stopped and the job ends.
   void onCoordinatorLost(const Status& status);
   // Multi-node: what the nodes agreed for the attempt being prepared (membership, NCCL id);

@@ -389,6 +389,14 @@ int reportOutcome(const Job& job, const agent::JobOutcome& outcome, int world_si
       CPPRUN_LOG(kError) << "the job cannot go on without the other nodes: "
                          << outcome.error.message();
       return kExitLostPeers;
+    case agent::JobOutcome::Kind::kLeft:
+      CPPRUN_LOG(kInfo) << "this node left the job as asked (" << outcome.summary
+                        << "); the other nodes go on without it";
+      break;
+    case agent::JobOutcome::Kind::kNotNeeded:
+      CPPRUN_LOG(kInfo) << "this node waited as a spare and the job did not need it ("
+                        << outcome.summary << ")";
+      break;
     case agent::JobOutcome::Kind::kUnhealthy:
       CPPRUN_LOG(kError) << outcome.error.message()
                          << " (exit 5: this node failed its health check; see docs/operations.md)";

@@ -341,6 +341,31 @@ TEST_CASE("http: methods other than GET and HEAD get 405 with Allow", "[integrat
   CHECK(server.requestsServed() == 1);  // the handler never saw the POST
 }
 
+TEST_CASE("http: POST goes to the post handler when there is one, and Allow says POST",
+          "[integration][http]") {
+  HttpServerOptions options;
+  options.post_handler = [](const std::string& target) {
+    return HttpResponse{target == "/leave" ? 202 : 404, "text/plain; charset=utf-8",
+                        "posted " + target + "\n"};
+  };
+  TestServer server(options);
+  Client client(server.port());
+  REQUIRE(client.send("POST /leave HTTP/1.1\r\nHost: test\r\nContent-Length: 5\r\n\r\nhello"));
+  auto post = client.readResponse();
+  REQUIRE(post);
+  CHECK(post->status == 202);
+  CHECK(post->body == "posted /leave\n");
+  // GET still goes to the GET handler on the same connection; other methods get 405.
+  auto get = client.get("/healthz");
+  REQUIRE(get);
+  CHECK(get->status == 200);
+  REQUIRE(client.send("DELETE /leave HTTP/1.1\r\nHost: test\r\n\r\n"));
+  auto del = client.readResponse();
+  REQUIRE(del);
+  CHECK(del->status == 405);
+  CHECK(del->header("allow") == "GET, HEAD, POST");
+}
+
 TEST_CASE("http: a malformed request gets 400 and only its connection is closed",
           "[integration][http]") {
   TestServer server;

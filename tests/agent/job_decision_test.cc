@@ -250,3 +250,39 @@ TEST_CASE("membership: base rank and world size from the agents' worker counts",
   CHECK(m.base_rank == 5);
   CHECK(m.world_size == 6);
 }
+
+TEST_CASE("decide: elastic, a lost node with spares waiting re-forms even below min_nodes",
+          "[unit]") {
+  auto outcomes = allSucceeded();
+  outcomes[2] = lostNode("node 2 lost");
+  // --nnodes=3:3 and one spare waiting in the next round: 2 survivors + 1 spare = MIN.
+  DecisionPolicy policy{/*max_restarts=*/0, /*elastic=*/true, /*min_nodes=*/3};
+  policy.waiting_nodes = 1;
+  JobDecision d = decideJob(threeNodes(), outcomes, claimBy(2, "node 2 lost", StopCause::kLost),
+                            policy, 0, kNow);
+  CHECK(d.kind == JobDecision::Kind::kRestart);
+  CHECK(d.membership_change);
+  CHECK(d.restarts_used == 0);
+  CHECK_THAT(d.summary, Catch::Contains("1 spare node(s) waiting"));
+  // Without the spare the same loss fails the job.
+  policy.waiting_nodes = 0;
+  d = decideJob(threeNodes(), outcomes, claimBy(2, "node 2 lost", StopCause::kLost), policy, 0,
+                kNow);
+  CHECK(d.kind == JobDecision::Kind::kFailed);
+}
+
+TEST_CASE("decide: a node that left re-forms the group without using the budget", "[unit]") {
+  std::map<int, NodeOutcome> outcomes = {
+      {0, reported(AttemptReport::Kind::kStopped, {failure("h0", 0, 0, /*teardown=*/true)})},
+      {1, reported(AttemptReport::Kind::kStopped, {failure("h1", 2, 0, /*teardown=*/true)})},
+      {2, reported(AttemptReport::Kind::kStopped, {failure("h2", 4, 0, /*teardown=*/true)})}};
+  const StopClaim leave = claimBy(1, "node 1 (h1) left the job (SIGPWR)", StopCause::kLeave);
+  JobDecision d = decideJob(threeNodes(), outcomes, leave,
+                            {/*max_restarts=*/0, /*elastic=*/true, /*min_nodes=*/2}, 0, kNow);
+  CHECK(d.kind == JobDecision::Kind::kRestart);
+  CHECK(d.membership_change);
+  CHECK(d.restarts_used == 0);
+  CHECK(d.summary == "node 1 (h1) left the job (SIGPWR)");
+  // The claim survives its JSON round trip.
+  CHECK(stopFromJson(stopToJson(leave)).cause == StopCause::kLeave);
+}

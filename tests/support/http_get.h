@@ -1,7 +1,7 @@
-// httpGetRaw: one blocking HTTP/1.1 GET to 127.0.0.1 with "Connection: close", for the tests and
-// the benchmark of the agent's metrics endpoint. Header-only and free of any test framework, so
-// the benchmark (which does not link the test support library) shares it.
-// Thread safety: none needed; every call has its own socket.
+// httpGetRaw / httpRequestRaw: one blocking HTTP/1.1 GET (or other method, no body) to 127.0.0.1
+// with "Connection: close", for the tests and the benchmark of the agent's metrics endpoint.
+// Header-only and free of any test framework, so the benchmark (which does not link the test
+// support library) shares it. Thread safety: none needed; every call has its own socket.
 #pragma once
 
 #include <arpa/inet.h>
@@ -19,8 +19,9 @@ namespace cpprun::testing {
 
 // The raw response (status line, headers and body), read until the server closes, each read
 // bounded by `timeout`. nullopt when nothing listens or the request cannot be sent.
-inline std::optional<std::string> httpGetRaw(int port, const std::string& target,
-                                             std::chrono::seconds timeout) {
+inline std::optional<std::string> httpRequestRaw(int port, const std::string& method,
+                                                 const std::string& target,
+                                                 std::chrono::seconds timeout) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return std::nullopt;
   timeval tv{static_cast<time_t>(timeout.count()), 0};
@@ -30,7 +31,8 @@ inline std::optional<std::string> httpGetRaw(int port, const std::string& target
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   const std::string request =
-      "GET " + target + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+      method + " " + target +
+      " HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
       ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
           static_cast<ssize_t>(request.size())) {
@@ -43,6 +45,11 @@ inline std::optional<std::string> httpGetRaw(int port, const std::string& target
     raw.append(buf, static_cast<size_t>(n));
   ::close(fd);
   return raw;
+}
+
+inline std::optional<std::string> httpGetRaw(int port, const std::string& target,
+                                             std::chrono::seconds timeout) {
+  return httpRequestRaw(port, "GET", target, timeout);
 }
 
 }  // namespace cpprun::testing
