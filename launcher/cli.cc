@@ -668,7 +668,9 @@ const OptionSpec kOptions[] = {
     {"--metrics-port", 0, Arity::kValue, false, applyMetricsPort, Section::kOperations,
      "[HOST:]PORT", "off",
      "Serve /healthz, /metrics (Prometheus) and /status (JSON) over HTTP on HOST (default "
-     "127.0.0.1; 0.0.0.0 for every interface). Port 0 picks a free one (logged)."},
+     "127.0.0.1; 0.0.0.0 for every interface), and POST /leave, which drains this node from "
+     "an elastic job (as SIGPWR does; keep the endpoint on a trusted address). Port 0 picks a "
+     "free one (logged)."},
     {"--event-log", 0, Arity::kValue, false, applyEventLog, Section::kOperations, "FILE", "none",
      "Append one JSON line per event (rendezvous, worker start and exit, restart, signal, "
      "stall, failure, root cause)."},
