@@ -257,7 +257,7 @@ class Bench:
                   # when two participants share one).
                   f"--local-addr=127.0.0.{i + 1}"]
         if launcher == "cpprun":
-            return [self.cpprun] + common + [WORKER]
+            return [self.cpprun] + common + self.a.cpprun_loss_args.split() + [WORKER]
         if launcher == "ft":
             return [self.python, "-m", "nvidia_resiliency_ext.fault_tolerance.launcher"] + \
                 common + [WORKER]
@@ -520,6 +520,9 @@ def main():
     ap.add_argument("--loss-nnodes-ft", default="2:3",
                     help="ft_launcher: nodes above MIN become hot spares")
     ap.add_argument("--loss-nnodes-torchrun", default="2:2")
+    ap.add_argument("--cpprun-loss-args", default="",
+                    help="more cpprun arguments for the loss scenario, e.g. "
+                    "'--rdzv-conf=keep_alive_interval=1' (default: none, torchrun's 5 s x 3)")
     ap.add_argument("--timeout", type=float, default=120.0, help="bound of each job, seconds")
     ap.add_argument("--ready-bound", type=float, default=30.0,
                     help="a next attempt whose gloo group is not up this long after its start "
