@@ -85,11 +85,18 @@ agent::BuiltinHealthCheck makeBuiltinHealthCheck(const LaunchConfig& config,
   if (!config.log_dir.empty()) dirs.push_back(config.log_dir);
   for (const std::string& d : config.health_check_dirs) dirs.push_back(d);
   const size_t gpus = node.gpus.size();
+  // No driver installed at all (kNotFound: a CPU job in a container without it, GPUs counted
+  // from the scheduler's variables) is how the node was when the job started, not a node gone
+  // bad: `--check` reports it. A driver that is installed but fails, or sees fewer GPUs than the
+  // job uses, fails the node.
   return [dirs, gpus, env] {
     std::vector<std::string> problems;
     if (gpus > 0) {
       const Result<CudaDriverInfo> driver = queryCudaDriver();
-      if (!driver.isOk()) {
+      const bool absent = !driver.isOk() && driver.status().code() == StatusCode::kNotFound;
+      if (absent) {
+        // nothing to check: see above
+      } else if (!driver.isOk()) {
         problems.push_back("the CUDA driver is not usable: " + driver.status().message());
       } else if (driver.value().devices.size() < gpus) {
         problems.push_back("the CUDA driver sees " + std::to_string(driver.value().devices.size()) +
