@@ -614,7 +614,7 @@ TEST_CASE("a rank stalled on one node stops every node and is every node's root 
                            1,
                            {"progress", "1", "stall-if-rank", "2", "progress-every", "60", "0.5"},
                            {{"TMPDIR", dir.path()}}}},
-                         {"--stall-timeout=2"});
+                         {"--stall-timeout=2", "--stall-stacks-timeout=30"});
   for (size_t i = 0; i < agents.size(); ++i) {
     ChildProcess& a = *agents[i];
     INFO(a.output());

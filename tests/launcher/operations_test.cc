@@ -130,10 +130,10 @@ TEST_CASE(
   const std::string events = dir.path() + "/events.jsonl";
   const auto start = Clock::now();
   // Both ranks bump their progress file three times, 0.1 s apart; rank 1 then hangs in pause().
-  ChildProcess run(
-      cpprunCommand({"--nproc-per-node=2", "--stall-timeout=2", "--log-dir=" + dir.path(),
-                     "--rdzv-id=stall", "--event-log=" + events, "--no-python", kWorker,
-                     "progress-every", "3", "0.1", "stall-if-rank", "1", "exit", "0"}));
+  ChildProcess run(cpprunCommand(
+      {"--nproc-per-node=2", "--stall-timeout=2", "--stall-stacks-timeout=30",
+       "--log-dir=" + dir.path(), "--rdzv-id=stall", "--event-log=" + events, "--no-python",
+       kWorker, "progress-every", "3", "0.1", "stall-if-rank", "1", "exit", "0"}));
   auto status = run.wait(60s);
   REQUIRE(status.has_value());
   const double took = secondsSince(start);
@@ -173,10 +173,11 @@ TEST_CASE("a SIGSTOPped worker is detected, its stack taken while stopped, and t
   // Attempt 0: one progress report, then the worker stops itself (SIGSTOP). Attempt 1 succeeds.
   // A stopped process cannot act on SIGTERM: unless the agent wakes it, teardown would wait out
   // the 30 s shutdown timeout before SIGKILL.
-  ChildProcess run(cpprunCommand(
-      {"--nproc-per-node=1", "--stall-timeout=1.5", "--max-restarts=1", "--shutdown-timeout=30",
-       "--log-dir=" + dir.path(), "--rdzv-id=stop", "--event-log=" + events, "--no-python", kWorker,
-       "progress", "1", "exit-if-restart", "1", "0", "kill-self", "SIGSTOP"}));
+  ChildProcess run(
+      cpprunCommand({"--nproc-per-node=1", "--stall-timeout=1.5", "--stall-stacks-timeout=30",
+                     "--max-restarts=1", "--shutdown-timeout=30", "--log-dir=" + dir.path(),
+                     "--rdzv-id=stop", "--event-log=" + events, "--no-python", kWorker, "progress",
+                     "1", "exit-if-restart", "1", "0", "kill-self", "SIGSTOP"}));
   auto status = run.wait(60s);
   REQUIRE(status.has_value());
   const double took = secondsSince(start);
