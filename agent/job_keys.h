@@ -22,6 +22,9 @@
 //   attempt/<n>/ready/<rank>       static: the agent tore attempt n-1 down
 //   attempt/<n>/go                 the host's NCCL id ("!<error>": the attempt failed)
 //   attempt/<n>/stop               the first stop claim (compare-and-set)
+//   attempt/<n>/stop_acks          c10d: "<rank>\n" appended by each live member's agent as soon
+//                                  as it sees the stop (before its teardown); the decider gives
+//                                  up a member that has not within kStopAckBound
 //   attempt/<n>/report/<rank>      how an agent's workers ended
 //   attempt/<n>/decision           the host's decision for the job
 //   attempt/<n>/done, all_done     agents that read the final decision (done: tickets)
@@ -54,6 +57,8 @@ inline constexpr const char* kAliveKeyPrefix = "alive/";
 // last of them sets (the round they waited in counts them); the store host waits for it.
 inline constexpr const char* kSparesDoneKey = "spares_done";
 inline constexpr const char* kSparesAllDoneKey = "spares_all_done";
+// In attempt/<n>/: the members that saw the attempt's stop (heartbeat liveness only).
+inline constexpr const char* kStopAcksKey = "stop_acks";
 inline constexpr const char* kExclusionHistoryKey = "exclusion/failures";
 // At the root of a TCP store served by an agent (not in a namespace).
 inline constexpr const char* kServedRunIdKey = "cpprun/served_run_id";

@@ -15,6 +15,8 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "agent/job_coordinator.h"
@@ -40,6 +42,24 @@ using SteadyClock = std::chrono::steady_clock;
 using SystemClock = std::chrono::system_clock;
 
 namespace {
+
+// How long after seeing an attempt's stop the decider waits for a member's agent to acknowledge
+// it (heartbeat liveness: cpprun's TCP store). A live agent's watcher waits on the stop key and
+// acknowledges within a store round trip, before its workers' teardown (which may take up to
+// --shutdown-timeout). A member that has not acknowledged after this long, and whose heartbeat
+// has not moved since the stop, is dead or stopped: the decider gives it up as lost at once
+// instead of waiting out the heartbeat bound (keep_alive_interval x keep_alive_max_attempt,
+// 15 s by default). 1 s is hundreds of round trips, room for an agent descheduled for a moment;
+// one whose heartbeat moved keeps its place (it reports once its teardown is done).
+constexpr std::chrono::milliseconds kStopAckBound{1000};
+
+// What the decider's watcher noted on seeing an attempt's stop: when, and the other members'
+// heartbeat counters then (by group rank).
+struct StopSeen {
+  int attempt = -1;
+  std::chrono::steady_clock::time_point at{};
+  std::map<int, std::string> beats;
+};
 
 class StoreCoordinator : public JobCoordinator, private WaitContext {
  public:
@@ -579,6 +599,7 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
     const int world = membership.group_world_size;
     std::map<int, NodeOutcome> outcomes;
     WaitAnnouncer announcer(*this);
+    StopSeen seen;
     while (static_cast<int>(outcomes.size()) < world) {
       std::vector<std::string> missing;
       std::vector<int> missing_ranks;
@@ -594,8 +615,21 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
         missing_ranks.push_back(r);
       }
       if (missing.empty()) break;
+      auto slice = opts_.keep_alive_interval;
+      if (acksStops() && seen.attempt != n && control_client_->check({attemptKey(n, "stop")})) {
+        seen = noteStopSeen(*control_client_, n, SteadyClock::now());
+      }
+      if (seen.attempt == n) {
+        const auto now = SteadyClock::now();
+        const auto ack_deadline = seen.at + kStopAckBound;
+        if (now >= ack_deadline) {
+          if (giveUpUnacknowledged(n, membership, missing_ranks, seen)) continue;
+        } else {
+          slice = std::min(slice, std::chrono::ceil<std::chrono::milliseconds>(ack_deadline - now));
+        }
+      }
       try {
-        control_client_->wait(missing, opts_.keep_alive_interval);
+        control_client_->wait(missing, slice);
       } catch (const StoreTimeout&) {
         announcer.maybeAnnounce([&] {
           return "attempt " + std::to_string(n) + ": waiting for " +
@@ -744,6 +778,7 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
             const StopClaim stop = stopFromJson(
                 json::parse(toString(client->get(attemptKey(n, "stop"))), nullptr, false));
             handled_stop = n;
+            if (acksStops()) acknowledgeStop(*client, n);
             if (stop.by != myRank() && stop.by != kByNobody) {
               post([this, n, stop] { on_peer_stop_(n, stop.reason, stop.signal); });
             } else if (stop.by == myRank() && stop.cause == StopCause::kLost) {
@@ -782,6 +817,82 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
         return;
       }
     }
+  }
+
+  // Heartbeat liveness: members acknowledge stops, the decider gives up the ones that do not
+  // (kStopAckBound). Backends with their own liveness (etcd's leases) hear of a loss at once.
+  bool acksStops() const { return !opts_.store.liveness; }
+
+  // Watcher, on seeing attempt n's stop: tells the decider this agent lives (before its
+  // teardown); the decider notes when it saw the stop and the other members' heartbeats then.
+  void acknowledgeStop(Store& client, int n) {
+    const auto seen_at = SteadyClock::now();
+    client.append(attemptKey(n, kStopAcksKey),
+                  rendezvous::toBytes(std::to_string(myRank()) + "\n"));
+    if (isHost()) noteStopSeen(client, n, seen_at);
+  }
+
+  // Decider: notes (once per attempt) when it saw attempt n's stop and the other members'
+  // heartbeat counters then. The watcher calls it on seeing the stop; the control thread too,
+  // when it decides before its watcher got there (this node claimed the stop itself). Returns
+  // the note. Either thread, each with its own connection.
+  StopSeen noteStopSeen(Store& client, int n, SteadyClock::time_point seen_at) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_seen_.attempt == n) return stop_seen_;
+    }
+    const Membership m = currentMembership();
+    std::vector<std::string> keys;
+    std::vector<int> ranks;
+    for (int r = 0; r < m.group_world_size; ++r) {
+      if (r == m.group_rank) continue;
+      keys.push_back(heartbeatKey(m.agents[static_cast<size_t>(r)].id));
+      ranks.push_back(r);
+    }
+    StopSeen seen{n, seen_at, {}};
+    if (!keys.empty()) {
+      const auto values = client.multiGet(keys);
+      for (size_t i = 0; i < keys.size(); ++i) seen.beats[ranks[i]] = toString(values[i]);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_seen_.attempt != n) stop_seen_ = std::move(seen);  // the first note stands
+    return stop_seen_;
+  }
+
+  // Decider, kStopAckBound after it saw attempt n's stop: gives up the members in `missing`
+  // (no report yet) that have not acknowledged the stop and whose heartbeat has not moved since,
+  // as lost by heartbeat (memberLost). Returns true when it gave up any. Control thread.
+  bool giveUpUnacknowledged(int n, const Membership& m, const std::vector<int>& missing,
+                            const StopSeen& seen) {
+    std::set<int> acked;
+    const std::string acks_key = attemptKey(n, kStopAcksKey);
+    if (control_client_->check({acks_key})) {
+      std::istringstream in(toString(control_client_->get(acks_key)));
+      for (std::string line; std::getline(in, line);) {
+        if (!line.empty()) acked.insert(std::atoi(line.c_str()));
+      }
+    }
+    std::vector<int> silent;
+    std::vector<std::string> keys;
+    for (int r : missing) {
+      if (r == m.group_rank || acked.count(r) || !seen.beats.count(r)) continue;
+      silent.push_back(r);
+      keys.push_back(heartbeatKey(m.agents[static_cast<size_t>(r)].id));
+    }
+    if (silent.empty()) return false;
+    const auto beats = control_client_->multiGet(keys);
+    bool gave_up = false;
+    for (size_t i = 0; i < silent.size(); ++i) {
+      const int r = silent[i];
+      if (toString(beats[i]) != seen.beats.at(r)) continue;  // alive: slow to tear down
+      const AgentInfo& info = m.agents[static_cast<size_t>(r)];
+      memberLost(n, {r, "the agent of node " + std::to_string(r) + " (" + info.host +
+                            ") stopped responding: it did not acknowledge the stop of attempt " +
+                            std::to_string(n) + " within " + formatSeconds(kStopAckBound) +
+                            " and its heartbeat has not moved since"});
+      gave_up = gave_up || !lostReason(r).empty();
+    }
+    return gave_up;
   }
 
   // A member of `attempt`'s membership is lost (liveness: a poll on the watcher, or a
@@ -882,7 +993,9 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
   bool waiting_as_spare_ = false;            // guarded by mu_; the rounds' spare wait
   bool spare_leave_ = false;                 // guarded by mu_; drained while a spare
   std::vector<std::pair<int, LostMember>> unclaimed_losses_;  // guarded by mu_; (attempt, who)
-  std::optional<Membership> membership_;                      // guarded by mu_
+  // Decider: the last attempt whose stop its watcher saw (heartbeat liveness only).
+  StopSeen stop_seen_;  // guarded by mu_; written by the watcher, read by the control thread
+  std::optional<Membership> membership_;      // guarded by mu_
   RendezvousRounds rounds_{opts_, *this};     // control thread; nextRound(), progress(): any
   std::atomic<bool> waiting_claimed_{false};  // host, elastic: joiners announced
   std::unique_ptr<Store> control_client_;     // control thread only

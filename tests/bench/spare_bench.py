@@ -5,7 +5,7 @@ etcd this benchmark starts), alternating within each repetition.
     /usr/bin/python3 tests/bench/spare_bench.py --cpprun build/cpprun \\
         --worker build/tests/cpprun_test_worker [--runs 5] [--nodes 2] [--spares 1] \\
         [--keep-alive-interval 1] [--keep-alive-max-attempt 3] [--etcd /usr/bin/etcd] \\
-        [--timeout 60] [--loss kill|drain]
+        [--timeout 60] [--loss kill|drain] [--peer-reset 0.5] [--backend both|c10d|etcd]
 
 A job of exactly --nodes nodes (`--nnodes=N:N`, one worker each) and --spares more agents, each
 a separate process (`cpprun --nnodes=N:N --nproc-per-node=1 --rdzv-backend c10d|etcd
@@ -15,6 +15,11 @@ the next attempt's exit 0 at once). Once attempt 0's workers all run and the spa
 wait, the active node with the highest group rank that does not serve the c10d store (on etcd:
 not the round's node 0, the decider) is lost as a node
 that loses power: its guardian, agent and worker are SIGSTOPped, then SIGKILLed (no goodbye).
+
+--peer-reset S: attempt 0's workers do not stall but wait for a file the benchmark writes S
+seconds after the kill, then exit 1: what a real trainer's collective does when its peer is gone
+(gloo's connection reset came ~0.5 s after the kill, measured). The survivors then claim the
+attempt's stop at once, and the decider may give up the dead node before the liveness bound.
 
 With --loss drain the same node is drained instead (POST /leave on its --metrics-port; it must
 answer 202 and the agent exit 0), and the figures are named drain_spare_*.
@@ -58,6 +63,12 @@ def one_run(backend, args, etcd_endpoints, rep):
     conf = (f"keep_alive_interval={args.keep_alive_interval:g},"
             f"keep_alive_max_attempt={args.keep_alive_max_attempt},last_call_timeout=30")
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    peer_gone = os.path.join(run_dir, "peer-gone")
+    if args.peer_reset > 0:
+        worker_args = ["exit-if-restart", "1", "0", "exit-if-restart", "2", "0",
+                       "wait-file", peer_gone, "600", "exit", "1"]
+    else:
+        worker_args = ["stall-if-restart", "0", "exit", "0"]
     procs = []
     ok = False
     try:
@@ -67,7 +78,7 @@ def one_run(backend, args, etcd_endpoints, rep):
                     f"--rdzv-id=spare-{os.getpid()}-{rep}", "--rdzv-conf", conf,
                     "--max-restarts=0", f"--event-log={run_dir}/events.{i}",
                     "--metrics-port=0", "--no-python",
-                    args.worker, "stall-if-restart", "0", "exit", "0"]
+                    args.worker] + worker_args
             procs.append(spawn(argv, env, os.path.join(run_dir, f"agent-{i}.log")))
         ranks, spares = {}, set()
         deadline = time.monotonic() + args.timeout
@@ -106,6 +117,9 @@ def one_run(backend, args, etcd_endpoints, rep):
                 os.kill(p, signal.SIGSTOP)
             for p in tree:
                 os.kill(p, signal.SIGKILL)
+            if args.peer_reset > 0:
+                time.sleep(args.peer_reset)  # the stimulus: the survivors' collective fails
+                open(peer_gone, "w").close()
         others = [i for i in range(agents) if i != v]
         codes = wait_all([procs[i] for i in others], args.timeout)
         if args.loss == "drain":
@@ -164,6 +178,10 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=60)
     p.add_argument("--loss", choices=("kill", "drain"), default="kill",
                    help="kill: the node loses power; drain: POST /leave on its agent")
+    p.add_argument("--peer-reset", type=float, default=0,
+                   help="attempt 0's survivors fail this many seconds after the kill (0: they "
+                        "stall until stopped)")
+    p.add_argument("--backend", choices=("both", "c10d", "etcd"), default="both")
     args = p.parse_args()
     if args.nodes < 2 or args.spares < 1 or args.runs < 1:
         p.error("--nodes >= 2, --spares >= 1 and --runs >= 1")
@@ -174,7 +192,7 @@ def main() -> int:
     results = {"c10d": [], "etcd": []}
     try:
         for rep in range(args.runs):
-            for backend in ("c10d", "etcd"):
+            for backend in ("c10d", "etcd") if args.backend == "both" else (args.backend,):
                 r = one_run(backend, args, cluster.endpoints, rep)
                 if r is None:
                     failed += 1

@@ -33,14 +33,14 @@ using Agents = std::vector<std::unique_ptr<ChildProcess>>;
 std::unique_ptr<ChildProcess> agent(const std::string& backend, const std::string& endpoint,
                                     const std::string& run_id, const std::string& nnodes,
                                     const std::vector<std::string>& worker_args,
-                                    const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> args = {
-      "--nnodes=" + nnodes,
-      "--rdzv-backend=" + backend,
-      "--rdzv-endpoint=" + endpoint,
-      "--rdzv-id=" + run_id,
-      "--rdzv-conf=keep_alive_interval=0.3,last_call_timeout=1,join_timeout=60",
-      "--nproc-per-node=1"};
+                                    const std::vector<std::string>& extra = {},
+                                    const std::string& rdzv_conf =
+                                        "keep_alive_interval=0.3,"
+                                        "last_call_timeout=1,"
+                                        "join_timeout=60") {
+  std::vector<std::string> args = {"--nnodes=" + nnodes,          "--rdzv-backend=" + backend,
+                                   "--rdzv-endpoint=" + endpoint, "--rdzv-id=" + run_id,
+                                   "--rdzv-conf=" + rdzv_conf,    "--nproc-per-node=1"};
   args.insert(args.end(), extra.begin(), extra.end());
   // No restart budget unless a test gives one: a membership change must not need it.
   if (std::none_of(extra.begin(), extra.end(),
@@ -447,6 +447,116 @@ void failureKeepsTheNodes(const std::string& backend, const std::string& endpoin
 TEST_CASE("hot spares (c10d): a worker failure restarts the same nodes, the spare stays a spare",
           "[integration][multinode][elastic][spares]") {
   failureKeepsTheNodes("c10d", "127.0.0.1:" + std::to_string(freeTcpPort()));
+}
+
+// At torchrun's default keep-alive (5 s x 3): a SIGKILLed node never acknowledges the stop its
+// peer's failure claims, so the decider gives it up after kStopAckBound (1 s), not the 15 s
+// heartbeat bound, and the spare's worker of the next attempt runs within 5 s of the kill.
+TEST_CASE("hot spares (c10d): at the default keep-alive a spare runs within 5 s of a node's kill",
+          "[integration][multinode][elastic][spares]") {
+  TempDir dir;
+  const std::string d = dir.path();
+  const std::string id = runId("fastloss");
+  const std::string endpoint = "127.0.0.1:" + std::to_string(freeTcpPort());
+  // Attempt 0 runs until its peer is gone ("peer-gone": what a collective's connection reset
+  // is to a real trainer), then fails; attempt 1 prints and succeeds.
+  const std::vector<std::string> args = {"print",
+                                         "up {rank} {restart}",
+                                         "exit-if-restart",
+                                         "1",
+                                         "0",
+                                         "wait-file",
+                                         d + "/peer-gone",
+                                         "120",
+                                         "exit",
+                                         "1"};
+  Agents agents;
+  for (int i = 0; i < 3; ++i) {
+    agents.push_back(
+        agent("c10d", endpoint, id, "2:2", args, {}, "last_call_timeout=1,join_timeout=60"));
+  }
+  std::vector<size_t> active = activeAndSpares(agents, 2);
+  const size_t host = servesStore(*agents[active[0]]) ? active[0] : active[1];
+  REQUIRE(servesStore(*agents[host]));
+  const size_t victim = host == active[0] ? active[1] : active[0];
+  const size_t spare = 3 - active[0] - active[1];
+  const auto killed_at = std::chrono::steady_clock::now();
+  killAgentOf(*agents[victim]);  // its worker dies by its parent-death signal
+  std::ofstream(d + "/peer-gone").put('\n');
+  const bool spare_ran = agents[spare]->waitForLine("[default", 30s).has_value();
+  const auto took = std::chrono::steady_clock::now() - killed_at;
+  INFO(agents[host]->output());
+  INFO(agents[spare]->output());
+  REQUIRE(spare_ran);
+  CHECK(took < 5s);
+  for (size_t i : {host, spare}) {
+    ChildProcess& a = *agents[i];
+    CHECK(waitExit(a) == 0);
+    CHECK_THAT(a.output(), Catch::Contains("all 2 workers of 2 nodes succeeded"));
+  }
+  CHECK_THAT(agents[host]->output(),
+             Catch::Contains("did not acknowledge the stop of attempt 0 within 1.0 s") &&
+                 Catch::Contains("restarts used: 0 of 0"));
+  waitExit(*agents[victim]);
+  CHECK(allGone(processesMentioning(d)));
+}
+
+// The same with the node's agent stopped (SIGSTOP) instead of killed: given up after 1 s like a
+// dead one, it acknowledges late once resumed and goes on as an agent lost by heartbeat does:
+// it stops its workers and, the group full, waits in the next round as a spare the job did not
+// need (exit 0), as a node lost by heartbeat does.
+TEST_CASE("hot spares (c10d): an agent stopped past the stop's acknowledgement is given up",
+          "[integration][multinode][elastic][spares]") {
+  TempDir dir;
+  const std::string d = dir.path();
+  const std::string id = runId("lateack");
+  const std::string endpoint = "127.0.0.1:" + std::to_string(freeTcpPort());
+  // Each rank waits for its gate; attempt 0 then fails (the store host's rank: its peer is gone;
+  // the stopped node's rank is stopped by that, never by its own gate), attempt 1 succeeds.
+  const std::vector<std::string> args = {"print",     "up {rank} {restart}",
+                                         "wait-file", d + "/gate-{restart}-{rank}",
+                                         "120",       "exit-if-restart",
+                                         "0",         "1",
+                                         "exit",      "0"};
+  Agents agents;
+  for (int i = 0; i < 3; ++i) {
+    agents.push_back(
+        agent("c10d", endpoint, id, "2:2", args, {}, "last_call_timeout=1,join_timeout=60"));
+  }
+  std::vector<size_t> active = activeAndSpares(agents, 2);
+  const size_t host = servesStore(*agents[active[0]]) ? active[0] : active[1];
+  REQUIRE(servesStore(*agents[host]));
+  const size_t victim = host == active[0] ? active[1] : active[0];
+  const size_t spare = 3 - active[0] - active[1];
+  std::vector<pid_t> victim_agent = cpprun::agent::childrenOf(agents[victim]->pid());
+  REQUIRE(victim_agent.size() == 1);
+  REQUIRE(::kill(victim_agent[0], SIGSTOP) == 0);
+  // The store host's rank in attempt 0, from its worker's "up <rank> 0".
+  const size_t up = agents[host]->output().find("up ");
+  REQUIRE(up != std::string::npos);
+  const char host_rank = agents[host]->output()[up + 3];
+  std::ofstream(d + "/gate-0-" + host_rank).put('\n');
+  const bool spare_ran = agents[spare]->waitForLine("[default", 30s).has_value();
+  REQUIRE(::kill(victim_agent[0], SIGCONT) == 0);
+  INFO(agents[victim]->output());
+  const bool victim_waits = agents[victim]->waitForText("waits as a spare", 30s);
+  for (const char* gate : {"/gate-1-0", "/gate-1-1"}) std::ofstream(d + gate).put('\n');
+  for (size_t i : {host, spare}) {
+    ChildProcess& a = *agents[i];
+    INFO(a.output());
+    CHECK(spare_ran);
+    CHECK(victim_waits);
+    CHECK(waitExit(a) == 0);
+  }
+  CHECK(waitExit(*agents[victim]) == 0);
+  CHECK_THAT(agents[host]->output(),
+             Catch::Contains("did not acknowledge the stop of attempt 0 within 1.0 s") &&
+                 Catch::Contains("restarts used: 0 of 0") &&
+                 Catch::Contains("all 2 workers of 2 nodes succeeded"));
+  CHECK_THAT(agents[victim]->output(),
+             Catch::Contains("another node stopped attempt 0") &&
+                 Catch::Contains("this node waited as a spare and the job did not need it"));
+  CHECK(allGone(processesMentioning(d)));
 }
 
 TEST_CASE("hot spares (etcd): a worker failure restarts the same nodes, the spare stays a spare",
