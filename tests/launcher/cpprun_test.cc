@@ -210,8 +210,8 @@ TEST_CASE("handled signals are forwarded to the workers then the job ends 128+N"
   REQUIRE(relayed(run, "[default1]:ready 1"));
   run.signal(SIGUSR1);
   auto status = run.wait(30s);
-  REQUIRE(status.has_value());
   INFO(run.output());
+  REQUIRE(status.has_value());
   CHECK(exitCodeOf(*status) == 128 + SIGUSR1);
   CHECK_THAT(readFile(d + "/sig-0"), Catch::StartsWith("SIGUSR1 "));
   CHECK_THAT(readFile(d + "/sig-1"), Catch::StartsWith("SIGUSR1 "));
