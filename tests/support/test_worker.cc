@@ -18,7 +18,7 @@
 //   ignore SIG               set SIG to SIG_IGN (inherited by forked children)
 //   on-signal SIG PATH       on SIG append "SIGNAME <pid>\n" to PATH, then _exit(128 + signo)
 //   on-signal-continue SIG PATH  the same, but keep running
-//   fork-grandchildren N PATH    fork N children that pause() forever in this process group;
+//   fork-grandchildren N PATH    fork N children that sleep forever in this process group;
 //                            append each pid as a line to PATH (on-signal handlers reset in them)
 //   fork-daemon PATH         fork a child that setsid()s (leaving the process group), points its
 //                            stdio at /dev/null and pause()s forever; append its pid to PATH once
@@ -34,12 +34,12 @@
 //   list-fds PATH            write the open descriptors above 2 ("3 7", or nothing) to PATH
 //   wait-file PATH SECONDS   wait until PATH exists (10 ms polls); exit 124 after SECONDS
 //   sleep SECONDS            sleep (fractions allowed)
-//   sleep-forever            pause() forever
+//   sleep-forever            sleep forever (pauseForever)
 //   leave-group              move into the parent's (the agent's) process group, leaving the
 //                            worker's own group empty
 //   progress N               write N to $CPPRUN_PROGRESS_FILE (common/progress_file.h)
 //   progress-every N SECONDS write 1..N to $CPPRUN_PROGRESS_FILE, SECONDS apart (a step each)
-//   stall-if-restart C       pause() forever (a stalled rank) when TORCHELASTIC_RESTART_COUNT
+//   stall-if-restart C       sleep forever (a stalled rank) when TORCHELASTIC_RESTART_COUNT
 //                            == C, else go on
 //   stall-if-rank R          the same when RANK == R
 //
@@ -238,8 +238,11 @@ void killSelf(int signo) {
   ::raise(signo);  // returns for signals whose default is to ignore or stop
 }
 
+// Sleeps in 1 s steps rather than pause(): under ThreadSanitizer a signal's handler runs only
+// when the thread next enters an intercepted call, and pause() is not one, so a handler
+// (on-signal) could wait forever; sleep() is, and returns early on a signal in any build.
 [[noreturn]] void pauseForever() {
-  for (;;) ::pause();
+  for (;;) ::sleep(1);
 }
 
 void flood(long lines, long bytes) {
