@@ -26,21 +26,32 @@ std::string formatSeconds(std::chrono::steady_clock::duration d) {
   return buf;
 }
 
-std::vector<HeartbeatWatch::Silent> HeartbeatWatch::check(rendezvous::Store& store,
-                                                          const Membership& m) {
-  std::vector<std::string> keys;
+std::vector<int> otherMembers(const Membership& m) {
   std::vector<int> ranks;
   for (int r = 0; r < m.group_world_size; ++r) {
-    if (r == m.group_rank) continue;
-    keys.push_back(heartbeatKey(m.agents[static_cast<size_t>(r)].id));
-    ranks.push_back(r);
+    if (r != m.group_rank) ranks.push_back(r);
   }
-  if (keys.empty()) return {};
+  return ranks;
+}
+
+std::map<int, int64_t> readHeartbeats(rendezvous::Store& store, const Membership& m,
+                                      const std::vector<int>& ranks) {
+  std::map<int, int64_t> beats;
+  if (ranks.empty()) return beats;
+  std::vector<std::string> keys;
+  for (int r : ranks) keys.push_back(heartbeatKey(m.agents[static_cast<size_t>(r)].id));
   const auto values = store.multiGet(keys);
-  std::vector<std::pair<int, int64_t>> beats;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    beats.emplace_back(ranks[i], std::atoll(rendezvous::toString(values[i]).c_str()));
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    beats[ranks[i]] = std::atoll(rendezvous::toString(values[i]).c_str());
   }
+  return beats;
+}
+
+std::vector<HeartbeatWatch::Silent> HeartbeatWatch::check(rendezvous::Store& store,
+                                                          const Membership& m) {
+  const std::map<int, int64_t> read = readHeartbeats(store, m, otherMembers(m));
+  if (read.empty()) return {};
+  const std::vector<std::pair<int, int64_t>> beats(read.begin(), read.end());
   return observe(m, beats, Clock::now());
 }
 

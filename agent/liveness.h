@@ -42,6 +42,13 @@ std::chrono::milliseconds keepAliveBound(std::chrono::milliseconds interval, int
 // Bumps this agent's heartbeat. Throws what the store throws.
 void beat(rendezvous::Store& store, const std::string& agent_id);
 
+// The heartbeat counters of members `ranks` (group ranks of `m`), read in one multiGet; a member
+// that has not beaten yet reads 0. Throws what the store throws.
+std::map<int, int64_t> readHeartbeats(rendezvous::Store& store, const Membership& m,
+                                      const std::vector<int>& ranks);
+// The group ranks of every member of `m` but this agent.
+std::vector<int> otherMembers(const Membership& m);
+
 // "12.3 s": durations in the protocol's messages.
 std::string formatSeconds(std::chrono::steady_clock::duration d);
 

@@ -58,7 +58,7 @@ constexpr std::chrono::milliseconds kStopAckBound{1000};
 struct StopSeen {
   int attempt = -1;
   std::chrono::steady_clock::time_point at{};
-  std::map<int, std::string> beats;
+  std::map<int, int64_t> beats;
 };
 
 class StoreCoordinator : public JobCoordinator, private WaitContext {
@@ -842,18 +842,7 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
       if (stop_seen_.attempt == n) return stop_seen_;
     }
     const Membership m = currentMembership();
-    std::vector<std::string> keys;
-    std::vector<int> ranks;
-    for (int r = 0; r < m.group_world_size; ++r) {
-      if (r == m.group_rank) continue;
-      keys.push_back(heartbeatKey(m.agents[static_cast<size_t>(r)].id));
-      ranks.push_back(r);
-    }
-    StopSeen seen{n, seen_at, {}};
-    if (!keys.empty()) {
-      const auto values = client.multiGet(keys);
-      for (size_t i = 0; i < keys.size(); ++i) seen.beats[ranks[i]] = toString(values[i]);
-    }
+    StopSeen seen{n, seen_at, readHeartbeats(client, m, otherMembers(m))};
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_seen_.attempt != n) stop_seen_ = std::move(seen);  // the first note stands
     return stop_seen_;
@@ -873,18 +862,15 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
       }
     }
     std::vector<int> silent;
-    std::vector<std::string> keys;
     for (int r : missing) {
       if (r == m.group_rank || acked.count(r) || !seen.beats.count(r)) continue;
       silent.push_back(r);
-      keys.push_back(heartbeatKey(m.agents[static_cast<size_t>(r)].id));
     }
     if (silent.empty()) return false;
-    const auto beats = control_client_->multiGet(keys);
+    const std::map<int, int64_t> beats = readHeartbeats(*control_client_, m, silent);
     bool gave_up = false;
-    for (size_t i = 0; i < silent.size(); ++i) {
-      const int r = silent[i];
-      if (toString(beats[i]) != seen.beats.at(r)) continue;  // alive: slow to tear down
+    for (int r : silent) {
+      if (beats.at(r) != seen.beats.at(r)) continue;  // alive: slow to tear down
       const AgentInfo& info = m.agents[static_cast<size_t>(r)];
       memberLost(n, {r, "the agent of node " + std::to_string(r) + " (" + info.host +
                             ") stopped responding: it did not acknowledge the stop of attempt " +
