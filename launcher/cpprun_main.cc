@@ -328,11 +328,10 @@ Result<agent::LocalAgentOptions> agentOptions(const Job& job) {
   if (job.sched.hosts && !job.rdzv.elastic && job.provenance.count("--node-rank")) {
     in.expected_hosts = job.sched.hosts->value;
   }
-  if (job.rdzv.multi_node) {
-    in.agent_id = uniqueAgentId(agentName(config, job.node));
-    for (const std::string& key : job.rdzv.ignored_conf_keys) {
-      CPPRUN_LOG(kWarn) << "--rdzv-conf " << clipValue(key) << ": not a key cpprun uses; ignored";
-    }
+  if (job.rdzv.multi_node) in.agent_id = uniqueAgentId(agentName(config, job.node));
+  // On one node too: a key cpprun does not know is as ignored there as on many.
+  for (const std::string& key : job.rdzv.ignored_conf_keys) {
+    CPPRUN_LOG(kWarn) << "--rdzv-conf " << clipValue(key) << ": not a key cpprun uses; ignored";
   }
   if (config.stall_timeout > 0) {
     in.gdb_path = findExecutable("gdb", envOr(job.env, "PATH", ""));

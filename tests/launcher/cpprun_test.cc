@@ -497,6 +497,20 @@ TEST_CASE("the line prefix template from TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE i
   CHECK(run.output().find("<trainer:1> hello\n") != std::string::npos);
 }
 
+TEST_CASE("an --rdzv-conf key cpprun does not use is named in a warning, also on one node",
+          "[integration]") {
+  ChildProcess run(
+      cpprunCommand({"--nproc-per-node=1", "--rdzv-conf=read_timeout=60,join_timeout=9", kWorker,
+                     "print", "hello"}));
+  auto status = run.wait(30s);
+  REQUIRE(status.has_value());
+  INFO(run.output());
+  REQUIRE(exitCodeOf(*status) == 0);
+  CHECK(run.output().find("--rdzv-conf read_timeout: not a key cpprun uses; ignored") !=
+        std::string::npos);
+  CHECK(run.output().find("--rdzv-conf join_timeout") == std::string::npos);
+}
+
 TEST_CASE("workers get stdio only: no store socket or other agent descriptor leaks to them",
           "[integration]") {
   TempDir dir;
