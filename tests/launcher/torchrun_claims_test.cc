@@ -21,6 +21,7 @@
 //     "different" only when they do; "different" names its evidence.
 //   * the environment table (torchrun vs cpprun): the variables it marks as differing are exactly
 //     those the differential test allows to differ (tests/launcher/torchrun_env_differences.h).
+//   * the deliberate behaviour differences and the exit codes: each row names its evidence.
 #include <unistd.h>
 
 #include <algorithm>
@@ -424,8 +425,20 @@ TEST_CASE(
   CHECK(marked == expected);
 }
 
+TEST_CASE(
+    "docs/torchrun-compatibility.md: every deliberate difference names the test that checks it",
+    "[torch2][docs]") {
+  requireTorchPeer(torch2());
+  for (const Row& row : tableAfter(slurp(kDoc), "## Behaviour that differs on purpose")) {
+    INFO(row.where() << ": " << (row.cells.size() > 1 ? row.cells[1] : ""));
+    REQUIRE(row.cells.size() == 3);
+    CHECK(checkEvidence(row, row.cells[2]) > 0);
+  }
+}
+
 TEST_CASE("docs/torchrun-compatibility.md: every exit code row names the test that checks it",
-          "[unit][docs]") {
+          "[torch2][docs]") {
+  requireTorchPeer(torch2());
   for (const Row& row : tableAfter(slurp(kDoc), "| Code | cpprun | torchrun |")) {
     INFO(row.where() << ": exit code " << (row.cells.empty() ? "" : row.cells[0]));
     REQUIRE(row.cells.size() == 4);
