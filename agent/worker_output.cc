@@ -472,11 +472,13 @@ struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
     }
     std::optional<std::string> open = std::move(open_text);
     open_text.reset();
-    const bool had_open = shown_open && !notice_first;
     sinks->writeConsole(
         route.console_fd, id,
         [&](uint64_t open_stream, bool& leave_open) {
-          return compose(open_stream == id && had_open, open, leave_open);
+          const bool owned = open_stream == id && shown_open;
+          // A notice goes first on a line of its own: the open line ends, to be shown again.
+          if (owned && notice_first) return "\n" + compose(false, open, leave_open);
+          return compose(owned, open, leave_open);
         },
         console_queued, backToLoop(&Impl::onConsoleWritten));
     shown_open = open.has_value();
