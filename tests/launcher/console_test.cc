@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -337,6 +338,28 @@ print("GOT", repr(line), flush=True)
   CHECK(sameModes(before, run.modes()));
 }
 
+TEST_CASE("with --stdin all in a terminal every rank reads the keystrokes, rank 0 echoes them",
+          "[integration]") {
+  TempDir dir;
+  const std::string script = writeScript(dir, "all.py", R"(import os, sys
+print("READY", os.environ["RANK"], flush=True)
+line = sys.stdin.readline()
+print("GOT", os.environ["RANK"], repr(line), flush=True)
+)");
+  PtyRun run(cpprun({"--nproc-per-node=2", "--stdin=all", script}));
+  INFO(run.output());
+  REQUIRE(run.waitForText("READY", 60s));
+  REQUIRE(run.waitForText("READY", 60s));
+  run.type("xyz\n");
+  const auto code = run.wait(60s);
+  REQUIRE(code);
+  CHECK(*code == 0);
+  CHECK(run.output().find("[default0]:GOT 0 'xyz\\n'") != std::string::npos);
+  CHECK(run.output().find("[default1]:GOT 1 'xyz\\n'") != std::string::npos);
+  CHECK(run.output().find("[default0]:xyz") != std::string::npos);  // the echo, once
+  CHECK(run.output().find("[default1]:xyz") == std::string::npos);
+}
+
 TEST_CASE("Ctrl-C on the terminal stops the job and the modes come back", "[integration]") {
   TempDir dir;
   const std::string script = writeScript(dir, "wait.py", R"(import sys, time
@@ -458,6 +481,83 @@ sys.exit(1 if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0' else 0)
     CHECK(r.output.find("ATTEMPT0 RANK0 stdin='hello\\n'") != std::string::npos);
     CHECK(r.output.find("ATTEMPT1 RANK0 stdin=''") != std::string::npos);  // EOF already
   }
+}
+
+TEST_CASE("a worker that never reads its stdin blocks neither cpprun nor the others",
+          "[integration]") {
+  TempDir dir;
+  // Rank 0 is busy (it never reads what cpprun forwards); rank 1 writes on meanwhile.
+  const std::string script = writeScript(dir, "busy.py", R"(import os, sys, time
+if os.environ["RANK"] == "0":
+    time.sleep(1)
+else:
+    for i in range(100):
+        print("line", i, flush=True)
+print("DONE", os.environ["RANK"], flush=True)
+)");
+  // A write after cpprun exited is EPIPE here, not this test's death.
+  struct IgnorePipe {
+    IgnorePipe() { previous = ::signal(SIGPIPE, SIG_IGN); }
+    ~IgnorePipe() { ::signal(SIGPIPE, previous); }
+    sighandler_t previous;
+  } ignore_pipe;
+  int in[2];
+  int out[2];
+  REQUIRE(::pipe2(in, O_CLOEXEC) == 0);
+  REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
+  std::vector<std::string> argv = cpprun({"--nproc-per-node=2", script});
+  std::vector<std::string> envs = runEnvironment({});
+  auto c_argv = cStrings(argv);
+  auto c_env = cStrings(envs);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::dup2(in[0], 0);
+    ::dup2(out[1], 1);
+    ::dup2(out[1], 2);
+    ::execve(c_argv[0], c_argv.data(), c_env.data());
+    ::_exit(127);
+  }
+  ::close(in[0]);
+  ::close(out[1]);
+  // 4 MiB of input, far more than cpprun buffers: cpprun stops reading, the pipe fills, and
+  // this writer waits (non-blocking, so the test can read cpprun's output meanwhile).
+  const int flags = ::fcntl(in[1], F_GETFL);
+  ::fcntl(in[1], F_SETFL, flags | O_NONBLOCK);
+  const std::string chunk(64 * 1024, 'x');
+  size_t written = 0;
+  std::string output;
+  const auto deadline = Clock::now() + 60s;
+  bool eof = false;
+  while (!eof && Clock::now() < deadline) {
+    if (in[1] >= 0 && written < 4 * 1024 * 1024) {
+      const ssize_t n = ::write(in[1], chunk.data(), chunk.size());
+      if (n > 0) written += static_cast<size_t>(n);
+      if (n < 0 && errno == EPIPE) {
+        ::close(in[1]);
+        in[1] = -1;
+      }
+    }
+    pollfd p{out[0], POLLIN, 0};
+    if (::poll(&p, 1, 20) > 0) {
+      char buffer[4096];
+      const ssize_t n = ::read(out[0], buffer, sizeof buffer);
+      if (n <= 0) eof = true;
+      if (n > 0) output.append(buffer, static_cast<size_t>(n));
+    }
+  }
+  if (in[1] >= 0) ::close(in[1]);
+  ::close(out[0]);
+  if (!eof) ::kill(pid, SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  INFO(output);
+  REQUIRE(eof);  // cpprun ended (its output closed) within the bound
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(output.find("[default1]:DONE 1") != std::string::npos);
+  CHECK(output.find("[default0]:DONE 0") != std::string::npos);
+  CHECK(written < 4 * 1024 * 1024);  // cpprun did not swallow it all
 }
 
 TEST_CASE("torchrun 2.15 with piped stdin: every rank inherits the pipe", "[integration][torch]") {
