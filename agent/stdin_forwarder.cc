@@ -152,9 +152,8 @@ struct StdinForwarder::Impl : std::enable_shared_from_this<StdinForwarder::Impl>
     if (t->pty) {
       termios pty_modes{};
       const bool known = ::tcgetattr(t->sd.native_handle(), &pty_modes) == 0;
-      t->pending.push_back(known && pty_modes.c_cc[VEOF] != 0
-                               ? static_cast<char>(pty_modes.c_cc[VEOF])
-                               : '\x04');
+      t->pending.push_back(
+          known && pty_modes.c_cc[VEOF] != 0 ? static_cast<char>(pty_modes.c_cc[VEOF]) : '\x04');
     } else {
       t->close_after = true;
     }
