@@ -10,12 +10,14 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <set>
 
 #include "agent/child_reaper.h"
 #include "agent/job_containment.h"
 #include "agent/process_launcher.h"
 #include "agent/signal_policy.h"
+#include "agent/worker_terminal.h"
 #include "common/logging.h"
 
 namespace cpprun::agent {
@@ -79,6 +81,10 @@ int runUnderGuardian(const std::function<int(const WorkerContainment&)>& agent_m
   const WorkerContainment for_workers = containment->forWorkers();
   becomeChildSubreaper();
 
+  // The terminal's modes as the user left them: the agent switches them while it forwards
+  // keystrokes (stdin_forwarder.h) and restores them, and if it cannot (killed), this does.
+  const std::optional<termios> terminal_modes = terminalModesOf(STDIN_FILENO);
+
   pid_t guardian = ::getpid();
   std::fflush(nullptr);
   pid_t agent = ::fork();
@@ -119,6 +125,7 @@ int runUnderGuardian(const std::function<int(const WorkerContainment&)>& agent_m
   // keep them alive.
   size_t killed = killRemainingDescendants();
   killed += containment->finish();
+  if (terminal_modes) restoreTerminalModes(STDIN_FILENO, *terminal_modes);
   const bool abnormal = WIFSIGNALED(agent_status);
   if (abnormal) {
     CPPRUN_LOG(kError) << "the agent (pid " << agent << ") was killed by signal "

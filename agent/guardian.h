@@ -13,7 +13,9 @@
 // as for any handled signal. Both killed at once (kill -9 of cpprun's process group): the job's
 // sentinel and cgroup end what is left (job_containment.h). Signals sent to the guardian with
 // kill(2) are passed to the agent; ones the terminal sends to the whole foreground group already
-// reached the agent and are not sent twice.
+// reached the agent and are not sent twice. When the agent has ended, however it ended, the
+// guardian puts cpprun's terminal back in the modes it found (the agent changes them while it
+// forwards keystrokes to a worker's terminal; stdin_forwarder.h).
 //
 // Thread safety: call runUnderGuardian() from main() before any thread exists.
 #pragma once

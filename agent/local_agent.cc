@@ -269,6 +269,11 @@ class LocalAgent {
   std::unique_ptr<EventLog> event_log_;  // null without --event-log
   StoreEndpoint store_;                  // store_.server null when another agent serves it
   std::unique_ptr<ProcessLauncher> launcher_ = makeSystemProcessLauncher(options_.containment);
+  // --stdin: cpprun's stdin for the workers that read it; null with --stdin none.
+  std::unique_ptr<StdinForwarder> stdin_ =
+      options_.stdin_mode == StdinMode::kNone
+          ? nullptr
+          : std::make_unique<StdinForwarder>(io_, options_.stdin_mode, STDIN_FILENO);
   std::unique_ptr<SingleNodeRendezvous> single_node_;  // one node
   std::unique_ptr<JobCoordinator> coordinator_;        // multi-node
   // Multi-node: the health check before every join and the gate between the supervisor and the
@@ -318,6 +323,9 @@ Status LocalAgent::open() {
     if (std::find(caught.begin(), caught.end(), signo) == caught.end()) caught.push_back(signo);
   }
   for (int signo : caught) signals_.add(signo);
+  // Console events, not stops: the terminal's size, and continuing (maybe in the foreground).
+  signals_.add(SIGWINCH);
+  signals_.add(SIGCONT);
   armSignals();
   // Under the guardian they arrive blocked (so none ended the agent before this point); from
   // here the loop catches them, and SIGCHLD reaches the reaper.
@@ -331,6 +339,7 @@ void LocalAgent::makeCoordinatorAndSupervisor() {
   SupervisorOptions supervisor_options = options_.supervisor;
   supervisor_options.event_log = event_log_.get();
   supervisor_options.sinks = sinks_;
+  supervisor_options.stdin_forwarder = stdin_.get();
   supervisor_options.track_progress =
       supervisor_options.track_progress || options_.metrics_port >= 0;
   if (options_.multi_node) {
@@ -418,7 +427,10 @@ void LocalAgent::armSignals() {
   signals_.async_wait([this](const boost::system::error_code& ec, int signo) {
     if (ec) return;
     const auto& handled = options_.signals_to_handle;
-    if (std::find(handled.begin(), handled.end(), signo) != handled.end()) {
+    if (signo == SIGWINCH || signo == SIGCONT) {
+      if (signo == SIGWINCH) supervisor_->onWindowChange();
+      if (signo == SIGCONT && stdin_) stdin_->onContinue();
+    } else if (std::find(handled.begin(), handled.end(), signo) != handled.end()) {
       supervisor_->onSignal(signo);
     } else if (signo == kLeaveSignal) {
       CPPRUN_LOG(kInfo) << "received " << signalName(signo) << ": leaving the job";
@@ -565,6 +577,8 @@ Result<JobOutcome> LocalAgent::run() {
   // metrics_ null and does nothing (the coordinator may be going away below).
   metrics_.reset();
   reaper_->stop();
+  // The terminal's modes are the user's again before the report is printed.
+  if (stdin_) stdin_->stop();
   if (coordinator_) {
     // Its threads may be in the middle of a store request, and on node 0 that store is served
     // by this loop: keep the loop running until they have left.

@@ -26,6 +26,9 @@
 // the workers get SIGTERM, the others re-form without this node (no restart budget used) and
 // this agent exits 0 saying it left (JobOutcome::kLeft).
 //
+// Console: SIGWINCH (cpprun's terminal resized) gives every worker pty the new size, SIGCONT
+// (continued, maybe in the foreground now) lets the stdin forwarder read the terminal again.
+//
 // Thread safety: runLocalAgent() blocks the calling thread until the job ends; the agent must
 // be that thread for the workers' parent-death signal to stay armed.
 #pragma once
@@ -36,6 +39,7 @@
 #include <vector>
 
 #include "agent/health_check.h"
+#include "agent/stdin_forwarder.h"
 #include "agent/supervisor.h"
 #include "common/status.h"
 #include "rendezvous/wire.h"
@@ -77,6 +81,9 @@ struct LocalAgentOptions {
   HealthCheckOptions health;
   // The job's cgroup and sentinel, for the workers the agent starts (the guardian's).
   WorkerContainment containment;
+  // Which workers read the agent's stdin (--stdin; stdin_forwarder.h). kNone: all read
+  // /dev/null.
+  StdinMode stdin_mode = StdinMode::kNone;
 };
 
 struct AttemptContext {

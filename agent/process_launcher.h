@@ -28,10 +28,19 @@ struct ProcessSpec {
   std::vector<std::string> argv;
   // Set or replaced on top of the agent's own environment.
   std::map<std::string, std::string> env;
-  // Descriptors that become the child's stdout and stderr; -1 keeps the agent's.
-  // The launcher does not take ownership; the caller closes its copies after spawn().
+  // Descriptors that become the child's stdin, stdout and stderr. stdin -1: /dev/null; stdout
+  // and stderr -1: the agent's. The launcher does not take ownership; the caller closes its
+  // copies after spawn().
+  int stdin_fd = -1;
   int stdout_fd = -1;
   int stderr_fd = -1;
+  // A terminal (a pseudo-terminal's slave, agent/worker_terminal.h) that becomes the child's
+  // controlling terminal: the child then starts a session of its own (setsid, so its process
+  // group id is still its pid) and takes the terminal (TIOCSCTTY), which makes its group the
+  // terminal's foreground group: window-size changes (SIGWINCH) and the hang-up when the agent
+  // closes the master reach it, and it may read the terminal and change its modes. -1: none
+  // (a new process group in the agent's session, as before).
+  int controlling_tty_fd = -1;
   // CPU affinity for the child (sched_setaffinity before exec); empty: inherit.
   std::vector<int> cpus;
   // Memory policy for the child (set_mempolicy before exec); empty nodes: inherit.
@@ -49,7 +58,8 @@ class ProcessLauncher {
  public:
   virtual ~ProcessLauncher() = default;
   // Starts the process. On success it runs in a new process group whose id is the returned
-  // pid, stdin is /dev/null, no other descriptor of the agent is open in it, its signal mask is
+  // pid (in a new session too when the spec names a controlling terminal), its stdin is the
+  // spec's (else /dev/null), no other descriptor of the agent is open in it, its signal mask is
   // empty and its signal dispositions are the defaults (a signal the agent's own parent had
   // ignored, as nohup does, stays ignored; SIGPIPE does not), it has the spec's CPU affinity and
   // memory policy, and it receives SIGKILL if the thread that spawned it (or the agent) dies.

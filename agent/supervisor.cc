@@ -15,6 +15,8 @@
 #include <utility>
 
 #include "agent/python_progress.h"
+#include "agent/stdin_forwarder.h"
+#include "agent/worker_terminal.h"
 #include "common/asio.h"
 #include "common/logging.h"
 #include "common/progress_file.h"
@@ -269,6 +271,44 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     watchdog_.startChecks();
   }
 
+  // Where one stream of a worker goes: a pty when the route asks for one and one can be had
+  // (else a pipe, after one warning), with its read end (the agent's) and write end.
+  struct StreamEnds {
+    int read = -1;
+    int write = -1;
+  };
+  Status openStream(StreamRoute& route, StreamEnds& ends) {
+    if (route.pty) {
+      auto pty = openWorkerPty(consoleWindowSize());
+      if (pty.isOk()) {
+        ends = {pty.value().master, pty.value().slave};
+        return Status::ok();
+      }
+      if (!warned_pty_) {
+        warned_pty_ = true;
+        CPPRUN_LOG(kWarn) << "cannot give the workers a terminal (" << pty.status().message()
+                          << "); their output goes through pipes (isatty() is false in them)";
+      }
+      route.pty = false;
+    }
+    int pipe_ends[2];
+    if (::pipe2(pipe_ends, O_CLOEXEC) != 0) {
+      return internalError(std::string("pipe: ") + std::strerror(errno));
+    }
+    ends = {pipe_ends[0], pipe_ends[1]};
+    return Status::ok();
+  }
+
+  // cpprun's terminal changed size: every worker pty follows.
+  void onWindowChange() {
+    const auto size = consoleWindowSize();
+    if (!size) return;
+    for (Worker& w : workers_) {
+      if (w.out) w.out->resizeTerminal(*size);
+      if (w.err) w.err->resizeTerminal(*size);
+    }
+  }
+
   static uint64_t outputBytes(const Worker& w) {
     return (w.out ? w.out->bytesRead() : 0) + (w.err ? w.err->bytesRead() : 0);
   }
@@ -317,19 +357,19 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
       if (ec)
         return invalidArgument("cannot create log directory " + rank_dir + ": " + ec.message());
     }
-    int out_pipe[2];
-    int err_pipe[2];
-    if (::pipe2(out_pipe, O_CLOEXEC) != 0) return internalError(std::strerror(errno));
-    if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
-      ::close(out_pipe[0]);
-      ::close(out_pipe[1]);
-      return internalError(std::string("pipe: ") + std::strerror(errno));
+    StreamEnds out_ends;
+    StreamEnds err_ends;
+    if (Status s = openStream(plan.out, out_ends); !s.isOk()) return s;
+    if (Status s = openStream(plan.err, err_ends); !s.isOk()) {
+      ::close(out_ends.read);
+      ::close(out_ends.write);
+      return s;
     }
     auto eof = [weak = weak_from_this()] {
       if (auto self = weak.lock()) self->maybeFinishDrain();
     };
-    auto out = WorkerOutput::create(io_, out_pipe[0], plan.out, 0, eof, sinks_);
-    auto err = WorkerOutput::create(io_, err_pipe[0], plan.err, options_.output.stderr_tail_lines,
+    auto out = WorkerOutput::create(io_, out_ends.read, plan.out, 0, eof, sinks_);
+    auto err = WorkerOutput::create(io_, err_ends.read, plan.err, options_.output.stderr_tail_lines,
                                     eof, sinks_);
     ProcessSpec spec;
     spec.argv = w.spec.argv;
@@ -343,20 +383,42 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
                           std::getenv("PYTHONPATH"));
       }
     }
-    spec.stdout_fd = out_pipe[1];
-    spec.stderr_fd = err_pipe[1];
+    spec.stdout_fd = out_ends.write;
+    spec.stderr_fd = err_ends.write;
+    // The stdout pty (else the stderr one) is its controlling terminal (worker_terminal.h).
+    spec.controlling_tty_fd = plan.out.pty ? out_ends.write : (plan.err.pty ? err_ends.write : -1);
+    // cpprun's stdin (stdin_forwarder.h): its stdout pty when cpprun's stdin is a terminal,
+    // else a descriptor the forwarder gives; /dev/null for everyone else.
+    StdinForwarder* forwarder = options_.stdin_forwarder;
+    const bool stdin_wanted = forwarder != nullptr && forwarder->wants(w.spec.rank);
+    const bool stdin_is_pty = stdin_wanted && plan.out.pty && forwarder->sourceIsTerminal();
+    int stdin_fd = -1;
+    if (stdin_is_pty) {
+      spec.stdin_fd = out_ends.write;
+    } else if (stdin_wanted) {
+      auto given = forwarder->descriptorForWorker();
+      if (given.isOk()) {
+        stdin_fd = given.value();
+        spec.stdin_fd = stdin_fd;
+      } else {
+        CPPRUN_LOG(kWarn) << "rank " << w.spec.rank
+                          << " reads /dev/null: " << given.status().message();
+      }
+    }
     spec.cpus = w.spec.cpus;  // --numa-binding (empty: inherit)
     spec.memory_policy = w.spec.memory_policy;
     spec.memory_nodes = w.spec.memory_nodes;
     Result<pid_t> pid = (out.isOk() && err.isOk())
                             ? launcher_.spawn(spec)
                             : Result<pid_t>(!out.isOk() ? out.status() : err.status());
-    ::close(out_pipe[1]);
-    ::close(err_pipe[1]);
+    ::close(out_ends.write);
+    ::close(err_ends.write);
+    if (stdin_fd >= 0) ::close(stdin_fd);
     if (!pid.isOk()) {
       return Status(pid.status().code(),
                     "rank " + std::to_string(w.spec.rank) + ": " + pid.status().message());
     }
+    if (stdin_is_pty) forwarder->addTerminal(out_ends.read, /*echo=*/w.spec.rank == 0);
     w.pid = pid.value();
     watchdog_.workerStarted(index, {w.spec.rank, w.spec.local_rank, w.pid, rank_dir});
     ++workers_started_;
@@ -558,6 +620,8 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
 
   void beginDrain() {
     setState(State::kDraining);
+    // Every worker has exited: input read from now on waits for the next attempt's.
+    if (options_.stdin_forwarder != nullptr) options_.stdin_forwarder->clearWorkers();
     stop_timer_.cancel();
     notice_timer_.cancel();
     sent_kill_ = false;
@@ -880,6 +944,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
   SteadyClock::time_point stop_began_;
   WaitNotice stop_notice_{SteadyClock::now()};
   bool sent_kill_ = false;
+  bool warned_pty_ = false;
   uint64_t output_bytes_before_ = 0;
   uint64_t workers_started_ = 0;
   uint64_t worker_failures_ = 0;
@@ -925,6 +990,7 @@ Supervisor::~Supervisor() {
 void Supervisor::start() { impl_->startAttempt(); }
 void Supervisor::onChildExit(pid_t pid, int wait_status) { impl_->onChildExit(pid, wait_status); }
 void Supervisor::onSignal(int signo) { impl_->onSignal(signo); }
+void Supervisor::onWindowChange() { impl_->onWindowChange(); }
 void Supervisor::onPeerStop(int restart_count, const std::string& reason, int signal) {
   impl_->onPeerStop(restart_count, reason, signal);
 }

@@ -59,6 +59,7 @@ struct AttemptSpec {
 };
 
 struct JobOutcome;
+class StdinForwarder;
 
 struct SupervisorOptions {
   int max_restarts = 0;
@@ -80,6 +81,9 @@ struct SupervisorOptions {
   // stalled console never blocks the loop). Null: the supervisor makes its own for
   // output.console_stdout_fd / console_stderr_fd.
   std::shared_ptr<OutputSinks> sinks;
+  // cpprun's stdin for the workers that read it (stdin_forwarder.h); null: every worker reads
+  // /dev/null. Must outlive the supervisor.
+  StdinForwarder* stdin_forwarder = nullptr;
   // Run on the job's outcome before it is logged and handed on: the agent's last word on it
   // (a node that left the job: health_gate.h). Empty: none.
   std::function<void(JobOutcome&)> amend_outcome;
@@ -196,6 +200,8 @@ class Supervisor {
   // A handled signal reached the agent: forward it to every group, then tear down. No restart
   // follows.
   void onSignal(int signo);
+  // SIGWINCH: cpprun's terminal changed size; every worker pty gets the new size.
+  void onWindowChange();
   // Multi-node: another node's failure (or a lost agent) stopped attempt `restart_count`; the
   // workers get SIGTERM. When that node received a handled signal (`signal` != 0), the workers
   // get that signal instead, as that node's did (a SIGUSR1 pre-emption warning reaches every

@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -125,6 +126,7 @@ enum class ChildStep : int {
   kNone = 0,
   kSignals,
   kProcessGroup,
+  kControllingTerminal,
   kCgroup,
   kParentDeathSignal,
   kAgentGone,
@@ -152,10 +154,11 @@ struct ChildArgs {
   char* const* argv = nullptr;
   char* const* envp = nullptr;
   pid_t agent_pid = 0;
-  int stdin_fd = -1;  // /dev/null
+  int stdin_fd = -1;  // the spec's, or /dev/null
   int stdout_fd = -1;
   int stderr_fd = -1;
-  unsigned int fd_limit = 0;  // for closing descriptors without close_range
+  int controlling_tty_fd = -1;  // -1: a new process group only
+  unsigned int fd_limit = 0;    // for closing descriptors without close_range
   const cpu_set_t* cpus = nullptr;
   size_t cpus_bytes = 0;
   const char* cgroup_procs = nullptr;  // the job's cgroup.procs, or none
@@ -212,7 +215,16 @@ CPPRUN_NO_SANITIZE int childMain(void* arg) {
       childFail(a, ChildStep::kSignals, errno);
     }
   }
-  if (::syscall(SYS_setpgid, 0, 0) != 0) childFail(a, ChildStep::kProcessGroup, errno);
+  if (a->controlling_tty_fd >= 0) {
+    // A session of its own (its process group id is its pid, as setpgid would make it), with
+    // the terminal as its controlling terminal and its group in the terminal's foreground.
+    if (::syscall(SYS_setsid) < 0) childFail(a, ChildStep::kProcessGroup, errno);
+    if (::syscall(SYS_ioctl, a->controlling_tty_fd, TIOCSCTTY, 0) != 0) {
+      childFail(a, ChildStep::kControllingTerminal, errno);
+    }
+  } else if (::syscall(SYS_setpgid, 0, 0) != 0) {
+    childFail(a, ChildStep::kProcessGroup, errno);
+  }
   if (a->cgroup_procs != nullptr) {
     const long fd = ::syscall(SYS_openat, AT_FDCWD, a->cgroup_procs, O_WRONLY | O_CLOEXEC);
     if (fd < 0) childFail(a, ChildStep::kCgroup, errno);
@@ -387,7 +399,8 @@ class SystemProcessLauncher : public ProcessLauncher {
     child.argv = argv.data();
     child.envp = envp.data();
     child.agent_pid = ::getpid();
-    child.stdin_fd = dev_null_;
+    child.stdin_fd = spec.stdin_fd >= 0 ? spec.stdin_fd : dev_null_;
+    child.controlling_tty_fd = spec.controlling_tty_fd;
     child.stdout_fd = spec.stdout_fd;
     child.stderr_fd = spec.stderr_fd;
     child.fd_limit = fd_limit_;
@@ -525,8 +538,12 @@ class SystemProcessLauncher : public ProcessLauncher {
       case ChildStep::kSignals:
         return internalError(head + ": cannot reset its signal handlers: " + why);
       case ChildStep::kProcessGroup:
-        return internalError(head +
-                             ": cannot give it a process group of its own (setpgid): " + why);
+        return internalError(
+            head +
+            ": cannot give it a process group of its own (setpgid, or setsid with a terminal): " +
+            why);
+      case ChildStep::kControllingTerminal:
+        return internalError(head + ": cannot give it its terminal (TIOCSCTTY): " + why);
       case ChildStep::kCgroup:
         return internalError(head + ": cannot move it into the job's cgroup (write " +
                              containment.cgroup_procs + "): " + why);

@@ -1,12 +1,14 @@
 #include "agent/worker_output.h"
 
 #include <fcntl.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "common/asio.h"
 #include "common/logging.h"
@@ -17,10 +19,45 @@ namespace asio = boost::asio;
 
 void LineSplitter::feed(std::string_view data,
                         const std::function<void(std::string_view)>& on_line) {
+  feed(data, on_line, nullptr);
+}
+
+void LineSplitter::endLine(const std::function<void(std::string_view)>& on_line) {
+  // "50%\r100%\r\n" and "abc\r\r\n": the last state the line showed.
+  if (partial_.empty() && saw_cr_) {
+    on_line(last_update_);
+  } else {
+    on_line(partial_);
+  }
+  partial_.clear();
+  last_update_.clear();
+  saw_cr_ = false;
+}
+
+void LineSplitter::carriageReturn(const std::function<void(std::string_view)>& on_update) {
+  if (!partial_.empty()) {
+    if (on_update) on_update(partial_);
+    last_update_.swap(partial_);
+    partial_.clear();
+  }
+  saw_cr_ = true;
+}
+
+void LineSplitter::feed(std::string_view data, const std::function<void(std::string_view)>& on_line,
+                        const std::function<void(std::string_view)>& on_update) {
+  if (pending_cr_ && !data.empty()) {
+    pending_cr_ = false;
+    if (data.front() == '\n') {
+      data.remove_prefix(1);
+      endLine(on_line);
+    } else {
+      carriageReturn(on_update);
+    }
+  }
   while (!data.empty()) {
-    size_t newline = data.find('\n');
-    size_t room = max_line_bytes_ - partial_.size();
-    if (newline == std::string_view::npos || newline > room) {
+    const size_t end = data.find_first_of("\r\n");
+    const size_t room = max_line_bytes_ - partial_.size();
+    if (end == std::string_view::npos || end > room) {
       if (data.size() < room) {
         partial_.append(data);
         return;
@@ -29,24 +66,37 @@ void LineSplitter::feed(std::string_view data,
       partial_.append(data.substr(0, room));
       on_line(partial_);
       partial_.clear();
+      last_update_.clear();
+      saw_cr_ = false;
       data.remove_prefix(room);
       continue;
     }
-    if (partial_.empty()) {
-      on_line(data.substr(0, newline));
+    partial_.append(data.substr(0, end));
+    const char what = data[end];
+    data.remove_prefix(end + 1);
+    if (what == '\n') {
+      endLine(on_line);
+    } else if (data.empty()) {
+      pending_cr_ = true;  // "\r\n" split across reads: decided by the next byte
+    } else if (data.front() == '\n') {
+      data.remove_prefix(1);
+      endLine(on_line);
     } else {
-      partial_.append(data.substr(0, newline));
-      on_line(partial_);
-      partial_.clear();
+      carriageReturn(on_update);
     }
-    data.remove_prefix(newline + 1);
   }
 }
 
 void LineSplitter::finish(const std::function<void(std::string_view)>& on_line) {
-  if (partial_.empty()) return;
-  on_line(partial_);
-  partial_.clear();
+  if (pending_cr_) {
+    pending_cr_ = false;
+    carriageReturn(nullptr);
+  }
+  if (partial_.empty() && (!saw_cr_ || last_update_.empty())) {
+    saw_cr_ = false;
+    return;
+  }
+  endLine(on_line);
 }
 
 namespace {
@@ -83,7 +133,7 @@ WorkerOutputPlan planWorkerOutput(const OutputOptions& options, int local_rank, 
     prefix = substitute(prefix, "${hostname}", host);
   }
 
-  auto route = [&](int bit, int console_fd, const char* file_name) {
+  auto route = [&](int bit, int console_fd, const char* file_name, bool terminal, bool pty) {
     StreamRoute r;
     r.console_fd = console_fd;
     r.prefix = prefix;
@@ -91,11 +141,17 @@ WorkerOutputPlan planWorkerOutput(const OutputOptions& options, int local_rank, 
     bool teed = (tee & bit) != 0;
     r.to_console = shown && (teed || !redirected);
     if ((redirected || teed) && !rank_dir.empty()) r.file = rank_dir + "/" + file_name;
+    r.terminal = terminal;
+    // A stream that reaches no console (redirected only, filtered out) is a pipe, as a
+    // redirected stream is a file under torchrun.
+    r.pty = pty && r.to_console;
     return r;
   };
   WorkerOutputPlan plan;
-  plan.out = route(1, options.console_stdout_fd, "stdout.log");
-  plan.err = route(2, options.console_stderr_fd, "stderr.log");
+  plan.out = route(1, options.console_stdout_fd, "stdout.log", options.console_stdout_terminal,
+                   options.stdout_pty);
+  plan.err = route(2, options.console_stderr_fd, "stderr.log", options.console_stderr_terminal,
+                   options.stderr_pty);
   return plan;
 }
 
@@ -142,7 +198,25 @@ void OutputSinks::writeLog(std::string line) {
     ++dropped_log_lines;
     return;
   }
+  std::lock_guard<std::mutex> lock(console_mutex_);
+  uint64_t& open = &w == stdout_writer_.get() ? stdout_open_ : stderr_open_;
+  if (open != 0) line.insert(0, "\n");
+  open = 0;
   w.write(stderr_fd_, std::move(line), log_queued_);
+}
+
+void OutputSinks::writeConsole(int fd, uint64_t stream, const Compose& compose,
+                               std::shared_ptr<std::atomic<size_t>> queued,
+                               OutputWriter::Done done) {
+  OutputWriter& w = console(fd);
+  std::lock_guard<std::mutex> lock(console_mutex_);
+  uint64_t& open = &w == stdout_writer_.get() ? stdout_open_ : stderr_open_;
+  bool leave_open = false;
+  std::string bytes = compose(open, leave_open);
+  if (open != 0 && open != stream) bytes.insert(0, "\n");
+  open = leave_open ? stream : 0;
+  if (bytes.empty()) return;
+  w.write(fd, std::move(bytes), std::move(queued), std::move(done));
 }
 
 OutputSinks::~OutputSinks() {
@@ -198,10 +272,12 @@ struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
        std::shared_ptr<OutputSinks> s)
       : pipe(loop, fd),
         stall_timer(loop),
+        update_timer(loop),
         route(std::move(r)),
         tail_limit(tail_lines),
         on_eof(std::move(cb)),
-        sinks(std::move(s)) {}
+        sinks(std::move(s)),
+        id(sinks->newStreamId()) {}
 
   void read() {
     if (closed || reading) return;
@@ -275,8 +351,54 @@ struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
   void consume(std::string_view data) {
     bytes_read += data.size();
     if (file_fd >= 0) writeFile(data);
-    splitter.feed(data, [this](std::string_view line) { addLine(line); });
+    splitter.feed(
+        data, [this](std::string_view line) { addLine(line); }, nullptr);
+    showUnfinishedLine();
     flushConsole();
+  }
+
+  // The unfinished line's state: the text after its last '\r', else its last update.
+  std::string_view unfinishedText() const {
+    return splitter.pending().empty() && splitter.pendingIsUpdate() ? splitter.lastUpdate()
+                                                                    : splitter.pending();
+  }
+
+  // What the console shows of a line not ended yet (docs/supervision.md, "Console"): on a
+  // terminal a prompt (no '\r' in it) at once, as an open line; a progress update ('\r') at most
+  // once per kProgressUpdateInterval, as an open line on a terminal and as a line of its own
+  // elsewhere (the latest state within the interval, by the update timer).
+  void showUnfinishedLine() {
+    if (!route.to_console || closed) return;
+    const std::string_view text = unfinishedText();
+    if (text.empty()) return;
+    if (!splitter.pendingIsUpdate()) {
+      if (route.terminal) open_text = std::string(text);
+      return;
+    }
+    if (text == last_update_shown) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_update_time < kProgressUpdateInterval) {
+      if (!update_timer_armed) {
+        update_timer_armed = true;
+        update_timer.expires_at(last_update_time + kProgressUpdateInterval);
+        update_timer.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
+          auto self = weak.lock();
+          if (!self) return;
+          self->update_timer_armed = false;
+          if (ec || self->closed) return;
+          self->showUnfinishedLine();
+          self->flushConsole();
+        });
+      }
+      return;
+    }
+    last_update_time = now;
+    last_update_shown = std::string(text);
+    if (route.terminal) {
+      open_text = last_update_shown;
+    } else {
+      appendConsoleLine(text);
+    }
   }
 
   // A completion on a writer's thread, handed back to the loop.
@@ -305,13 +427,18 @@ struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
 
   void onConsoleWritten(int) { resumeIfCaughtUp(); }
 
+  void appendConsoleLine(std::string_view line) {
+    if (console.empty()) first_text.assign(line);
+    console.append(route.prefix);
+    console.append(line);
+    console.push_back('\n');
+    ++console_lines;
+  }
+
   void addLine(std::string_view line) {
-    if (route.to_console) {
-      console.append(route.prefix);
-      console.append(line);
-      console.push_back('\n');
-      ++console_lines;
-    }
+    open_text.reset();  // the line it showed has ended
+    last_update_shown.clear();
+    if (route.to_console) appendConsoleLine(line);
     if (tail_limit > 0) {
       if (tail.size() == tail_limit) tail.pop_front();
       tail.emplace_back(line);
@@ -319,7 +446,7 @@ struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
   }
 
   void flushConsole() {
-    if (console.empty()) return;
+    if (console.empty() && !open_text) return;
     OutputWriter& writer = consoleWriter();
     const bool stream_full = console_queued->load() + console.size() > kConsoleBytesPerStream;
     const bool sink_full = writer.queuedBytes() + console.size() > kConsoleBytesPerSink;
@@ -331,24 +458,72 @@ struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
       sinks->dropped_console_lines += console_lines;
       console.clear();
       console_lines = 0;
+      open_text.reset();
       return;
     }
+    bool notice_first = false;
     if (dropped_unreported > 0) {
       std::string notice = route.prefix + "[cpprun: " + std::to_string(dropped_unreported) +
                            " line(s) not shown: the console did not keep up" +
                            (file_fd >= 0 ? "; " + route.file + " has every line" : "") + "]\n";
       console.insert(0, notice);
       dropped_unreported = 0;
+      notice_first = true;
     }
-    writer.write(route.console_fd, std::move(console), console_queued,
-                 backToLoop(&Impl::onConsoleWritten));
+    std::optional<std::string> open = std::move(open_text);
+    open_text.reset();
+    sinks->writeConsole(
+        route.console_fd, id,
+        [&](uint64_t open_stream, bool& leave_open) {
+          const bool owned = open_stream == id && shown_open;
+          // A notice goes first on a line of its own: the open line ends, to be shown again.
+          if (owned && notice_first) return "\n" + compose(false, open, leave_open);
+          return compose(owned, open, leave_open);
+        },
+        console_queued, backToLoop(&Impl::onConsoleWritten));
+    shown_open = open.has_value();
+    shown_text = open ? std::move(*open) : std::string();
     console.clear();
     console_lines = 0;
+  }
+
+  // The bytes for the console: the batch of whole lines, then the open line if any. When this
+  // stream's open line is still the last thing on the console (`mine`), the batch's first line
+  // (or the new open line) continues it: the new bytes only when it grew, else the whole line
+  // again after '\r', with the old rest erased.
+  std::string compose(bool mine, const std::optional<std::string>& open, bool& leave_open) {
+    std::string out;
+    std::string_view body = console;
+    auto continueLine = [&](const std::string& text) {
+      if (text.compare(0, shown_text.size(), shown_text) == 0) {
+        out.append(text, shown_text.size(), std::string::npos);
+      } else {
+        out += "\r" + route.prefix + text + kEraseToEndOfLine;
+      }
+    };
+    if (mine && !console.empty()) {
+      continueLine(first_text);
+      out.push_back('\n');
+      body.remove_prefix(std::min(body.size(), route.prefix.size() + first_text.size() + 1));
+      mine = false;
+    }
+    out.append(body);
+    if (open) {
+      if (mine) {
+        continueLine(*open);
+      } else {
+        out += route.prefix + *open;
+      }
+      leave_open = true;
+    }
+    return out;
   }
 
   void finish() {
     if (closed) return;
     stall_timer.cancel();
+    update_timer.cancel();
+    open_text.reset();
     splitter.finish([this](std::string_view line) { addLine(line); });
     flushConsole();
     closed = true;
@@ -365,16 +540,25 @@ struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
 
   asio::posix::stream_descriptor pipe;
   asio::steady_timer stall_timer;
+  asio::steady_timer update_timer;
   StreamRoute route;
   size_t tail_limit;
   std::function<void()> on_eof;
   std::shared_ptr<OutputSinks> sinks;
+  uint64_t id;  // this stream's, for OutputSinks::writeConsole
   int file_fd = -1;
   std::shared_ptr<std::atomic<size_t>> file_queued = std::make_shared<std::atomic<size_t>>(0);
   std::shared_ptr<std::atomic<size_t>> console_queued = std::make_shared<std::atomic<size_t>>(0);
   LineSplitter splitter;
-  std::string console;
+  std::string console;     // whole lines, prefixed, for the next console write
+  std::string first_text;  // the first of them, as read (unprefixed)
   size_t console_lines = 0;
+  std::optional<std::string> open_text;  // the open line to show with the next write
+  bool shown_open = false;               // this stream left an open line on the console,
+  std::string shown_text;                // showing this (unprefixed)
+  std::string last_update_shown;         // the progress state shown last
+  std::chrono::steady_clock::time_point last_update_time;
+  bool update_timer_armed = false;
   uint64_t dropped_lines = 0;
   uint64_t dropped_unreported = 0;
   std::deque<std::string> tail;
@@ -417,6 +601,10 @@ std::vector<std::string> WorkerOutput::tail() const {
   return std::vector<std::string>(impl_->tail.begin(), impl_->tail.end());
 }
 uint64_t WorkerOutput::bytesRead() const { return impl_->bytes_read; }
+void WorkerOutput::resizeTerminal(const struct winsize& size) {
+  if (!impl_->route.pty || impl_->closed) return;
+  ::ioctl(impl_->pipe.native_handle(), TIOCSWINSZ, &size);
+}
 uint64_t WorkerOutput::droppedConsoleLines() const { return impl_->dropped_lines; }
 
 }  // namespace cpprun::agent

@@ -1,13 +1,21 @@
 // Worker output: where each line a worker writes goes, and the reader that takes it there.
 //
-// Every worker's stdout and stderr are pipes read by the agent's event loop. A line reaches
-// the console whole — one write per batch of complete lines, each line prefixed (default
-// "[default3]:" as torchrun's tee prints, with the global rank) — so lines of different
-// workers never interleave mid-line. With -r/--redirects a stream goes only to its log file;
-// with -t/--tee to both; --local-ranks-filter keeps other ranks off the console (files keep
-// everything). Files receive the bytes exactly as written, unprefixed. The last lines of
-// stderr are kept for the failure report. A line longer than max_line_bytes is cut into
-// pieces so one runaway line cannot grow the agent without bound.
+// Every worker's stdout and stderr are read by the agent's event loop: pipes, or the masters of
+// pseudo-terminals when cpprun's own stream is a terminal (worker_terminal.h; EIO from a master
+// whose worker side is closed ends the stream like EOF). A line reaches the console whole — one
+// write per batch of complete lines, each line prefixed (default "[default3]:" as torchrun's tee
+// prints, with the global rank; none with --raw-output) — so lines of different workers never
+// interleave mid-line. A line is what a terminal would show of it (LineSplitter: the text after
+// its last '\r'); a progress update ('\r', no '\n' yet) reaches the console at most once per
+// kProgressUpdateInterval per stream. On a terminal console a stream may leave one line open (a
+// prompt, the echo of typed text, a progress update) and continue or rewrite it in place; any
+// other writer to that console first ends it with '\n' (OutputSinks::writeConsole), so open
+// lines never run into other lines either (docs/supervision.md, "Console"). With -r/--redirects a
+// stream goes only to its log file; with -t/--tee to both; --local-ranks-filter keeps other ranks
+// off the console (files keep everything). Files receive the bytes exactly as written, unprefixed.
+// The last lines of stderr (final states, no '\r' updates) are kept for the failure report. A line
+// longer than max_line_bytes is cut into pieces so one runaway line cannot grow the agent without
+// bound.
 //
 // Nothing here blocks the agent's loop on a slow reader: the console and the log files are
 // written by OutputWriter threads (OutputSinks). The policy when the console does not keep up:
@@ -38,24 +46,45 @@
 #include "agent/output_writer.h"
 #include "common/status.h"
 
+struct winsize;
+
 namespace boost::asio {
 class io_context;
 }
 
 namespace cpprun::agent {
 
-// Splits a byte stream into lines (without their '\n').
+// Splits a byte stream into lines (without their '\n'), the way a terminal would show them:
+// '\r' (a progress bar's update, written without '\n') starts the line over, so a line is the
+// text after its last '\r' ("\r\n" is a plain end of line); when nothing follows the last '\r'
+// the line is the text before it ("50%\r100%\r\n" is "100%"). Each text a '\r' ends is an
+// update (on_update), superseded by the next one and by the line's end.
 class LineSplitter {
  public:
   explicit LineSplitter(size_t max_line_bytes = 64 * 1024) : max_line_bytes_(max_line_bytes) {}
-  // Calls on_line for every line completed by `data`.
+  // Calls on_line for every line completed by `data` (updates are not reported).
   void feed(std::string_view data, const std::function<void(std::string_view)>& on_line);
-  // At end of stream: the unterminated rest, if any, as a last line.
+  // Also calls on_update (may be empty) with the text each '\r' ends.
+  void feed(std::string_view data, const std::function<void(std::string_view)>& on_line,
+            const std::function<void(std::string_view)>& on_update);
+  // At end of stream: the unterminated rest (or the last update), if any, as a last line.
   void finish(const std::function<void(std::string_view)>& on_line);
+  // The unfinished line: the text after its last '\r' (empty when none came since), and the
+  // text of its last update.
+  std::string_view pending() const { return partial_; }
+  std::string_view lastUpdate() const { return last_update_; }
+  // The unfinished line has had a '\r': it is a progress update, not a prompt.
+  bool pendingIsUpdate() const { return saw_cr_ || pending_cr_; }
 
  private:
+  void endLine(const std::function<void(std::string_view)>& on_line);
+  void carriageReturn(const std::function<void(std::string_view)>& on_update);
+
   size_t max_line_bytes_;
   std::string partial_;
+  std::string last_update_;
+  bool saw_cr_ = false;      // the unfinished line has had a '\r'
+  bool pending_cr_ = false;  // the last byte read was '\r'
 };
 
 // The console/file policy, as the command line gave it.
@@ -74,6 +103,14 @@ struct OutputOptions {
   size_t stderr_tail_lines = 20;
   int console_stdout_fd = 1;
   int console_stderr_fd = 2;
+  // The console descriptors are terminals: unfinished lines (prompts, progress updates) are
+  // shown as open lines, continued or rewritten in place (the launcher sets these).
+  bool console_stdout_terminal = false;
+  bool console_stderr_terminal = false;
+  // Give each worker a pseudo-terminal for this stream when it reaches the console
+  // (--worker-tty auto and the console is a terminal; agent/worker_terminal.h).
+  bool stdout_pty = false;
+  bool stderr_pty = false;
 };
 
 // Where one stream of one worker goes.
@@ -81,7 +118,9 @@ struct StreamRoute {
   bool to_console = true;
   int console_fd = 1;
   std::string prefix;
-  std::string file;  // empty: no file
+  std::string file;       // empty: no file
+  bool terminal = false;  // the console is a terminal: open lines (see OutputSinks)
+  bool pty = false;       // the worker's side is a pseudo-terminal (else a pipe)
 };
 
 struct WorkerOutputPlan {
@@ -107,6 +146,11 @@ inline constexpr std::chrono::milliseconds kConsoleStall{1000};
 inline constexpr size_t kConsoleBytesPerSink = 16 * 1024 * 1024;
 // Log-file bytes one worker stream may have waiting before its pipe is no longer read.
 inline constexpr size_t kFileBytesPerStream = 1024 * 1024;
+// A progress update ('\r' without '\n') of one stream reaches the console at most this often;
+// the latest state shows within this time, and the line's final state always at its end.
+inline constexpr std::chrono::milliseconds kProgressUpdateInterval{1000};
+// Erases the rest of a terminal's line (after a '\r' rewrite of an open line).
+inline constexpr const char* kEraseToEndOfLine = "\x1b[K";
 // How long the console may take, at the agent's exit, to take the lines still queued for it (a
 // reader who never reads again must not hold the agent for ever), the same after a signal ended
 // the job, and how long the log files may take (they must lose nothing).
@@ -130,6 +174,16 @@ class OutputSinks {
   OutputWriter& files() { return files_; }
   // An agent log line, dropped (and counted) when kLogBytesWaiting are waiting already.
   void writeLog(std::string line);
+  // A worker stream's console bytes. On a terminal a stream may leave its last line open (a
+  // prompt, a progress bar): `compose` runs under the console's lock with the id of the stream
+  // whose line is open there (0: none), returns the bytes to queue and sets `leave_open` when
+  // they end in an open line of its own. Whoever writes next to that console ends an open line
+  // of another stream with '\n' first (writeLog does too), so lines never run into each other.
+  using Compose = std::function<std::string(uint64_t open_stream, bool& leave_open)>;
+  void writeConsole(int fd, uint64_t stream, const Compose& compose,
+                    std::shared_ptr<std::atomic<size_t>> queued, OutputWriter::Done done);
+  // A fresh id for writeConsole.
+  uint64_t newStreamId() { return ++last_stream_id_; }
   // Makes this process's log lines (common/logging.h) go to writeLog.
   void routeLogHere();
   // The end of the agent's output: says (through the log) how many lines the console did not
@@ -161,6 +215,10 @@ class OutputSinks {
   std::unique_ptr<OutputWriter> stderr_writer_;  // null when it is stdout's
   std::shared_ptr<std::atomic<size_t>> log_queued_ = std::make_shared<std::atomic<size_t>>(0);
   bool routed_log_ = false;
+  std::mutex console_mutex_;
+  uint64_t stdout_open_ = 0;  // guarded by console_mutex_: whose line is open on the writer
+  uint64_t stderr_open_ = 0;
+  std::atomic<uint64_t> last_stream_id_{0};
   std::mutex loop_mutex_;
   boost::asio::io_context* loop_ = nullptr;  // guarded by loop_mutex_
 };
@@ -184,6 +242,8 @@ class WorkerOutput {
   // The last lines read, oldest first.
   std::vector<std::string> tail() const;
   uint64_t bytesRead() const;
+  // A pseudo-terminal stream: gives the worker's terminal this window size (SIGWINCH follows).
+  void resizeTerminal(const struct winsize& size);
   // Lines read but not shown on the console because it did not keep up.
   uint64_t droppedConsoleLines() const;
 

@@ -84,11 +84,18 @@ std::string agentName(const LaunchConfig& config, const NodeResources& node) {
 }
 
 agent::OutputOptions outputOptions(const LaunchConfig& config,
-                                   const std::map<std::string, std::string>& env) {
+                                   const std::map<std::string, std::string>& env,
+                                   bool stdout_is_terminal, bool stderr_is_terminal) {
   agent::OutputOptions o;
-  o.prefix_template = !config.log_line_prefix_template.empty()
+  const bool template_given = config.given.count("--log-line-prefix-template") != 0;
+  o.prefix_template = !config.log_line_prefix_template.empty() || template_given
                           ? config.log_line_prefix_template
                           : envOr(env, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", o.prefix_template);
+  if (config.raw_output) o.prefix_template.clear();
+  o.console_stdout_terminal = stdout_is_terminal;
+  o.console_stderr_terminal = stderr_is_terminal;
+  o.stdout_pty = config.worker_tty && stdout_is_terminal;
+  o.stderr_pty = config.worker_tty && stderr_is_terminal;
   o.role_name = config.role;
   o.redirects_default = config.redirects_default;
   o.redirects_by_rank = config.redirects_by_rank;
@@ -142,7 +149,11 @@ agent::LocalAgentOptions makeAgentOptions(const AgentOptionsInputs& in) {
   options.signals_to_handle = config.signals_to_handle;
   options.supervisor.max_restarts = config.max_restarts;
   options.supervisor.shutdown_timeout = milliseconds(config.shutdown_timeout);
-  options.supervisor.output = outputOptions(config, in.env);
+  options.supervisor.output =
+      outputOptions(config, in.env, in.stdout_is_terminal, in.stderr_is_terminal);
+  options.stdin_mode = config.stdin_mode == "none"  ? agent::StdinMode::kNone
+                       : config.stdin_mode == "all" ? agent::StdinMode::kAll
+                                                    : agent::StdinMode::kRank0;
   if (config.worker_hosts_store && !config.master_port_given && in.worker_store_port) {
     options.store_port = *in.worker_store_port;
   }

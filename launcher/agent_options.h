@@ -33,6 +33,9 @@ struct AgentOptionsInputs {
   std::string agent_id;                     // unique per agent process (multi-node)
   std::string gdb_path;                     // for stall stacks (--stall-timeout); "" none
   std::optional<int> worker_store_port;     // --worker-hosts-store without --master-port
+  // Whether cpprun's stdout and stderr are terminals (isatty): worker ptys and open lines.
+  bool stdout_is_terminal = false;
+  bool stderr_is_terminal = false;
   // Whether a host name is this machine's (isLocalHost resolves names and lists interfaces).
   std::function<bool(const std::string& host)> is_local_host = isLocalHost;
 };
@@ -42,8 +45,12 @@ std::string agentName(const LaunchConfig& config, const NodeResources& node);
 
 // How the workers' output is prefixed, redirected and teed (--log-line-prefix-template, else
 // $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE; --redirects, --tee, --local-ranks-filter).
+// --raw-output or an empty template given (flag or variable): no prefix. `stdout_is_terminal` and
+// `stderr_is_terminal` (cpprun's own) turn on worker ptys (--worker-tty auto) and open lines.
 agent::OutputOptions outputOptions(const LaunchConfig& config,
-                                   const std::map<std::string, std::string>& env);
+                                   const std::map<std::string, std::string>& env,
+                                   bool stdout_is_terminal = false,
+                                   bool stderr_is_terminal = false);
 
 // REQUIRES: inputs.rdzv is resolveRendezvous(inputs.config); worker_store_port is set when
 // --worker-hosts-store is given without --master-port.

@@ -442,6 +442,18 @@ Status applyPythonProgress(LaunchConfig& c, const std::string& v, const std::str
   return Status::ok();
 }
 
+Status applyWorkerTty(LaunchConfig& c, const std::string& v, const std::string& source) {
+  if (v != "auto" && v != "off") return badValue(v, source, "auto or off");
+  c.worker_tty = v == "auto";
+  return Status::ok();
+}
+
+Status applyStdin(LaunchConfig& c, const std::string& v, const std::string& source) {
+  if (v != "none" && v != "rank0" && v != "all") return badValue(v, source, "none, rank0 or all");
+  c.stdin_mode = v;
+  return Status::ok();
+}
+
 // [HOST:]PORT, IPv6 as [ADDR]:PORT.
 Status applyMetricsPort(LaunchConfig& c, const std::string& v, const std::string& source) {
   const char* expected = "PORT or HOST:PORT (IPv6 as [ADDR]:PORT), port 0-65535";
@@ -591,6 +603,18 @@ const OptionSpec kOptions[] = {
      "$TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else \"[${role_name}${rank}]:\"",
      "The console line prefix, with ${role_name}, ${rank}, ${local_rank} and ${hostname} "
      "substituted."},
+    // cpprun's own console options (no PET_ fallback; docs/supervision.md, "Console").
+    {"--worker-tty", 0, Arity::kValue, false, applyWorkerTty, Section::kOutput, "auto|off", "auto",
+     "auto: when cpprun's stdout (stderr) is a terminal, each worker's is a terminal of its own "
+     "(isatty() true: pdb, input(), colours, progress bars), read by cpprun and prefixed as "
+     "usual; off: pipes."},
+    {"--stdin", 0, Arity::kValue, false, applyStdin, Section::kOutput, "none|rank0|all", "rank0",
+     "Which workers read cpprun's stdin: global rank 0 (its node's agent forwards it), every "
+     "worker, or none; the others read /dev/null. A new attempt's worker reads it again."},
+    {"--raw-output", 0, Arity::kFlag, false, applyFlag<&LaunchConfig::raw_output>, Section::kOutput,
+     nullptr, nullptr,
+     "Worker lines reach the console without a prefix (as an empty "
+     "--log-line-prefix-template= does)."},
     {"--local-ranks-filter", 0, Arity::kValue, true, applyLocalRanksFilter, Section::kOutput,
      "LIST", "all",
      "Only these local ranks (e.g. 0,1) reach the console; log files keep everything."},

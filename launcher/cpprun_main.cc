@@ -324,6 +324,8 @@ Result<agent::LocalAgentOptions> agentOptions(const Job& job) {
   in.nproc = job.nproc.value();
   in.env = job.env;
   in.scheduler_rank = job.scheduler_rank;
+  in.stdout_is_terminal = ::isatty(STDOUT_FILENO) != 0;
+  in.stderr_is_terminal = ::isatty(STDERR_FILENO) != 0;
   // The scheduler's node names, by node rank, for "waiting for" notices (static ranks only).
   if (job.sched.hosts && !job.rdzv.elastic && job.provenance.count("--node-rank")) {
     in.expected_hosts = job.sched.hosts->value;

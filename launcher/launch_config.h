@@ -52,6 +52,12 @@ struct LaunchConfig {
   // --log-line-prefix-template (torchrun 2.15); empty: TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE,
   // else cpprun's default prefix.
   std::string log_line_prefix_template;
+  // Console (docs/supervision.md, "Console"): --worker-tty auto gives each worker a
+  // pseudo-terminal for a stream when cpprun's is a terminal (off: pipes); --stdin: which workers
+  // read cpprun's stdin, "none", "rank0" (global rank 0) or "all"; --raw-output: no line prefix.
+  bool worker_tty = true;
+  std::string stdin_mode = "rank0";
+  bool raw_output = false;
 
   int node_rank = 0;                      // --node-rank (static backend)
   std::string master_addr = "127.0.0.1";  // --master-addr

@@ -20,7 +20,8 @@ _cpprun() {
     case ${words[i]} in
       --) COMPREPLY=($(compgen -f -- "$cur")); return ;;
       --*=* | -m | --module | --no-python | --standalone | --dry-run | --check | \
-        --worker-hosts-store | --virtual-local-rank | --run-path | --strict-numa-binding) ;;
+        --worker-hosts-store | --virtual-local-rank | --run-path | --strict-numa-binding | \
+        --raw-output) ;;
       -r | -t) takes_value=1 ;;
       -*) [[ ${words[i]} == --* ]] && takes_value=1 ;;
       *)

@@ -1,7 +1,9 @@
 // cpprun_launcher_probe: what a process started by the ProcessLauncher sees of itself, read
 // from inside it (the kernel's view, not the launcher's), one "key=value" per line on stdout:
 //
-//   pid, pgid, ppid          getpid(), getpgid(0), getppid()
+//   pid, pgid, ppid, sid     getpid(), getpgid(0), getppid(), getsid(0)
+//   stdin_foreground         tcgetpgrp(0): the foreground group of the terminal on stdin
+//                            (-1 when stdin is not this process's controlling terminal)
 //   pdeathsig                prctl(PR_GET_PDEATHSIG)
 //   sigblk, sigign, sigcgt   SigBlk, SigIgn, SigCgt of /proc/self/status (hex masks)
 //   fds                      open descriptors above 2, e.g. "3 7" (empty: none)
@@ -111,6 +113,8 @@ int main(int argc, char** argv) {
   put("pid", std::to_string(::getpid()));
   put("pgid", std::to_string(::getpgid(0)));
   put("ppid", std::to_string(::getppid()));
+  put("sid", std::to_string(::getsid(0)));
+  put("stdin_foreground", std::to_string(::tcgetpgrp(0)));
   put("pdeathsig", std::to_string(pdeathsig));
   put("sigblk", statusField("SigBlk"));
   put("sigign", statusField("SigIgn"));

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "agent/process_launcher.h"
+#include "agent/worker_terminal.h"
 #include "tests/support/test_support.h"
 
 #ifndef CPPRUN_LAUNCHER_PROBE
@@ -209,6 +210,27 @@ TEST_CASE("a worker leads its own process group with stdin /dev/null and nothing
   CHECK(run.report["ppid"] == std::to_string(::getpid()));
   CHECK(run.report["pdeathsig"] == std::to_string(SIGKILL));
   CHECK(run.report["stdin"] == "/dev/null");
+  CHECK(run.report["fds"] == "");
+}
+
+TEST_CASE("a worker given a terminal leads a session with it as controlling terminal",
+          "[unit][launcher]") {
+  auto launcher = makeSystemProcessLauncher();
+  auto pty = openWorkerPty(std::nullopt);
+  REQUIRE(pty.isOk());
+  ProcessSpec spec;
+  spec.stdin_fd = pty.value().slave;
+  spec.controlling_tty_fd = pty.value().slave;
+  ProbeRun run = runProbe(*launcher, spec);
+  ::close(pty.value().slave);
+  ::close(pty.value().master);
+  REQUIRE(run.pid.isOk());
+  REQUIRE(run.report.count("end") == 1);
+  const std::string pid = std::to_string(run.pid.value());
+  CHECK(run.report["pgid"] == pid);  // still the group signalGroup takes
+  CHECK(run.report["sid"] == pid);
+  CHECK(run.report["stdin"].rfind("/dev/pts/", 0) == 0);
+  CHECK(run.report["stdin_foreground"] == pid);  // its group is the terminal's foreground
   CHECK(run.report["fds"] == "");
 }
 

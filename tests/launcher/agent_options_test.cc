@@ -180,3 +180,32 @@ TEST_CASE("agent options: etcd makes every agent serve a store on a free port", 
   CHECK(o.store_host == "fd00::7");
   CHECK(o.store_bind_host == "::");
 }
+
+TEST_CASE("output options: raw output, an empty template, worker ptys on terminals only",
+          "[unit]") {
+  LaunchConfig config;
+  CHECK(outputOptions(config, {}).prefix_template == "[${role_name}${rank}]:");
+  CHECK(outputOptions(config, {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", ""}})
+            .prefix_template.empty());
+  LaunchConfig empty_flag = config;
+  empty_flag.given.insert("--log-line-prefix-template");  // --log-line-prefix-template=
+  CHECK(outputOptions(empty_flag, {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "x"}})
+            .prefix_template.empty());
+  LaunchConfig raw = config;
+  raw.raw_output = true;
+  CHECK(outputOptions(raw, {}).prefix_template.empty());
+
+  auto piped = outputOptions(config, {}, false, false);
+  CHECK_FALSE(piped.stdout_pty);
+  CHECK_FALSE(piped.console_stdout_terminal);
+  auto terminal = outputOptions(config, {}, true, false);
+  CHECK(terminal.stdout_pty);
+  CHECK(terminal.console_stdout_terminal);
+  CHECK_FALSE(terminal.stderr_pty);
+  LaunchConfig off = config;
+  off.worker_tty = false;
+  auto no_tty = outputOptions(off, {}, true, true);
+  CHECK_FALSE(no_tty.stdout_pty);
+  CHECK_FALSE(no_tty.stderr_pty);
+  CHECK(no_tty.console_stderr_terminal);  // open lines on the terminal all the same
+}

@@ -817,3 +817,20 @@ TEST_CASE("torchrun 2.15's --print-completion is refused with the reason", "[uni
              Catch::StartsWith("--print-completion (value 'bash') is not supported by cpprun: ") &&
                  Catch::Contains("share/bash-completion/completions/cpprun"));
 }
+
+TEST_CASE("cli console options: --worker-tty, --stdin, --raw-output", "[unit]") {
+  const LaunchConfig defaults = parseOk({"t.py"});
+  CHECK(defaults.worker_tty);
+  CHECK(defaults.stdin_mode == "rank0");
+  CHECK_FALSE(defaults.raw_output);
+  const LaunchConfig c = parseOk({"--worker-tty=off", "--stdin", "all", "--raw-output", "t.py"});
+  CHECK_FALSE(c.worker_tty);
+  CHECK(c.stdin_mode == "all");
+  CHECK(c.raw_output);
+  CHECK(parseOk({"--stdin=none", "t.py"}).stdin_mode == "none");
+  CHECK_THAT(parseError({"--stdin=rank1", "t.py"}),
+             Catch::Contains("'rank1'") && Catch::Contains("none, rank0 or all"));
+  CHECK_THAT(parseError({"--worker-tty=on", "t.py"}), Catch::Contains("auto or off"));
+  // cpprun's own: no PET_ fallback.
+  CHECK(parseOk({"t.py"}, {{"PET_STDIN", "none"}}).stdin_mode == "rank0");
+}
