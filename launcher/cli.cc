@@ -557,8 +557,9 @@ Status applyExcludeWindow(LaunchConfig& c, const std::string& v, const std::stri
 // "could match" in an ambiguous prefix's error; --help groups the rows by section, in this order.
 const OptionSpec kOptions[] = {
     {"--nnodes", 0, Arity::kValue, true, applyNnodes, Section::kLaunch, "N|MIN:MAX", "1:1",
-     "Number of nodes (agents), 0 < MIN <= MAX <= 65536: N for the static backend, MIN to MAX "
-     "for c10d (elastic). Under srun, mpirun and other launchers: from their environment."},
+     "Number of nodes (agents), 0 < MIN <= MAX <= 65536: MIN to MAX for c10d (elastic); the "
+     "static backend waits for MAX, as torchrun's. Under srun, mpirun and other launchers: from "
+     "their environment."},
     {"--nproc-per-node", 0, Arity::kValue, true, applyNproc, Section::kLaunch, "N|gpu|cpu|auto",
      "1",
      "Workers on this node: a positive number, one per GPU, one per usable CPU, or GPUs if any "
@@ -594,9 +595,9 @@ const OptionSpec kOptions[] = {
      "Accepted for compatibility; workers are always new processes."},
     {"--event-log-handler", 0, Arity::kValue, true, applyEventLogHandler, Section::kOperations,
      "null|console", "null",
-     "console: every event of --event-log also goes to stderr, one JSON object per line, as "
-     "torchrun's console handler prints its events (cpprun's event names and fields, "
-     "docs/operations.md); null (and dynamic_rendezvous): none."},
+     "console: print the agent's events (those --event-log records, with or without it) on "
+     "stderr, one JSON object per line, as torchrun's console handler prints its own; null (and "
+     "dynamic_rendezvous): none."},
     {"--role", 0, Arity::kValue, true, applyString<&LaunchConfig::role>, Section::kLaunch, "NAME",
      "default", "Role of the workers (ROLE_NAME, log prefix)."},
     {"--module", 'm', Arity::kFlag, true, applyFlag<&LaunchConfig::module>, Section::kLaunch,
