@@ -400,32 +400,28 @@ TEST_CASE_METHOD(Fixture,
   options.output.duplicate_stderr_filters = {""};  // matches every line, but nothing is tee'd
   make(options);
   REQUIRE(launcher.spawned.size() == 3);
-  launcher.write(pidOf(0), false, "step 1 loss 0.5
-step 1 acc 0.1
-split lo");
-  launcher.write(pidOf(0), false, "ss here
-");
-  launcher.write(pidOf(1), false, "a,b and c
-loss without newline");
-  launcher.write(pidOf(1), true, "loss on stderr
-");
-  launcher.write(pidOf(2), false, "loss of rank 2, off the console
-");
+  launcher.write(pidOf(0), false, "step 1 loss 0.5\nstep 1 acc 0.1\nsplit lo");
+  launcher.write(pidOf(0), false, "ss here\n");
+  launcher.write(pidOf(1), false, "a,b and c\nloss without newline");
+  launcher.write(pidOf(1), true, "loss on stderr\n");
+  launcher.write(pidOf(2), false, "loss of rank 2, off the console\n");
   for (size_t i = 0; i < 3; ++i) launcher.exit(*supervisor, pidOf(i), exitedWith(0));
-  REQUIRE(runUntil([&] {
-    return outcome.has_value(); }));
+  REQUIRE(runUntil([&] { return outcome.has_value(); }));
   REQUIRE(sinks->flush(5s));
   const std::string attempt = dir.path() + "/attempt_0";
   const std::string out = readFile(attempt + "/filtered_stdout.log");
   INFO(out);
+  REQUIRE_FALSE(out.empty());
   std::vector<std::string> rank0, rank1;
   std::istringstream lines(out);
   for (std::string line; std::getline(lines, line);) {
     (line.rfind("[default0]:", 0) == 0 ? rank0 : rank1).push_back(line);
   }
-  CHECK(rank0 == std::vector<std::string>{"[default0]:step 1 loss 0.5", "[default0]:split loss here"});
+  CHECK(rank0 ==
+        std::vector<std::string>{"[default0]:step 1 loss 0.5", "[default0]:split loss here"});
   // The unterminated last line is copied whole, with its newline.
-  CHECK(rank1 == std::vector<std::string>{"[default1]:a,b and c", "[default1]:loss without newline"});
+  CHECK(rank1 ==
+        std::vector<std::string>{"[default1]:a,b and c", "[default1]:loss without newline"});
   CHECK(out.back() == '\n');
   CHECK(std::filesystem::exists(attempt + "/filtered_stderr.log"));
   CHECK(readFile(attempt + "/filtered_stderr.log").empty());
