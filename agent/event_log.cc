@@ -27,18 +27,28 @@ std::string isoTime(int64_t epoch_us) {
 
 }  // namespace
 
-Result<std::unique_ptr<EventLog>> EventLog::open(const std::string& path, std::string host) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return invalidArgument("--event-log: cannot open " + path + ": " + std::strerror(errno));
+Result<std::unique_ptr<EventLog>> EventLog::open(const std::string& path, std::string host,
+                                                 bool console) {
+  int fd = -1;
+  if (!path.empty()) {
+    fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      return invalidArgument("--event-log: cannot open " + path + ": " + std::strerror(errno));
+    }
   }
-  return std::unique_ptr<EventLog>(new EventLog(fd, path, std::move(host)));
+  return std::unique_ptr<EventLog>(new EventLog(fd, path, std::move(host), console));
 }
 
-EventLog::EventLog(int fd, std::string path, std::string host)
-    : fd_(fd), path_(std::move(path)), host_(std::move(host)), pid_(static_cast<int>(::getpid())) {}
+EventLog::EventLog(int fd, std::string path, std::string host, bool console)
+    : fd_(fd),
+      console_(console),
+      path_(std::move(path)),
+      host_(std::move(host)),
+      pid_(static_cast<int>(::getpid())) {}
 
-EventLog::~EventLog() { ::close(fd_); }
+EventLog::~EventLog() {
+  if (fd_ >= 0) ::close(fd_);
+}
 
 void EventLog::emit(const std::string& event, const nlohmann::json& fields) {
   const int64_t now_us = std::chrono::duration_cast<std::chrono::microseconds>(
@@ -55,6 +65,8 @@ void EventLog::emit(const std::string& event, const nlohmann::json& fields) {
   // Replace, not throw: a worker's output or error text may hold bytes that are not UTF-8.
   std::string text = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   text += '\n';
+  if (console_ && logEnabled(LogLevel::kInfo)) logText(text);
+  if (fd_ < 0) return;
   const ssize_t n = ::write(fd_, text.data(), text.size());
   if (n != static_cast<ssize_t>(text.size())) {
     static std::atomic<bool> warned{false};

@@ -7,6 +7,13 @@
 // (several agents of one host, or several runs, may share it) and each line is written with a
 // single write(2), so lines never interleave.
 //
+// --event-log-handler console (torchrun's console handler: a logging.StreamHandler that prints
+// each event as one JSON object per line on stderr) sends the same lines to stderr as well,
+// through the agent's log output (common/logging.h logText), so they stay whole and in order
+// with the agent's log lines and the workers' stderr; like torch's, they are INFO records
+// (CPPRUN_LOG_LEVEL=warn hides them, as LOGLEVEL=WARNING does torch's). The events are
+// cpprun's, not torchelastic's "torchelastic.worker.status.*" records.
+//
 // Thread safety: emit() may be called from any thread (the agent's loop and the coordinator's
 // threads both emit).
 #pragma once
@@ -21,8 +28,10 @@ namespace cpprun::agent {
 
 class EventLog {
  public:
-  // kInvalidArgument naming the path and the system error when it cannot be opened.
-  static Result<std::unique_ptr<EventLog>> open(const std::string& path, std::string host);
+  // `path` empty: no file; `console`: every line to stderr too. kInvalidArgument naming the
+  // path and the system error when it cannot be opened.
+  static Result<std::unique_ptr<EventLog>> open(const std::string& path, std::string host,
+                                                bool console = false);
   ~EventLog();
   EventLog(const EventLog&) = delete;
   EventLog& operator=(const EventLog&) = delete;
@@ -32,8 +41,9 @@ class EventLog {
   const std::string& path() const { return path_; }
 
  private:
-  EventLog(int fd, std::string path, std::string host);
-  int fd_;
+  EventLog(int fd, std::string path, std::string host, bool console);
+  int fd_;  // -1: no file
+  bool console_;
   std::string path_;
   std::string host_;
   int pid_;

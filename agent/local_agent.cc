@@ -296,8 +296,9 @@ class LocalAgent {
 Status LocalAgent::open() {
   // From here the agent's log lines queue behind the workers' on the console writer's thread.
   if (own_sinks_) sinks_->routeLogHere();
-  if (!options_.event_log_path.empty()) {
-    auto opened = EventLog::open(options_.event_log_path, options_.host_name);
+  if (!options_.event_log_path.empty() || options_.event_log_console) {
+    auto opened =
+        EventLog::open(options_.event_log_path, options_.host_name, options_.event_log_console);
     if (!opened.isOk()) return opened.status();
     event_log_ = std::move(opened).value();
   }

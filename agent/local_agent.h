@@ -69,9 +69,10 @@ struct LocalAgentOptions {
   bool use_nccl = true;
   std::string nccl_library = "libnccl.so.2";
   SupervisorOptions supervisor;
-  std::string host_name;       // this node's name in events and /status
-  std::string run_id;          // the job's id in /status
-  std::string event_log_path;  // --event-log FILE; empty: none
+  std::string host_name;           // this node's name in events and /status
+  std::string run_id;              // the job's id in /status
+  std::string event_log_path;      // --event-log FILE; empty: none
+  bool event_log_console = false;  // --event-log-handler console: events to stderr too
   // --metrics-port [HOST:]PORT: serve /healthz, /metrics and /status there (port 0: the kernel
   // picks one; the log and the event log say which). Off when metrics_port < 0.
   std::string metrics_host = "127.0.0.1";

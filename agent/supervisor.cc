@@ -249,9 +249,10 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     peer_stopped_ = false;
     stop_signal_ = 0;
     python_progress_dir_ = preparePythonProgress(attempt.value().attempt_dir);
+    const Status copies = openFilteredCopies(attempt.value().attempt_dir);
     for (size_t i = 0; i < workers_.size(); ++i) {
       workers_[i].spec = std::move(attempt.value().workers[i]);
-      Status s = startWorker(i, attempt.value().attempt_dir);
+      Status s = copies.isOk() ? startWorker(i, attempt.value().attempt_dir) : copies;
       if (!s.isOk()) {
         start_error_ = s;
         // Workers that never started count as exited; stop those that did, promptly.
@@ -345,12 +346,35 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     return dir;
   }
 
+  // --duplicate-std{out,err}-filters: this attempt's filtered_std{out,err}.log, shared by its
+  // workers' tee'd streams (the previous attempt's close once its streams are done).
+  Status openFilteredCopies(const std::string& attempt_dir) {
+    filtered_out_.reset();
+    filtered_err_.reset();
+    if (attempt_dir.empty()) return Status::ok();
+    const std::pair<const std::vector<std::string>*, std::shared_ptr<FilteredCopy>*> copies[] = {
+        {&options_.output.duplicate_stdout_filters, &filtered_out_},
+        {&options_.output.duplicate_stderr_filters, &filtered_err_}};
+    const char* names[] = {"/filtered_stdout.log", "/filtered_stderr.log"};
+    for (size_t i = 0; i < 2; ++i) {
+      if (copies[i].first->empty()) continue;
+      std::error_code ec;
+      std::filesystem::create_directories(attempt_dir, ec);
+      auto copy = FilteredCopy::create(attempt_dir + names[i], *copies[i].first, sinks_);
+      if (!copy.isOk()) return copy.status();
+      *copies[i].second = std::move(copy).value();
+    }
+    return Status::ok();
+  }
+
   Status startWorker(size_t index, const std::string& attempt_dir) {
     Worker& w = workers_[index];
     std::string rank_dir =
         attempt_dir.empty() ? "" : attempt_dir + "/" + std::to_string(w.spec.local_rank);
     WorkerOutputPlan plan =
         planWorkerOutput(options_.output, w.spec.local_rank, w.spec.rank, rank_dir);
+    if (plan.out.filterable) plan.out.filtered = filtered_out_;
+    if (plan.err.filterable) plan.err.filtered = filtered_err_;
     if (!rank_dir.empty()) {
       std::error_code ec;
       std::filesystem::create_directories(rank_dir, ec);
@@ -933,6 +957,9 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
   ProcessLauncher& launcher_;
   SupervisorOptions options_;
   std::shared_ptr<OutputSinks> sinks_;
+  // This attempt's --duplicate-std{out,err}-filters files; null without filters.
+  std::shared_ptr<FilteredCopy> filtered_out_;
+  std::shared_ptr<FilteredCopy> filtered_err_;
   PrepareAttempt prepare_;
   OnDone on_done_;
   asio::steady_timer stop_timer_;

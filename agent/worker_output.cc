@@ -140,6 +140,7 @@ WorkerOutputPlan planWorkerOutput(const OutputOptions& options, int local_rank, 
     bool redirected = (redirect & bit) != 0;
     bool teed = (tee & bit) != 0;
     r.to_console = shown && (teed || !redirected);
+    r.filterable = shown && teed;
     if ((redirected || teed) && !rank_dir.empty()) r.file = rank_dir + "/" + file_name;
     r.terminal = terminal;
     // A stream that reaches no console (redirected only, filtered out) is a pipe, as a
@@ -157,6 +158,9 @@ WorkerOutputPlan planWorkerOutput(const OutputOptions& options, int local_rank, 
 
 bool anyRedirect(const OutputOptions& options) {
   if (options.redirects_default != 0 || options.tee_default != 0) return true;
+  if (!options.duplicate_stdout_filters.empty() || !options.duplicate_stderr_filters.empty()) {
+    return true;
+  }
   for (const auto& kv : options.redirects_by_rank) {
     if (kv.second != 0) return true;
   }
@@ -267,6 +271,45 @@ bool OutputSinks::stop(std::chrono::milliseconds console_bound,
   return done;
 }
 
+Result<std::shared_ptr<FilteredCopy>> FilteredCopy::create(const std::string& path,
+                                                           std::vector<std::string> filters,
+                                                           std::shared_ptr<OutputSinks> sinks) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return invalidArgument("cannot create log file " + path + ": " + std::strerror(errno));
+  }
+  return std::shared_ptr<FilteredCopy>(
+      new FilteredCopy(fd, path, std::move(filters), std::move(sinks)));
+}
+
+FilteredCopy::FilteredCopy(int fd, std::string path, std::vector<std::string> filters,
+                           std::shared_ptr<OutputSinks> sinks)
+    : fd_(fd), path_(std::move(path)), filters_(std::move(filters)), sinks_(std::move(sinks)) {}
+
+FilteredCopy::~FilteredCopy() { sinks_->files().closeAfterWrites(fd_); }
+
+bool FilteredCopy::matches(std::string_view line) const {
+  for (const std::string& filter : filters_) {
+    if (line.find(filter) != std::string_view::npos) return true;
+  }
+  return false;
+}
+
+void FilteredCopy::write(std::string lines) {
+  // The completion runs on the writer's thread: the warning is logged from the loop.
+  std::weak_ptr<OutputSinks> weak_sinks = sinks_;
+  sinks_->files().write(
+      fd_, std::move(lines), nullptr, [failed = failed_, path = path_, weak_sinks](int error) {
+        if (error == 0 || failed->exchange(true)) return;
+        if (auto sinks = weak_sinks.lock()) {
+          sinks->postToLoop([path, error] {
+            CPPRUN_LOG(kWarn) << "cannot write " << path << ": " << std::strerror(error)
+                              << "; lines after this one may be missing there";
+          });
+        }
+      });
+}
+
 struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
   Impl(asio::io_context& loop, int fd, StreamRoute r, size_t tail_lines, std::function<void()> cb,
        std::shared_ptr<OutputSinks> s)
@@ -355,6 +398,13 @@ struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
         data, [this](std::string_view line) { addLine(line); }, nullptr);
     showUnfinishedLine();
     flushConsole();
+    flushFiltered();
+  }
+
+  void flushFiltered() {
+    if (filtered.empty()) return;
+    route.filtered->write(std::move(filtered));
+    filtered.clear();
   }
 
   // The unfinished line's state: the text after its last '\r', else its last update.
@@ -439,6 +489,11 @@ struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
     open_text.reset();  // the line it showed has ended
     last_update_shown.clear();
     if (route.to_console) appendConsoleLine(line);
+    if (route.filtered && route.filtered->matches(line)) {
+      filtered.append(route.prefix);
+      filtered.append(line);
+      filtered.push_back('\n');
+    }
     if (tail_limit > 0) {
       if (tail.size() == tail_limit) tail.pop_front();
       tail.emplace_back(line);
@@ -526,6 +581,8 @@ struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
     open_text.reset();
     splitter.finish([this](std::string_view line) { addLine(line); });
     flushConsole();
+    flushFiltered();
+    route.filtered.reset();
     closed = true;
     boost::system::error_code ignored;
     pipe.close(ignored);
@@ -559,6 +616,7 @@ struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
   std::string last_update_shown;         // the progress state shown last
   std::chrono::steady_clock::time_point last_update_time;
   bool update_timer_armed = false;
+  std::string filtered;  // matching lines for route.filtered, not yet queued
   uint64_t dropped_lines = 0;
   uint64_t dropped_unreported = 0;
   std::deque<std::string> tail;

@@ -100,6 +100,12 @@ struct OutputOptions {
   int tee_default = 0;
   std::map<int, int> tee_by_rank;
   std::vector<int> local_ranks_filter;  // empty: every rank reaches the console
+  // --duplicate-stdout-filters / --duplicate-stderr-filters (torchrun 2.15): a tee'd line of a
+  // rank that reaches the console and contains any of these strings is also copied, prefixed as
+  // on the console, into <attempt dir>/filtered_stdout.log / filtered_stderr.log (one file for
+  // every local rank, made even when nothing is tee'd). Empty: no file.
+  std::vector<std::string> duplicate_stdout_filters;
+  std::vector<std::string> duplicate_stderr_filters;
   size_t stderr_tail_lines = 20;
   int console_stdout_fd = 1;
   int console_stderr_fd = 2;
@@ -113,6 +119,8 @@ struct OutputOptions {
   bool stderr_pty = false;
 };
 
+class FilteredCopy;
+
 // Where one stream of one worker goes.
 struct StreamRoute {
   bool to_console = true;
@@ -121,6 +129,10 @@ struct StreamRoute {
   std::string file;       // empty: no file
   bool terminal = false;  // the console is a terminal: open lines (see OutputSinks)
   bool pty = false;       // the worker's side is a pseudo-terminal (else a pipe)
+  std::string file;       // empty: no file
+  // Tee'd and shown on the console: its lines may be copied to the attempt's filtered file.
+  bool filterable = false;
+  std::shared_ptr<FilteredCopy> filtered;  // the caller sets it; null: no copy
 };
 
 struct WorkerOutputPlan {
@@ -134,7 +146,8 @@ struct WorkerOutputPlan {
 WorkerOutputPlan planWorkerOutput(const OutputOptions& options, int local_rank, int rank,
                                   const std::string& rank_dir);
 
-// True when some local rank's stream goes to a file (a log directory is needed).
+// True when some local rank's stream goes to a file, or there are duplicate filters (a log
+// directory is needed).
 bool anyRedirect(const OutputOptions& options);
 
 // Console bytes one worker stream may have waiting before it is not read (console slow) or its
@@ -221,6 +234,38 @@ class OutputSinks {
   std::atomic<uint64_t> last_stream_id_{0};
   std::mutex loop_mutex_;
   boost::asio::io_context* loop_ = nullptr;  // guarded by loop_mutex_
+};
+
+// One attempt's filtered_stdout.log or filtered_stderr.log: the matching lines of every stream
+// that shares it, written by the file writer in whole batches (lines never interleave). It
+// needs no budget of its own: it shares the file writer's queue (first in, first out) with the
+// per-rank log files of the same lines, whose budget pauses the workers.
+// Thread safety: matches() any thread; write() from the agent's loop.
+class FilteredCopy {
+ public:
+  // Creates (truncates) `path`; kInvalidArgument naming it when that fails.
+  static Result<std::shared_ptr<FilteredCopy>> create(const std::string& path,
+                                                      std::vector<std::string> filters,
+                                                      std::shared_ptr<OutputSinks> sinks);
+  // Closes the file once what was queued for it is written.
+  ~FilteredCopy();
+  FilteredCopy(const FilteredCopy&) = delete;
+  FilteredCopy& operator=(const FilteredCopy&) = delete;
+
+  // The line contains one of the filters (torchrun: `any(needle in line ...)`).
+  bool matches(std::string_view line) const;
+  // Queues whole lines ('\n'-terminated).
+  void write(std::string lines);
+  const std::string& path() const { return path_; }
+
+ private:
+  FilteredCopy(int fd, std::string path, std::vector<std::string> filters,
+               std::shared_ptr<OutputSinks> sinks);
+  int fd_;
+  std::string path_;
+  std::vector<std::string> filters_;
+  std::shared_ptr<OutputSinks> sinks_;
+  std::shared_ptr<std::atomic<bool>> failed_ = std::make_shared<std::atomic<bool>>(false);
 };
 
 // Reads one pipe until EOF and routes what it reads. Construct, then start().

@@ -102,6 +102,8 @@ agent::OutputOptions outputOptions(const LaunchConfig& config,
   o.tee_default = config.tee_default;
   o.tee_by_rank = config.tee_by_rank;
   o.local_ranks_filter = config.local_ranks_filter;
+  o.duplicate_stdout_filters = config.duplicate_stdout_filters;
+  o.duplicate_stderr_filters = config.duplicate_stderr_filters;
   return o;
 }
 
@@ -123,6 +125,7 @@ agent::LocalAgentOptions makeAgentOptions(const AgentOptionsInputs& in) {
   options.host_name = agentName(config, in.node);
   options.run_id = config.rdzv_id;
   options.event_log_path = config.event_log;
+  options.event_log_console = config.event_log_handler == "console";
   options.metrics_host = config.metrics_host;
   options.metrics_port = config.metrics_port;
   if (config.stall_timeout > 0) {

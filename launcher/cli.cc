@@ -259,11 +259,17 @@ Status applyStartMethod(LaunchConfig& c, const std::string& v, const std::string
   return Status::ok();
 }
 
-Status applyEventLogHandler(LaunchConfig&, const std::string& v, const std::string& source) {
-  if (v == "null") return Status::ok();  // torchrun's default: no event sink
-  return notSupported(v, source,
-                      "event handlers are registered Python plug-ins; only 'null' (the "
-                      "default) is accepted");
+// torch 2.15's registered handlers (elastic/events/handlers.py): console (a logging
+// StreamHandler: stderr), null and dynamic_rendezvous (NullHandlers). torchrun takes any name and
+// fails with a KeyError traceback (exit 1) at the first event; cpprun names the accepted ones.
+Status applyEventLogHandler(LaunchConfig& c, const std::string& v, const std::string& source) {
+  if (v != "null" && v != "console" && v != "dynamic_rendezvous") {
+    return badValue(v, source,
+                    "console, null or dynamic_rendezvous (torch 2.15's registered event handlers; "
+                    "cpprun runs no Python plug-ins)");
+  }
+  c.event_log_handler = v;
+  return Status::ok();
 }
 
 // torchrun's Std.from_str: "N" for every local rank, or "LOCAL_RANK:N,..." (unlisted ranks 0).
@@ -318,11 +324,30 @@ Status applyLocalRanksFilter(LaunchConfig& c, const std::string& v, const std::s
   return Status::ok();
 }
 
-Status applyDuplicateFilters(LaunchConfig&, const std::string& v, const std::string& source) {
-  if (v.empty()) return Status::ok();  // torchrun's default: no filters
-  return notSupported(v, source,
-                      "copying matching lines to an extra file is not implemented; use "
-                      "--log-dir (or -t) and grep the per-rank logs");
+// torchrun's comma_separated_list: split on ',', ",," is a literal comma. An empty item (the
+// empty value, a trailing comma) is a filter too, and it matches every line, as in torchrun.
+std::vector<std::string> splitFilters(const std::string& v) {
+  std::vector<std::string> filters;
+  std::string current;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (v[i] != ',') {
+      current.push_back(v[i]);
+    } else if (i + 1 < v.size() && v[i + 1] == ',') {
+      current.push_back(',');
+      ++i;
+    } else {
+      filters.push_back(std::move(current));
+      current.clear();
+    }
+  }
+  filters.push_back(std::move(current));
+  return filters;
+}
+
+template <std::vector<std::string> LaunchConfig::*kField>
+Status applyDuplicateFilters(LaunchConfig& c, const std::string& v, const std::string&) {
+  c.*kField = splitFilters(v);
+  return Status::ok();
 }
 
 Status applyNodeRank(LaunchConfig& c, const std::string& v, const std::string& source) {
@@ -544,8 +569,9 @@ Status applyExcludeWindow(LaunchConfig& c, const std::string& v, const std::stri
 // "could match" in an ambiguous prefix's error; --help groups the rows by section, in this order.
 const OptionSpec kOptions[] = {
     {"--nnodes", 0, Arity::kValue, true, applyNnodes, Section::kLaunch, "N|MIN:MAX", "1:1",
-     "Number of nodes (agents), 0 < MIN <= MAX <= 65536: N for the static backend, MIN to MAX "
-     "for c10d (elastic). Under srun, mpirun and other launchers: from their environment."},
+     "Number of nodes (agents), 0 < MIN <= MAX <= 65536: MIN to MAX for c10d (elastic); the "
+     "static backend waits for MAX, as torchrun's. Under srun, mpirun and other launchers: from "
+     "their environment."},
     {"--nproc-per-node", 0, Arity::kValue, true, applyNproc, Section::kLaunch, "N|gpu|cpu|auto",
      "1",
      "Workers on this node: a positive number, one per GPU, one per usable CPU, or GPUs if any "
@@ -579,9 +605,11 @@ const OptionSpec kOptions[] = {
     {"--start-method", 0, Arity::kValue, true, applyStartMethod, Section::kLaunch,
      "spawn|fork|forkserver", "spawn",
      "Accepted for compatibility; workers are always new processes."},
-    // Rejected options do not read PET_*: an inherited variable must not break a launch.
-    {"--event-log-handler", 0, Arity::kValue, false, applyEventLogHandler, Section::kUnsupported,
-     nullptr, nullptr, "other than null"},
+    {"--event-log-handler", 0, Arity::kValue, true, applyEventLogHandler, Section::kOperations,
+     "null|console", "null",
+     "console: print the agent's events (those --event-log records, with or without it) on "
+     "stderr, one JSON object per line, as torchrun's console handler prints its own; null (and "
+     "dynamic_rendezvous): none."},
     {"--role", 0, Arity::kValue, true, applyString<&LaunchConfig::role>, Section::kLaunch, "NAME",
      "default", "Role of the workers (ROLE_NAME, log prefix)."},
     {"--module", 'm', Arity::kFlag, true, applyFlag<&LaunchConfig::module>, Section::kLaunch,
@@ -618,10 +646,15 @@ const OptionSpec kOptions[] = {
     {"--local-ranks-filter", 0, Arity::kValue, true, applyLocalRanksFilter, Section::kOutput,
      "LIST", "all",
      "Only these local ranks (e.g. 0,1) reach the console; log files keep everything."},
-    {"--duplicate-stdout-filters", 0, Arity::kValue, false, applyDuplicateFilters,
-     Section::kUnsupported, nullptr, nullptr, "other than empty"},
-    {"--duplicate-stderr-filters", 0, Arity::kValue, false, applyDuplicateFilters,
-     Section::kUnsupported, nullptr, nullptr, "other than empty"},
+    {"--duplicate-stdout-filters", 0, Arity::kValue, true,
+     applyDuplicateFilters<&LaunchConfig::duplicate_stdout_filters>, Section::kOutput, "LIST",
+     "none",
+     "Copy the tee'd (-t) stdout lines, prefixed, of every local rank that reaches the console "
+     "and contain any of these strings (',,' is a comma; an empty one matches every line) into "
+     "<log dir>/<run id>/attempt_<n>/filtered_stdout.log."},
+    {"--duplicate-stderr-filters", 0, Arity::kValue, true,
+     applyDuplicateFilters<&LaunchConfig::duplicate_stderr_filters>, Section::kOutput, "LIST",
+     "none", "The same for stderr, into filtered_stderr.log."},
     {"--node-rank", 0, Arity::kValue, true, applyNodeRank, Section::kRendezvous, "N", "0",
      "This node's rank, static backend only."},
     {"--master-addr", 0, Arity::kValue, true, applyString<&LaunchConfig::master_addr>,
@@ -631,6 +664,7 @@ const OptionSpec kOptions[] = {
      "Port of the store on node rank 0, 0-65535, static backend only."},
     {"--local-addr", 0, Arity::kValue, true, applyString<&LaunchConfig::local_addr>,
      Section::kRendezvous, "HOST", "the host name", "This node's name in reports and logs."},
+    // Rejected options do not read PET_*: an inherited variable must not break a launch.
     {"--logs-specs", 0, Arity::kValue, false, applyLogsSpecs, Section::kUnsupported, nullptr,
      nullptr, ""},
     {"--print-completion", 0, Arity::kValue, false, applyPrintCompletion, Section::kUnsupported,

@@ -58,6 +58,11 @@ struct LaunchConfig {
   bool worker_tty = true;
   std::string stdin_mode = "rank0";
   bool raw_output = false;
+  // --duplicate-stdout-filters / --duplicate-stderr-filters (torchrun 2.15): tee'd lines that
+  // contain any of these go to filtered_std{out,err}.log too. Absent: empty (nothing copied); an
+  // empty string in the list matches every line.
+  std::vector<std::string> duplicate_stdout_filters;
+  std::vector<std::string> duplicate_stderr_filters;
 
   int node_rank = 0;                      // --node-rank (static backend)
   std::string master_addr = "127.0.0.1";  // --master-addr
@@ -82,6 +87,9 @@ struct LaunchConfig {
   std::string metrics_host = "127.0.0.1";  // --metrics-port [HOST:]PORT
   int metrics_port = -1;                   // -1: off
   std::string event_log;                   // --event-log FILE
+  // --event-log-handler: "console" also writes every event to stderr; "null" and
+  // "dynamic_rendezvous" (torch's null handlers): no console events.
+  std::string event_log_handler = "null";
   // Health checks before every join of a multi-node job (launcher/node_health.h,
   // agent/health_check.h).
   std::string health_check;                    // --health-check CMD; empty: none

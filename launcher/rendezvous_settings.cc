@@ -194,19 +194,15 @@ Result<Endpoint> parseEndpoint(const std::string& text, int default_port) {
 Result<RendezvousSettings> resolveRendezvous(const LaunchConfig& config) {
   RendezvousSettings s;
   s.nnodes = config.max_nodes;
-  s.min_nodes = config.min_nodes;
   s.node_rank = config.node_rank;
   s.etcd = config.rdzv_backend == "etcd" || config.rdzv_backend == "etcd-v2";
   // etcd: even a job of one node meets in etcd (as torchrun's does), rather than taking the
   // endpoint list for its own store's address.
   s.multi_node = config.max_nodes > 1 || s.etcd;
   s.elastic = s.multi_node && (config.rdzv_backend == "c10d" || s.etcd);
-  if (s.multi_node && !s.elastic && config.min_nodes != config.max_nodes) {
-    return invalidArgument("--nnodes " + std::to_string(config.min_nodes) + ":" +
-                           std::to_string(config.max_nodes) +
-                           ": a node range needs the elastic rendezvous (--rdzv-backend c10d); "
-                           "the static one has a fixed number of nodes");
-  }
+  // torchrun's static rendezvous takes MAX as the world size and ignores MIN
+  // (static_tcp_rendezvous.py: world_size = params.max_nodes): --nnodes 1:2 waits for 2 nodes.
+  s.min_nodes = s.elastic ? config.min_nodes : config.max_nodes;
   if (!s.elastic && config.node_rank >= config.max_nodes) {
     return invalidArgument("--node-rank " + std::to_string(config.node_rank) +
                            " must be below --nnodes " + std::to_string(config.max_nodes));

@@ -192,17 +192,17 @@ Status applySchedulerEnvironment(const SchedulerEnvironment& sched, LaunchConfig
     config.master_addr = sched.endpoint_host->value;
     provenance["--master-addr"] = sched.endpoint_host->source;
   }
-  if (config.max_nodes > 1 && !sched.endpoint_host && !endpoint_given) {
-    // Without a host list (mpirun, PMI) nothing says where node 0 is; guessing 127.0.0.1 would
-    // leave every other node waiting for the join timeout.
-    return invalidArgument(
-        (sched.scheduler.empty() ? std::string("this job") : "this " + sched.scheduler + " job") +
-        " has " + std::to_string(config.max_nodes) + " agents (" + sourceOf(config, "--nnodes") +
-        ") but no rendezvous endpoint: give --rdzv-endpoint HOST:PORT or --master-addr" +
-        (sched.scheduler.empty()
-             ? std::string(" (the host of node rank 0)")
-             : ", or export MASTER_ADDR (and MASTER_PORT) to every rank, e.g. mpirun -x "
-               "MASTER_ADDR=$(hostname) -x MASTER_PORT=29500 ..."));
+  if (config.max_nodes > 1 && !sched.endpoint_host && !endpoint_given && !sched.scheduler.empty()) {
+    // Under mpirun or PMI without a host list nothing says where node 0 is, and the agents run
+    // on several hosts: torchrun's 127.0.0.1 would leave every other node waiting for the join
+    // timeout. Started by hand, cpprun takes torchrun's defaults (127.0.0.1, port 29500 static
+    // or 29400 c10d), as a job of several agents on one host needs.
+    return invalidArgument("this " + sched.scheduler + " job has " +
+                           std::to_string(config.max_nodes) + " agents (" +
+                           sourceOf(config, "--nnodes") +
+                           ") but no rendezvous endpoint: give --rdzv-endpoint HOST:PORT or "
+                           "--master-addr, or export MASTER_ADDR (and MASTER_PORT) to every rank, "
+                           "e.g. mpirun -x MASTER_ADDR=$(hostname) -x MASTER_PORT=29500 ...");
   }
   if (sched.endpoint_port && !given("--master-port") && !given("--rdzv-endpoint") &&
       !config.standalone) {

@@ -32,6 +32,7 @@
 #include "agent/local_agent.h"
 #include "agent/single_node_rendezvous.h"
 #include "common/asio.h"
+#include "common/logging.h"
 #include "rendezvous/tcp_store_client.h"
 #include "tests/support/http_get.h"
 #include "tests/support/test_support.h"
@@ -205,6 +206,34 @@ TEST_CASE("event log: one JSON object per line with time, host and pid, appended
   auto bad = EventLog::open(dir.path() + "/no/such/dir/events.jsonl", "n1");
   REQUIRE_FALSE(bad.isOk());
   CHECK_THAT(bad.status().message(), Catch::StartsWith("--event-log: cannot open "));
+}
+
+TEST_CASE(
+    "event log console (--event-log-handler console): the same lines through the log output, "
+    "with or without a file, not below the INFO level",
+    "[unit]") {
+  cpprun::testing::TempDir dir;
+  const std::string path = dir.path() + "/events.jsonl";
+  std::vector<std::string> console;
+  cpprun::setLogSink([&](std::string text) { console.push_back(std::move(text)); });
+  {
+    auto both = EventLog::open(path, "n1", true);
+    REQUIRE(both.isOk());
+    both.value()->emit("worker_started", {{"rank", 3}});
+    auto console_only = EventLog::open("", "n1", true);
+    REQUIRE(console_only.isOk());
+    console_only.value()->emit("job_finished");
+    cpprun::setLogLevel(cpprun::LogLevel::kWarn);
+    console_only.value()->emit("hidden");
+    cpprun::setLogLevel(cpprun::LogLevel::kInfo);
+  }
+  cpprun::setLogSink(nullptr);
+  REQUIRE(console.size() == 2);
+  std::ifstream in(path);
+  std::string file_line;
+  REQUIRE(std::getline(in, file_line));
+  CHECK(console[0] == file_line + "\n");  // the file's line, whole, one write
+  CHECK(Json::parse(console[1])["event"] == "job_finished");
 }
 
 TEST_CASE("routes: /healthz /metrics and /status from a fresh snapshot and 404 elsewhere",

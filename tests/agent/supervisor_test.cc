@@ -9,11 +9,13 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <set>
 #include <sstream>
 #include <utility>
+#include <vector>
 
 #include "common/asio.h"
 #include "common/progress_file.h"
@@ -375,6 +377,54 @@ TEST_CASE("redirects tee and the rank filter decide where each stream goes", "[u
   CHECK(planWorkerOutput(o, 2, 10, "").out.prefix == "trainer:2/10| ");
   CHECK(anyRedirect(o));
   CHECK_FALSE(anyRedirect(OutputOptions{}));
+  // --duplicate-*-filters copy tee'd streams of ranks on the console only (torchrun's tee set).
+  CHECK(r0.err.filterable);
+  CHECK_FALSE(r0.out.filterable);  // not tee'd
+  CHECK(r1.err.filterable);
+  CHECK_FALSE(r2.err.filterable);  // tee'd, but off the console
+  OutputOptions filters_only;
+  filters_only.duplicate_stderr_filters = {"x"};
+  CHECK(anyRedirect(filters_only));  // the filtered file needs a log directory
+}
+
+TEST_CASE_METHOD(Fixture,
+                 "duplicate filters copy the matching tee'd lines of every shown rank into the "
+                 "attempt's filtered files",
+                 "[unit]") {
+  with_attempt_dir = true;
+  nproc = 3;
+  SupervisorOptions options;
+  options.output.tee_default = 1;  // stdout tee'd, stderr not
+  options.output.local_ranks_filter = {0, 1};
+  options.output.duplicate_stdout_filters = {"loss", "a,b"};
+  options.output.duplicate_stderr_filters = {""};  // matches every line, but nothing is tee'd
+  make(options);
+  REQUIRE(launcher.spawned.size() == 3);
+  launcher.write(pidOf(0), false, "step 1 loss 0.5\nstep 1 acc 0.1\nsplit lo");
+  launcher.write(pidOf(0), false, "ss here\n");
+  launcher.write(pidOf(1), false, "a,b and c\nloss without newline");
+  launcher.write(pidOf(1), true, "loss on stderr\n");
+  launcher.write(pidOf(2), false, "loss of rank 2, off the console\n");
+  for (size_t i = 0; i < 3; ++i) launcher.exit(*supervisor, pidOf(i), exitedWith(0));
+  REQUIRE(runUntil([&] { return outcome.has_value(); }));
+  REQUIRE(sinks->flush(5s));
+  const std::string attempt = dir.path() + "/attempt_0";
+  const std::string out = readFile(attempt + "/filtered_stdout.log");
+  INFO(out);
+  REQUIRE_FALSE(out.empty());
+  std::vector<std::string> rank0, rank1;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    (line.rfind("[default0]:", 0) == 0 ? rank0 : rank1).push_back(line);
+  }
+  CHECK(rank0 ==
+        std::vector<std::string>{"[default0]:step 1 loss 0.5", "[default0]:split loss here"});
+  // The unterminated last line is copied whole, with its newline.
+  CHECK(rank1 ==
+        std::vector<std::string>{"[default1]:a,b and c", "[default1]:loss without newline"});
+  CHECK(out.back() == '\n');
+  CHECK(std::filesystem::exists(attempt + "/filtered_stderr.log"));
+  CHECK(readFile(attempt + "/filtered_stderr.log").empty());
 }
 
 TEST_CASE_METHOD(Fixture,

@@ -539,17 +539,45 @@ TEST_CASE("cli standalone forces c10d on localhost with a random id", "[unit]") 
 TEST_CASE("cli unsupported torchrun options are rejected with a reason", "[unit]") {
   CHECK(parseError({"--logs-specs", "mine", "t.py"})
             .rfind("--logs-specs (value 'mine') is not supported by cpprun: ", 0) == 0);
-  CHECK(parseError({"--event-log-handler", "console", "t.py"})
-            .rfind("--event-log-handler (value 'console') is not supported by cpprun: ", 0) == 0);
-  CHECK(parseError({"--duplicate-stdout-filters", "loss", "t.py"})
-            .rfind("--duplicate-stdout-filters (value 'loss') is not supported by cpprun: ", 0) ==
-        0);
-  CHECK(parseError({"--duplicate_stderr_filters", "err", "t.py"})
-            .rfind("--duplicate-stderr-filters (value 'err') is not supported by cpprun: ", 0) ==
-        0);
-  // Their torchrun defaults are harmless and accepted, and inherited PET_ values are ignored.
-  parseOk({"--event-log-handler", "null", "--duplicate-stdout-filters=", "t.py"},
-          {{"PET_EVENT_LOG_HANDLER", "console"}});
+  // An inherited PET_ value of a rejected option is ignored.
+  parseOk({"t.py"}, {{"PET_LOGS_SPECS", "mine"}});
+}
+
+TEST_CASE("cli --event-log-handler takes torch 2.15's handler names, PET_ too", "[unit]") {
+  CHECK(parseOk({"t.py"}).event_log_handler == "null");
+  CHECK(parseOk({"--event-log-handler", "console", "t.py"}).event_log_handler == "console");
+  CHECK(parseOk({"--event_log_handler=null", "t.py"}).event_log_handler == "null");
+  CHECK(parseOk({"--event-log-handler=dynamic_rendezvous", "t.py"}).event_log_handler ==
+        "dynamic_rendezvous");
+  CHECK(parseOk({"t.py"}, {{"PET_EVENT_LOG_HANDLER", "console"}}).event_log_handler == "console");
+  // torchrun takes any name and dies of a KeyError at its first event (exit 1); cpprun names
+  // the handler and the accepted ones before anything starts.
+  CHECK(parseError({"--event-log-handler", "file", "t.py"}) ==
+        "invalid value 'file' for --event-log-handler: expected console, null or "
+        "dynamic_rendezvous (torch 2.15's registered event handlers; cpprun runs no Python "
+        "plug-ins)");
+  CHECK_THAT(parseError({"t.py"}, {{"PET_EVENT_LOG_HANDLER", "Console"}}),
+             Catch::StartsWith("invalid value 'Console' for PET_EVENT_LOG_HANDLER "
+                               "(--event-log-handler): expected console, null or"));
+}
+
+TEST_CASE("cli --duplicate-*-filters split as torchrun's comma_separated_list", "[unit]") {
+  using Filters = std::vector<std::string>;
+  CHECK(parseOk({"t.py"}).duplicate_stdout_filters.empty());
+  CHECK(parseOk({"t.py"}).duplicate_stderr_filters.empty());
+  LaunchConfig c = parseOk(
+      {"--duplicate-stdout-filters", "loss,acc", "--duplicate_stderr_filters", "Error", "t.py"});
+  CHECK(c.duplicate_stdout_filters == Filters{"loss", "acc"});
+  CHECK(c.duplicate_stderr_filters == Filters{"Error"});
+  // ",," is a literal comma; an empty item (the empty value, a trailing comma) is a filter that
+  // matches every line, as torchrun's ['']: its parser gives the same lists.
+  CHECK(parseOk({"--duplicate-stdout-filters=a,,b,c,", "t.py"}).duplicate_stdout_filters ==
+        Filters{"a,b", "c", ""});
+  CHECK(parseOk({"--duplicate-stdout-filters=", "t.py"}).duplicate_stdout_filters == Filters{""});
+  CHECK(parseOk({"--duplicate-stdout-filters=,,,,", "t.py"}).duplicate_stdout_filters ==
+        Filters{",,"});
+  CHECK(parseOk({"t.py"}, {{"PET_DUPLICATE_STDERR_FILTERS", "q,r"}}).duplicate_stderr_filters ==
+        Filters{"q", "r"});
 }
 
 TEST_CASE("cli usage text covers every group and the exit codes", "[unit]") {

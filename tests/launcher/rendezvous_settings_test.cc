@@ -65,12 +65,28 @@ TEST_CASE("rendezvous bounds come from --rdzv-conf and bad ones are named", "[un
   CHECK_THAT(resolveRendezvous(c).status().message(), Catch::Contains("keep_alive_max_attempt=0"));
 }
 
+TEST_CASE("a static --nnodes MIN:MAX waits for MAX nodes, as torchrun's static rendezvous",
+          "[unit]") {
+  LaunchConfig c;
+  c.min_nodes = 1;
+  c.max_nodes = 2;
+  c.node_rank = 1;
+  auto s = resolveRendezvous(c).value();
+  CHECK(s.multi_node);
+  CHECK_FALSE(s.elastic);
+  CHECK(s.nnodes == 2);
+  CHECK(s.min_nodes == 2);  // torchrun: world_size = max_nodes, MIN unused
+  CHECK(s.node_rank == 1);
+  CHECK(s.store.host == "127.0.0.1");
+  CHECK(s.store.port == kDefaultMasterPort);
+  c.node_rank = 2;
+  CHECK_THAT(resolveRendezvous(c).status().message(), Catch::Contains("must be below --nnodes 2"));
+}
+
 TEST_CASE("inconsistent multi-node settings are refused", "[unit]") {
   LaunchConfig c;
   c.min_nodes = 1;
   c.max_nodes = 4;
-  CHECK_THAT(resolveRendezvous(c).status().message(),
-             Catch::Contains("needs the elastic rendezvous (--rdzv-backend c10d)"));
   c.rdzv_backend = "c10d";
   auto elastic = resolveRendezvous(c).value();
   CHECK(elastic.elastic);

@@ -185,18 +185,28 @@ TEST_CASE("a scheduler's task count over the node limit is refused naming the va
             .agent_count->value == 65536);
 }
 
-TEST_CASE("several nodes without an endpoint: one message, single-spaced, naming --nnodes",
-          "[unit]") {
+TEST_CASE(
+    "several nodes started by hand without an endpoint take torchrun's 127.0.0.1; under mpirun "
+    "one single-spaced message names the variable",
+    "[unit]") {
   LaunchConfig config;
   config.min_nodes = config.max_nodes = 2;
   config.given.insert("--nnodes");
   config.sources["--nnodes"] = "--nnodes";
   Provenance p;
-  cpprun::Status st = applySchedulerEnvironment(discover({}), config, p);
+  // torchrun 2.15: --master-addr defaults to 127.0.0.1, the port to 29500 (static).
+  REQUIRE(applySchedulerEnvironment(discover({}), config, p).isOk());
+  CHECK(config.master_addr == "127.0.0.1");
+  LaunchConfig mpi;
+  mpi.node_rank = 0;
+  cpprun::Status st = applySchedulerEnvironment(
+      discover({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}}), mpi, p);
   REQUIRE_FALSE(st.isOk());
-  CHECK(st.message() ==
-        "this job has 2 agents (--nnodes) but no rendezvous endpoint: give --rdzv-endpoint "
-        "HOST:PORT or --master-addr (the host of node rank 0)");
+  CHECK(st.message().find("  ") == std::string::npos);
+  CHECK_THAT(st.message(),
+             Catch::StartsWith("this openmpi job has 2 agents (OMPI_COMM_WORLD_SIZE=2) but no "
+                               "rendezvous endpoint: give --rdzv-endpoint HOST:PORT or "
+                               "--master-addr, or export MASTER_ADDR"));
 }
 
 TEST_CASE("scheduler values in errors and sources are cut when long", "[unit]") {

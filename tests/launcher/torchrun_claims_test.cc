@@ -253,7 +253,10 @@ std::string describe(const LaunchConfig& c) {
     << text(c.local_ranks_filter) << '|' << c.log_line_prefix_template << '|' << c.node_rank << '|'
     << c.master_addr << '|' << c.master_port << '|' << c.master_port_given << '|' << c.local_addr
     << '|' << text(c.signals_to_handle) << '|' << c.shutdown_timeout << '|' << c.virtual_local_rank
-    << '|' << c.numa_binding << '|' << c.entrypoint << '|' << text(c.entrypoint_args);
+    << '|' << c.numa_binding << '|' << c.event_log_handler << '|'
+    << text(c.duplicate_stdout_filters) << '|' << text(c.duplicate_stderr_filters) << '|'
+    << c.worker_tty << '|' << c.stdin_mode << '|' << c.raw_output << '|' << c.entrypoint << '|'
+    << text(c.entrypoint_args);
   return s.str();
 }
 

@@ -12,6 +12,9 @@
 //   * Exit codes: a worker exiting 3, one killed by a signal, success, and the launcher itself
 //     stopped by SIGTERM.
 //   * --log-line-prefix-template (new in torchrun 2.15) with ${hostname}: the same line prefix.
+//   * --event-log-handler, --duplicate-std{out,err}-filters, a static --nnodes MIN:MAX and
+//     --nnodes=2 without an address: torchrun_flags_diff_test.cc, with their deliberate
+//     differences and why.
 //
 // Both launchers run with the same added environment: PYTHON_EXEC is the torch 2.x interpreter
 // (torchrun honours it too) and TMPDIR a directory of the test, so torchrun's torchelastic_*
