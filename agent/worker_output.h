@@ -129,7 +129,6 @@ struct StreamRoute {
   std::string file;       // empty: no file
   bool terminal = false;  // the console is a terminal: open lines (see OutputSinks)
   bool pty = false;       // the worker's side is a pseudo-terminal (else a pipe)
-  std::string file;       // empty: no file
   // Tee'd and shown on the console: its lines may be copied to the attempt's filtered file.
   bool filterable = false;
   std::shared_ptr<FilteredCopy> filtered;  // the caller sets it; null: no copy
