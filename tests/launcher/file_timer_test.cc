@@ -102,6 +102,7 @@ TEST_CASE(
                                   "--event-log=" + events, kScript, "hang", "1"}),
                    {{"PYTHON_EXEC", torch2().python}, {"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}});
   auto status = run.wait(90s);
+  const double ended = epochNow();
   REQUIRE(status.has_value());
   INFO(run.output());
   CHECK(exitCodeOf(*status) == 1);
@@ -139,8 +140,11 @@ TEST_CASE(
   auto roots = eventsNamed(events, "root_cause");
   REQUIRE(roots.size() == 1);
   CHECK_THAT(roots[0]["message"].get<std::string>(), Catch::Contains("'train_step'"));
-  std::printf("cpprun: FileTimer expiry -> worker gone %.3f s after the expiry; exit %d\n",
-              after_expiry, exitCodeOf(*status));
+  std::printf(
+      "cpprun: FileTimer expiry -> signal sent %.3f s, worker gone %.3f s, cpprun exited %.3f s "
+      "after the expiry; exit %d; report: root cause names the scope\n",
+      eventSeconds(expired[0]) - (armed + 1.0), after_expiry, ended - (armed + 1.0),
+      exitCodeOf(*status));
 }
 
 TEST_CASE("FileTimer: released scopes never fire and the job exits 0 (a pipe the user named)",
