@@ -172,8 +172,11 @@ std::optional<std::string> fileTimerPath(const std::map<std::string, std::string
   std::string path = envOr(agent_env, "TORCHELASTIC_TIMER_FILE", "");
   if (!path.empty()) return path;
   // Absolute: a worker opens it for every request, whatever its working directory is by then.
+  // (The dry run's "<temporary run dir>" placeholder stays as it is.)
   std::error_code ec;
-  const std::filesystem::path dir = std::filesystem::absolute(run_dir, ec);
+  const std::filesystem::path dir = run_dir.rfind('<', 0) == 0
+                                        ? std::filesystem::path(run_dir)
+                                        : std::filesystem::absolute(run_dir, ec);
   return (ec ? run_dir : dir.string()) + "/watchdog_timer";
 }
 

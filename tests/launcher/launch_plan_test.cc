@@ -146,6 +146,13 @@ TEST_CASE("TORCHELASTIC_TIMER_FILE: read as torchrun reads it, given to every wo
       "/tmp/run"));
   CHECK(fileTimerPath({{"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}}, "/tmp/run") ==
         std::optional<std::string>("/tmp/run/watchdog_timer"));
+  // A relative --log-dir: the workers get an absolute path (they may change directory).
+  const auto relative = fileTimerPath({{"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}}, "logs/job");
+  REQUIRE(relative);
+  CHECK(relative->front() == '/');
+  CHECK(relative->size() > std::string("/logs/job/watchdog_timer").size());
+  CHECK(relative->rfind("/logs/job/watchdog_timer") ==
+        relative->size() - std::string("/logs/job/watchdog_timer").size());
   CHECK(fileTimerPath({{"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}, {"TORCHELASTIC_TIMER_FILE", ""}},
                       "/tmp/run") == std::optional<std::string>("/tmp/run/watchdog_timer"));
   const std::map<std::string, std::string> named = {{"TORCHELASTIC_ENABLE_FILE_TIMER", "1"},
