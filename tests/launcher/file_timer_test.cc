@@ -151,45 +151,41 @@ TEST_CASE("FileTimer: released scopes never fire and the job exits 0 (a pipe the
           "[integration][torch][torch2]") {
   requireTorchPeer(torch2());
   TempDir dir;
-  {
-    const std::string named = dir.path() + "/my_timer_pipe";
-    const double start = epochNow();
-    ChildProcess ok(cpprunCommand({"--nproc-per-node=2", kScript, "release"}),
-                    {{"PYTHON_EXEC", torch2().python},
-                     {"TORCHELASTIC_ENABLE_FILE_TIMER", "1"},
-                     {"TORCHELASTIC_TIMER_FILE", named}});
-    auto ok_status = ok.wait(90s);
-    REQUIRE(ok_status.has_value());
-    INFO(ok.output());
-    CHECK(exitCodeOf(*ok_status) == 0);
-    CHECK_THAT(ok.output(), Catch::Contains("[default0]:TIMER_FILE " + named) &&
-                                Catch::Contains("[default0]:DONE") &&
-                                Catch::Contains("[default1]:DONE"));
-    CHECK_THAT(ok.output(), !Catch::Contains("expired"));
-    CHECK_FALSE(fs::exists(named));  // torch's server removes a named one too
-    CHECK(epochNow() - start >= 3.0);
-  }
+  const std::string named = dir.path() + "/my_timer_pipe";
+  const double start = epochNow();
+  ChildProcess ok(cpprunCommand({"--nproc-per-node=2", kScript, "release"}),
+                  {{"PYTHON_EXEC", torch2().python},
+                   {"TORCHELASTIC_ENABLE_FILE_TIMER", "1"},
+                   {"TORCHELASTIC_TIMER_FILE", named}});
+  auto ok_status = ok.wait(90s);
+  REQUIRE(ok_status.has_value());
+  INFO(ok.output());
+  CHECK(exitCodeOf(*ok_status) == 0);
+  CHECK_THAT(ok.output(), Catch::Contains("[default0]:TIMER_FILE " + named) &&
+                              Catch::Contains("[default0]:DONE") &&
+                              Catch::Contains("[default1]:DONE"));
+  CHECK_THAT(ok.output(), !Catch::Contains("expired"));
+  CHECK_FALSE(fs::exists(named));  // torch's server removes a named one too
+  CHECK(epochNow() - start >= 3.0);
 }
 
 TEST_CASE("FileTimer: with --max-restarts=1 an expiry fails attempt 0 and attempt 1 runs afresh",
           "[integration][torch][torch2]") {
   requireTorchPeer(torch2());
   TempDir dir;
-  {
-    const std::string events2 = dir.path() + "/events2.jsonl";
-    ChildProcess again(cpprunCommand({"--nproc-per-node=2", "--max-restarts=1",
-                                      "--event-log=" + events2, kScript, "hang-once", "0"}),
-                       {{"PYTHON_EXEC", torch2().python}, {"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}});
-    auto again_status = again.wait(120s);
-    REQUIRE(again_status.has_value());
-    INFO(again.output());
-    CHECK(exitCodeOf(*again_status) == 0);
-    auto expired_again = eventsNamed(events2, "file_timer_expired");
-    REQUIRE(expired_again.size() == 1);
-    CHECK(expired_again[0]["attempt"] == 0);
-    CHECK(expired_again[0]["rank"] == 0);
-    CHECK(eventsNamed(events2, "restart").size() == 1);
-  }
+  const std::string events2 = dir.path() + "/events2.jsonl";
+  ChildProcess again(cpprunCommand({"--nproc-per-node=2", "--max-restarts=1",
+                                    "--event-log=" + events2, kScript, "hang-once", "0"}),
+                     {{"PYTHON_EXEC", torch2().python}, {"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}});
+  auto again_status = again.wait(120s);
+  REQUIRE(again_status.has_value());
+  INFO(again.output());
+  CHECK(exitCodeOf(*again_status) == 0);
+  auto expired_again = eventsNamed(events2, "file_timer_expired");
+  REQUIRE(expired_again.size() == 1);
+  CHECK(expired_again[0]["attempt"] == 0);
+  CHECK(expired_again[0]["rank"] == 0);
+  CHECK(eventsNamed(events2, "restart").size() == 1);
 }
 
 TEST_CASE("FileTimer under torch 2.x's torchrun: the expiry kills the worker and torchrun itself",
