@@ -10,8 +10,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <iomanip>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <utility>
 
 #include "agent/python_progress.h"
@@ -150,6 +152,8 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     int status = 0;
     SystemClock::time_point exit_time;
     bool exited_during_stop = false;
+    // A FileTimer scope of this worker expired (its root cause): what and when.
+    std::optional<std::pair<std::string, SystemClock::time_point>> timer_expiry;
     std::unique_ptr<WorkerOutput> out;
     std::unique_ptr<WorkerOutput> err;
   };
@@ -169,11 +173,21 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
         notice_timer_(io),
         watchdog_(io, launcher, options_.stall, options_.track_progress, options_.event_log,
                   {nullptr, [this](const std::vector<size_t>& stalled) { onStalled(stalled); }}),
-        state_since_(SteadyClock::now()) {}
+        state_since_(SteadyClock::now()) {
+    if (options_.file_timer.enabled) {
+      FileTimerServer::Callbacks callbacks;
+      callbacks.owner = [this](pid_t pid) { return timerOwner(pid); };
+      callbacks.on_expired = [this](const FileTimerServer::Expiry& e) { onTimerExpired(e); };
+      file_timer_ = std::make_unique<FileTimerServer>(io_, options_.file_timer.path, callbacks);
+    }
+  }
 
   void setState(State s) {
     // Progress is checked only while the attempt runs.
-    if (state_ == State::kRunning && s != State::kRunning) watchdog_.stopChecks();
+    if (state_ == State::kRunning && s != State::kRunning) {
+      watchdog_.stopChecks();
+      if (file_timer_) file_timer_->endAttempt();  // teardown: no timer fails it again
+    }
     const auto now = SteadyClock::now();
     state_seconds_[state_] += std::chrono::duration<double>(now - state_since_).count();
     state_since_ = now;
@@ -223,6 +237,9 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
 
   void launchAttempt() {
     auto attempt = prepare_(restart_count_);
+    if (attempt.isOk() && file_timer_) {
+      if (Status opened = file_timer_->open(); !opened.isOk()) attempt = opened;
+    }
     if (!attempt.isOk()) {
       start_error_ = attempt.status();
       if (options_.coordinator != nullptr) {
@@ -246,6 +263,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     setState(State::kRunning);
     attempt_failed_ = false;
     watchdog_.beginAttempt(restart_count_, workers_.size());
+    if (file_timer_) file_timer_->beginAttempt();
     peer_stopped_ = false;
     stop_signal_ = 0;
     python_progress_dir_ = preparePythonProgress(attempt.value().attempt_dir);
@@ -329,6 +347,58 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     beginStop(SIGTERM);
   }
 
+  // The worker `pid` is, or descends from (FileTimer requests): only running workers count.
+  std::optional<size_t> timerOwner(pid_t pid) const {
+    std::vector<pid_t> roots;
+    for (const Worker& w : workers_) roots.push_back(w.exited ? -1 : w.pid);
+    return findOwner(pid, roots);
+  }
+
+  // A FileTimer scope expired and its pid got the signal the worker asked for: the attempt
+  // fails with the scope as its root cause (torchrun would also kill itself here).
+  void onTimerExpired(const FileTimerServer::Expiry& e) {
+    if (state_ != State::kRunning || e.worker >= workers_.size()) return;
+    Worker& w = workers_[e.worker];
+    std::ostringstream text;
+    text << "FileTimer scope '" << e.scope_id << "' expired " << std::fixed << std::setprecision(1)
+         << std::max(0.0, e.expiration_time - e.armed_at) << " s after it was armed";
+    if (e.seen_at - e.expiration_time >= 0.05) {
+      text << " (acted on " << std::setprecision(2) << e.seen_at - e.expiration_time
+           << " s after its expiry)";
+    }
+    text << "; cpprun sent " << signalName(e.signal) << " to pid " << e.pid;
+    if (e.pid != w.pid) text << " (a descendant of the worker)";
+    if (!e.kill_error.empty()) text << ", which failed: " << e.kill_error;
+    if (e.scopes.size() > 1) {
+      text << "; expired with it:";
+      for (const std::string& scope : e.scopes) {
+        if (scope != e.scope_id) text << " '" << scope << "'";
+      }
+    }
+    const std::string message = text.str();
+    const auto expired_at =
+        SystemClock::time_point(std::chrono::duration_cast<SystemClock::duration>(
+            std::chrono::duration<double>(e.expiration_time)));
+    w.timer_expiry = std::make_pair(message, expired_at);
+    attempt_failed_ = true;
+    CPPRUN_LOG(kError) << "rank " << w.spec.rank << " (pid " << w.pid << "): " << message
+                       << "; stopping the workers";
+    emitEvent(options_.event_log, "file_timer_expired",
+              {{"attempt", restart_count_},
+               {"rank", w.spec.rank},
+               {"local_rank", w.spec.local_rank},
+               {"pid", e.pid},
+               {"worker_pid", w.pid},
+               {"scope_id", e.scope_id},
+               {"signal", signalName(e.signal)},
+               {"armed_at", e.armed_at},
+               {"expiration_time", e.expiration_time},
+               {"message", message}});
+    announce("rank " + std::to_string(w.spec.rank) + ": FileTimer scope '" + e.scope_id +
+             "' expired");
+    beginStop(SIGTERM);
+  }
+
   // The directory of this attempt's automatic progress module (agent/python_progress.h), or ""
   // when stamps are off for it (no stall detection, --python-progress off, no log directory, or
   // the module could not be written: stamps never stop a job from starting).
@@ -398,6 +468,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     ProcessSpec spec;
     spec.argv = w.spec.argv;
     spec.env = w.spec.env;
+    if (file_timer_) spec.env["TORCHELASTIC_TIMER_FILE"] = file_timer_->path();
     if (!rank_dir.empty()) {
       spec.env[kProgressFileVariable] = StallWatchdog::progressFile(rank_dir);
       spec.env["CPPRUN_STACK_FILE"] = StallWatchdog::stackFile(rank_dir);
@@ -466,6 +537,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     if (w == nullptr) return;  // an adopted orphan, or a worker of an attempt already over
     w->exited = true;
     watchdog_.workerExited(static_cast<size_t>(w - workers_.data()));
+    if (file_timer_) file_timer_->workerExited(static_cast<size_t>(w - workers_.data()));
     w->status = status;
     w->exit_time = SystemClock::now();
     w->exited_during_stop = state_ == State::kStopping;
@@ -827,6 +899,13 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
         f.traceback = p.stall_message + "\n";
         for (const std::string& line : p.stack_excerpt) f.traceback += line + "\n";
         f.time = p.stall_time;
+      } else if (w.timer_expiry) {
+        // Killed for an expired FileTimer scope: the scope is the failure.
+        WorkerFailure& f = failures.back();
+        f.teardown = false;
+        f.message = w.timer_expiry->first;
+        f.traceback = w.timer_expiry->first + "\n";
+        f.time = w.timer_expiry->second;
       }
     }
     return failures;
@@ -834,6 +913,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
 
   void finishJob() {
     setState(State::kDone);
+    if (file_timer_) file_timer_->close();  // the pipe goes with the job
     stop_timer_.cancel();
     drain_timer_.cancel();
     JobOutcome outcome;
@@ -966,6 +1046,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
   asio::steady_timer drain_timer_;
   asio::steady_timer notice_timer_;
   StallWatchdog watchdog_;
+  std::unique_ptr<FileTimerServer> file_timer_;  // TORCHELASTIC_ENABLE_FILE_TIMER=1 only
   SteadyClock::time_point state_since_;
   std::map<State, double> state_seconds_;
   SteadyClock::time_point stop_began_;

@@ -23,6 +23,13 @@
 // with them as its root cause: the usual teardown, then a restart or the end.
 // While a teardown waits for workers to exit, a notice says which ranks and for how long.
 //
+// torch's FileTimer watchdog (options.file_timer, agent/file_timer_server.h): the supervisor
+// opens the pipe before the first attempt's workers start (a failure ends the job as a start
+// failure), gives every worker TORCHELASTIC_TIMER_FILE, clears the timers at each attempt's
+// start and teardown, and removes the pipe when the job ends. A timer that expires gets its pid
+// the requested signal (the server's job) and fails the attempt with the expired scope as its
+// root cause: the usual teardown, then a restart or the end. (torchrun also kills itself.)
+//
 // Thread safety: loop thread only; every entry point (start, onChildExit, onSignal) and every
 // callback runs there.
 #pragma once
@@ -39,6 +46,7 @@
 
 #include "agent/event_log.h"
 #include "agent/failure_report.h"
+#include "agent/file_timer_server.h"
 #include "agent/job_coordinator.h"
 #include "agent/process_launcher.h"
 #include "agent/stall_watchdog.h"
@@ -74,6 +82,8 @@ struct SupervisorOptions {
   // supervisor.
   JobCoordinator* coordinator = nullptr;
   StallOptions stall;
+  // TORCHELASTIC_ENABLE_FILE_TIMER=1: serve torch's FileTimerClient on file_timer.path.
+  FileTimerOptions file_timer;
   // Read progress files even without stall detection (for /status and /metrics).
   bool track_progress = false;
   EventLog* event_log = nullptr;  // may be null; must outlive the supervisor

@@ -451,7 +451,11 @@ int runJob(const AgentRun& run) {
     attempt.workers = std::move(plan.value().workers);
     return attempt;
   };
-  auto result = agent::runLocalAgent(run.options, make_attempt);
+  agent::LocalAgentOptions options = run.options;
+  if (auto timer_file = fileTimerPath(job.env, run_dir.path)) {
+    options.supervisor.file_timer = {true, *timer_file};
+  }
+  auto result = agent::runLocalAgent(options, make_attempt);
   if (!result.isOk()) {
     CPPRUN_LOG(kError) << result.status().message();
     return kExitLaunchError;

@@ -2,6 +2,7 @@
 
 #include <string.h>  // sigabbrev_np
 
+#include <filesystem>
 #include <sstream>
 
 namespace cpprun::launcher {
@@ -165,6 +166,20 @@ std::vector<std::string> workerCommand(const LaunchConfig& config,
   return argv;
 }
 
+std::optional<std::string> fileTimerPath(const std::map<std::string, std::string>& agent_env,
+                                         const std::string& run_dir) {
+  if (envOr(agent_env, "TORCHELASTIC_ENABLE_FILE_TIMER", "") != "1") return std::nullopt;
+  std::string path = envOr(agent_env, "TORCHELASTIC_TIMER_FILE", "");
+  if (!path.empty()) return path;
+  // Absolute: a worker opens it for every request, whatever its working directory is by then.
+  // (The dry run's "<temporary run dir>" placeholder stays as it is.)
+  std::error_code ec;
+  const std::filesystem::path dir = run_dir.rfind('<', 0) == 0
+                                        ? std::filesystem::path(run_dir)
+                                        : std::filesystem::absolute(run_dir, ec);
+  return (ec ? run_dir : dir.string()) + "/watchdog_timer";
+}
+
 Result<LaunchPlan> makeLaunchPlan(const LaunchConfig& config, const NodeResources& node,
                                   const RendezvousOutcome& rdzv,
                                   const std::map<std::string, std::string>& agent_env,
@@ -191,6 +206,7 @@ Result<LaunchPlan> makeLaunchPlan(const LaunchConfig& config, const NodeResource
         "ncclGetUniqueId failed)");
   }
 
+  const std::optional<std::string> timer_file = fileTimerPath(agent_env, run_dir);
   for (int local_rank = 0; local_rank < plan.nproc; ++local_rank) {
     WorkerPlan w;
     w.local_rank = local_rank;
@@ -230,6 +246,7 @@ Result<LaunchPlan> makeLaunchPlan(const LaunchConfig& config, const NodeResource
                                       : joinList(node.gpus);
     }
     if (!rdzv.nccl_unique_id_hex.empty()) e["CPPRUN_NCCL_UNIQUE_ID"] = rdzv.nccl_unique_id_hex;
+    if (timer_file) e["TORCHELASTIC_TIMER_FILE"] = *timer_file;
     rewriteSchedulerTaskVariables(agent_env, rdzv, plan.nproc, local_rank, w.rank, e);
     plan.workers.push_back(std::move(w));
   }

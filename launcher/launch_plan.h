@@ -11,6 +11,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,8 +74,15 @@ std::vector<std::string> workerCommand(const LaunchConfig& config,
                                        const std::map<std::string, std::string>& agent_env,
                                        int local_rank);
 
+// torch's FileTimer watchdog, read as torchrun reads it: on when TORCHELASTIC_ENABLE_FILE_TIMER
+// is exactly "1"; then the pipe is TORCHELASTIC_TIMER_FILE when set (and not empty), else
+// "<run_dir>/watchdog_timer" (made absolute). nullopt when off.
+std::optional<std::string> fileTimerPath(const std::map<std::string, std::string>& agent_env,
+                                         const std::string& run_dir);
+
 // REQUIRES: the rendezvous outcome is consistent (base_rank + nproc <= world_size).
-// `run_dir` is the attempt's log directory root (error files live under it).
+// `run_dir` is the attempt's log directory root (error files live under it). With the FileTimer
+// watchdog on, every worker gets TORCHELASTIC_TIMER_FILE (fileTimerPath).
 Result<LaunchPlan> makeLaunchPlan(const LaunchConfig& config, const NodeResources& node,
                                   const RendezvousOutcome& rdzv,
                                   const std::map<std::string, std::string>& agent_env,

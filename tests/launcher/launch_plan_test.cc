@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <csignal>
+#include <map>
+#include <optional>
+#include <string>
 
 namespace {
 
@@ -132,6 +135,36 @@ TEST_CASE("inherited settings win and absent ones stay absent", "[unit]") {
   REQUIRE(with_gpu.isOk());
   CHECK(with_gpu.value().workers[0].env.count("CPPRUN_NCCL_UNIQUE_ID") == 0);
   CHECK(nccl_note(with_gpu.value()));
+}
+
+TEST_CASE("TORCHELASTIC_TIMER_FILE: read as torchrun reads it, given to every worker", "[unit]") {
+  // Off unless TORCHELASTIC_ENABLE_FILE_TIMER is exactly "1".
+  CHECK_FALSE(fileTimerPath({}, "/tmp/run"));
+  CHECK_FALSE(fileTimerPath({{"TORCHELASTIC_ENABLE_FILE_TIMER", "true"}}, "/tmp/run"));
+  CHECK_FALSE(fileTimerPath(
+      {{"TORCHELASTIC_ENABLE_FILE_TIMER", "0"}, {"TORCHELASTIC_TIMER_FILE", "/tmp/mine"}},
+      "/tmp/run"));
+  CHECK(fileTimerPath({{"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}}, "/tmp/run") ==
+        std::optional<std::string>("/tmp/run/watchdog_timer"));
+  // A relative --log-dir: the workers get an absolute path (they may change directory).
+  const auto relative = fileTimerPath({{"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}}, "logs/job");
+  REQUIRE(relative);
+  CHECK(relative->front() == '/');
+  CHECK(relative->size() > std::string("/logs/job/watchdog_timer").size());
+  CHECK(relative->rfind("/logs/job/watchdog_timer") ==
+        relative->size() - std::string("/logs/job/watchdog_timer").size());
+  CHECK(fileTimerPath({{"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}, {"TORCHELASTIC_TIMER_FILE", ""}},
+                      "/tmp/run") == std::optional<std::string>("/tmp/run/watchdog_timer"));
+  const std::map<std::string, std::string> named = {{"TORCHELASTIC_ENABLE_FILE_TIMER", "1"},
+                                                    {"TORCHELASTIC_TIMER_FILE", "/tmp/mine"}};
+  CHECK(fileTimerPath(named, "/tmp/run") == std::optional<std::string>("/tmp/mine"));
+  auto plan = makeLaunchPlan(script(2), node({}, 8), singleNode(2), named, "/tmp/run");
+  REQUIRE(plan.isOk());
+  for (const auto& w : plan.value().workers)
+    CHECK(w.env.at("TORCHELASTIC_TIMER_FILE") == "/tmp/mine");
+  auto off = makeLaunchPlan(script(1), node({}, 8), singleNode(1), {}, "/tmp/run");
+  REQUIRE(off.isOk());
+  CHECK(off.value().workers[0].env.count("TORCHELASTIC_TIMER_FILE") == 0);
 }
 
 TEST_CASE("OMP_NUM_THREADS divides the usable CPUs and is at least 1", "[unit]") {

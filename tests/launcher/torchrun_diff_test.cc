@@ -215,6 +215,21 @@ std::optional<std::string> allowedBecause(const std::string& key, const Value& t
       cpprun->rfind(f.tmp + "/", 0) == 0) {
     return "cpprun only: where a worker reports progress / Python stacks for --stall-timeout";
   }
+  if (key == "TORCHELASTIC_TIMER_FILE" && torchrun && cpprun) {
+    // torchrun: $TMPDIR/watchdog_timer_<uuid4>; cpprun: $TMPDIR/<run dir>/watchdog_timer.
+    const std::string torchrun_prefix = f.tmp + "/watchdog_timer_";
+    const std::string cpprun_suffix = "/watchdog_timer";
+    if (torchrun->rfind(torchrun_prefix, 0) == 0 &&
+        std::regex_match(torchrun->substr(torchrun_prefix.size()),
+                         std::regex("[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-"
+                                    "[0-9a-f]{12}")) &&
+        cpprun->rfind(f.tmp + "/", 0) == 0 && cpprun->size() > cpprun_suffix.size() &&
+        cpprun->compare(cpprun->size() - cpprun_suffix.size(), cpprun_suffix.size(),
+                        cpprun_suffix) == 0) {
+      return "TORCHELASTIC_ENABLE_FILE_TIMER=1 without TORCHELASTIC_TIMER_FILE: the watchdog's "
+             "pipe is torchrun's $TMPDIR/watchdog_timer_<uuid4>, cpprun's <run dir>/watchdog_timer";
+    }
+  }
   if (key == "CPPRUN_NCCL_UNIQUE_ID" && !torchrun && cpprun &&
       std::regex_match(*cpprun, std::regex("[0-9a-f]{256}"))) {
     return "cpprun only, when libnccl.so.2 loads on the agent: the attempt's ncclUniqueId";
@@ -394,6 +409,25 @@ TEST_CASE(
     const Json rank1 = readJson(box.out(l) + "/rank1_attempt0.json");
     CHECK(rank1.at("LOCAL_RANK") == "0");
     CHECK(rank1.at("CUDA_VISIBLE_DEVICES") == "5");
+  }
+  requireSameEnvironments(box, {"rank0_attempt0", "rank1_attempt0"}, {2, box.tmp});
+}
+
+TEST_CASE(
+    "torchrun 2.x vs cpprun: TORCHELASTIC_ENABLE_FILE_TIMER=1 gives every worker the watchdog's "
+    "pipe in TORCHELASTIC_TIMER_FILE alike",
+    "[integration][torch][torch2]") {
+  requireTorchPeer(torch2());
+  Sandbox box;
+  auto env = box.env();
+  env["TORCHELASTIC_ENABLE_FILE_TIMER"] = "1";
+  for (Launcher l : {Launcher::kTorchrun, Launcher::kCpprun}) {
+    ChildProcess run(launcherCommand(l, {"--nproc-per-node=2", kDumpEnv, box.out(l)}), env);
+    REQUIRE(exitCode(run, l) == 0);
+    const Json rank0 = readJson(box.out(l) + "/rank0_attempt0.json");
+    const Json rank1 = readJson(box.out(l) + "/rank1_attempt0.json");
+    REQUIRE(rank0.contains("TORCHELASTIC_TIMER_FILE"));
+    CHECK(rank0.at("TORCHELASTIC_TIMER_FILE") == rank1.at("TORCHELASTIC_TIMER_FILE"));
   }
   requireSameEnvironments(box, {"rank0_attempt0", "rank1_attempt0"}, {2, box.tmp});
 }
