@@ -14,7 +14,8 @@ namespace cpprun::testing {
 inline const std::set<std::string>& envDifferencesAllowed() {
   static const std::set<std::string> names = {"NCCL_ASYNC_ERROR_HANDLING", "CPPRUN_PROGRESS_FILE",
                                               "CPPRUN_STACK_FILE",         "CPPRUN_NCCL_UNIQUE_ID",
-                                              "OMP_NUM_THREADS",           "CUDA_VISIBLE_DEVICES"};
+                                              "OMP_NUM_THREADS",           "CUDA_VISIBLE_DEVICES",
+                                              "TORCHELASTIC_TIMER_FILE"};
   return names;
 }
 
