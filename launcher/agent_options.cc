@@ -142,6 +142,8 @@ agent::LocalAgentOptions makeAgentOptions(const AgentOptionsInputs& in) {
   options.signals_to_handle = config.signals_to_handle;
   options.supervisor.max_restarts = config.max_restarts;
   options.supervisor.shutdown_timeout = milliseconds(config.shutdown_timeout);
+  options.supervisor.reap_timeout = milliseconds(config.reap_timeout);
+  options.supervisor.uninterruptible_timeout = milliseconds(config.uninterruptible_state_timeout);
   options.supervisor.output = outputOptions(config, in.env);
   if (config.worker_hosts_store && !config.master_port_given && in.worker_store_port) {
     options.store_port = *in.worker_store_port;
