@@ -148,9 +148,11 @@ struct LeftCgroup {
 // The worker: records its pid in <prefix>.<RANK>, then sleeps (a plain S-state process until the
 // test freezes it).
 std::vector<std::string> sleeperWorker(const std::string& pid_prefix) {
+  // The shell's pid from /proc/self/stat (read is a builtin): torchrun substitutes its macros
+  // with Python's string.Template, which would turn "$$" into "$".
   return {"/bin/sh", "-c",
-          "echo $$ > \"$0.$RANK.tmp\" && mv \"$0.$RANK.tmp\" \"$0.$RANK\" && "
-          "exec sleep 1000",
+          "read -r p rest < /proc/self/stat && echo \"$p\" > \"$0.$RANK.tmp\" && "
+          "mv \"$0.$RANK.tmp\" \"$0.$RANK\" && exec sleep 1000",
           pid_prefix};
 }
 
@@ -334,6 +336,8 @@ TEST_CASE(
   ChildProcess run(argv, {{"TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT", "2"}});
   const pid_t rank0 = waitForPid(pid_prefix + ".0", seconds(60));
   const pid_t rank1 = waitForPid(pid_prefix + ".1", seconds(60));
+  if (rank0 <= 0 || rank1 <= 0) run.readAvailable(milliseconds(500));
+  INFO(run.output());
   REQUIRE(rank0 > 0);
   REQUIRE(rank1 > 0);
   REQUIRE(freezer.freeze(rank0));
