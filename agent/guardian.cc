@@ -50,7 +50,10 @@ size_t killRemainingDescendants(std::chrono::milliseconds bound, bool agent_gave
     if (pid > 0) continue;
     const bool give_up = !live.empty() && only_uninterruptible && agent_gave_up;
     if (give_up || std::chrono::steady_clock::now() >= deadline) {
-      for (pid_t left : live) unreaped.push_back(inspectProcess(left));
+      for (pid_t left : live) {
+        unreaped.push_back(inspectProcess(left));
+        killed.erase(left);  // signalled, not killed: counted as left, not as killed
+      }
       break;
     }
     // Wait for the next SIGCHLD (blocked, so it is pending rather than lost), at most 50 ms.

@@ -163,6 +163,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     std::optional<SteadyClock::time_point> d_since;
     bool d_timed_out = false;
     std::string d_message;
+    std::vector<std::string> d_stack;  // its kernel stack then, where readable
     SystemClock::time_point d_time;
     // Still alive the reap bound after SIGKILL: given up on (exited is set too) and described.
     bool unreaped = false;
@@ -345,7 +346,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
       std::snprintf(dwell_text, sizeof dwell_text, "%.1f s", seconds);
       w.d_message = describeStuck(p) + ": in uninterruptible sleep for " + dwell_text +
                     " (>= --uninterruptible-state-timeout " + formatWait(timeout) + ")";
-      for (const std::string& frame : p.stack) w.d_message += "\n  " + frame;
+      w.d_stack = p.stack;
       ranks += (ranks.empty() ? "" : ", ") + std::to_string(w.spec.rank);
       CPPRUN_LOG(kError) << "rank " << w.spec.rank << ": " << describeStuck(p)
                          << " stuck in uninterruptible sleep for " << dwell_text
@@ -745,7 +746,11 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     // Whatever is left in the workers' groups (grandchildren) and whatever double-forked out of
     // them and was re-parented to us goes now, so the pipes reach EOF.
     signalWorkers(SIGKILL);
-    size_t orphans = launcher_.killAdoptedOrphans({});
+    std::vector<pid_t> given_up;  // still the agent's children, not orphans
+    for (const Worker& w : workers_) {
+      if (w.unreaped) given_up.push_back(w.pid);
+    }
+    size_t orphans = launcher_.killAdoptedOrphans(given_up);
     if (orphans > 0) {
       CPPRUN_LOG(kInfo) << "killed " << orphans << " process(es) left behind by the workers";
     }
@@ -939,7 +944,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
         WorkerFailure& f = failures.back();
         f.teardown = false;
         f.message = w.d_message;
-        f.traceback = w.d_message + "\n";
+        f.traceback = w.d_message + "\n" + kernelStackText(w.pid, w.d_stack);
         f.time = w.d_time;
       }
     }
@@ -963,12 +968,15 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
                 formatWait(options_.reap_timeout) +
                 " after SIGKILL (--reap-timeout); cpprun gave up on it";
     if (w.d_timed_out) f.message = w.d_message + "\n" + f.message;
-    f.traceback = f.message + "\n";
-    if (!w.unreaped_as.stack.empty()) {
-      f.traceback += "kernel stack (/proc/" + std::to_string(w.pid) + "/stack):\n";
-      for (const std::string& frame : w.unreaped_as.stack) f.traceback += "  " + frame + "\n";
-    }
+    f.traceback = f.message + "\n" + kernelStackText(w.pid, w.unreaped_as.stack);
     return f;
+  }
+
+  static std::string kernelStackText(pid_t pid, const std::vector<std::string>& stack) {
+    if (stack.empty()) return "";
+    std::string text = "kernel stack (/proc/" + std::to_string(pid) + "/stack):\n";
+    for (const std::string& frame : stack) text += "  " + frame + "\n";
+    return text;
   }
 
   void finishJob() {
