@@ -1101,7 +1101,8 @@ non-zero integer). The command line wins over the environment.
 Exit codes: 0 every worker succeeded; 1 a worker failed and no restart was left (the report
 names the root cause); 2 usage error; 3 the job could not start (a port in use, a program that
 cannot run); 4 the agent lost the rest of a multi-node job (the store host, or the join
-timed out); 128+N stopped by signal N (forwarded to the workers first).
+timed out); 7 a worker was still alive --reap-timeout after SIGKILL (stuck in the kernel;
+named in the report); 128+N stopped by signal N (forwarded to the workers first).
 )";
   return out;
 }
