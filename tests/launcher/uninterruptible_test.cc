@@ -315,6 +315,59 @@ TEST_CASE(
   CHECK(job_cgroup.remove());
 }
 
+TEST_CASE(
+    "uninterruptible sleep: without the D-state check, a worker frozen in D while another "
+    "fails is given up on at the reap bound, exit 7, root cause the failed rank",
+    "[integration]") {
+  TempDir dir;
+  LeftCgroup job_cgroup;
+  FreezerGroup freezer;
+  const std::string pid_prefix = dir.path() + "/pid";
+  const std::string fail_now = dir.path() + "/fail-now";
+  // Rank 1 exits 3 once the test says so; rank 0 sleeps (and is frozen by the test).
+  std::vector<std::string> argv = {
+      "--nproc-per-node=2",
+      "--max-restarts=2",
+      "--shutdown-timeout=1",
+      "--reap-timeout=2",
+      "--no-python",
+      "/bin/sh",
+      "-c",
+      "read -r p rest < /proc/self/stat && echo \"$p\" > \"$0.$RANK.tmp\" && "
+      "mv \"$0.$RANK.tmp\" \"$0.$RANK\" && if [ \"$RANK\" = 1 ]; then "
+      "while [ ! -e \"$1\" ]; do sleep 0.05; done; exit 3; fi; exec sleep 1000",
+      pid_prefix,
+      fail_now};
+  ChildProcess run(cpprunCommand(argv));
+  const pid_t rank0 = waitForPid(pid_prefix + ".0", seconds(30));
+  const pid_t rank1 = waitForPid(pid_prefix + ".1", seconds(30));
+  REQUIRE(rank0 > 0);
+  REQUIRE(rank1 > 0);
+  REQUIRE(freezer.freeze(rank0));
+  job_cgroup.path = jobCgroupOf(rank0, run.pid());
+  const auto failed_at = Clock::now();
+  REQUIRE(writeFile(fail_now, ""));
+  // SIGTERM grace 1 s, reap bound 2 s: about 3 s after rank 1's exit.
+  auto status = run.wait(seconds(20));
+  const double exit_s = secondsSince(failed_at);
+  if (!status) run.readAvailable(milliseconds(200));
+  INFO(run.output());
+  REQUIRE(status.has_value());
+  std::printf("RESULT teardown_failure_to_cpprun_exit_s %.2f s (shutdown 1 s, reap 2 s)\n", exit_s);
+  CHECK(exitCodeOf(*status) == 7);
+  CHECK(exit_s < 1 + 2 + 4);
+  const std::string& out = run.output();
+  const std::string root = out.substr(out.find("Root Cause"));
+  CHECK(root.find("rank      : 1") != std::string::npos);
+  CHECK(root.find("exitcode  : 3") != std::string::npos);
+  CHECK(out.find("<not reaped> (pid: " + std::to_string(rank0) + ") state D") != std::string::npos);
+  CHECK(out.find("(stopped by cpprun during teardown)") != std::string::npos);
+  CHECK(agent::processState(rank0) == 'D');
+  freezer.thaw();
+  CHECK(allGone({rank0, rank1}, seconds(10)));
+  CHECK(job_cgroup.remove());
+}
+
 // torchrun 2.15 on the teardown case: not a check of torchrun, a record of what it does.
 TEST_CASE(
     "torch 2.x: torchrun with TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT and a worker "
