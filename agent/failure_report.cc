@@ -112,6 +112,11 @@ std::vector<std::string> formatEntry(size_t idx, const std::string& host, const 
                   " (local_rank: " + std::to_string(f.local_rank) + ")");
   std::string exitcode =
       "  exitcode  : " + std::to_string(torchExitCode(f)) + " (pid: " + std::to_string(f.pid) + ")";
+  if (f.unreaped) {
+    exitcode = "  exitcode  : <not reaped> (pid: " + std::to_string(f.pid) + ") state " +
+               (f.state == 0 ? std::string("?") : std::string(1, f.state)) + ", wchan " +
+               (f.wchan.empty() ? std::string("-") : f.wchan) + ", still alive after SIGKILL";
+  }
   if (f.signal > 0) exitcode += " " + signalName(f.signal);
   if (f.teardown) exitcode += " (stopped by cpprun during teardown)";
   if (f.collateral) exitcode += " (collateral: failed after the root cause had stopped the job)";

@@ -68,6 +68,12 @@ struct WorkerFailure {
   // once a peer is gone): listed, never a root cause.
   std::string host;
   bool collateral = false;
+  // Never reaped: still alive the teardown's reap bound after SIGKILL (exit_code and signal are
+  // then 0). What /proc said of it at the bound: its state letter ('D': uninterruptible sleep)
+  // and kernel wait channel; message names both, traceback holds its kernel stack when readable.
+  bool unreaped = false;
+  char state = 0;
+  std::string wchan;
 };
 
 // What torchrun and @record call the exit code: -signal when killed by a signal, else exit_code.
@@ -100,10 +106,11 @@ size_t rootCauseIndex(const std::vector<WorkerFailure>& failures);
 //   =====...
 // Entries are numbered "[idx]:" in rank order and carry time (YYYY-MM-DD_HH:MM:SS, local time),
 // host, rank, exitcode ("C (pid: P)", or "-N (pid: P) SIGNAME" for a signal, plus
-// "(stopped by cpprun during teardown)" for teardown failures), error_file ("<N/A>" when none),
-// traceback (the traceback, else the message; continuation lines indented) and, unlike torchrun,
-// "stderr (last N lines):" with the indented tail when there is one. Rule width = the longest
-// line, at most 60, like torchrun.
+// "(stopped by cpprun during teardown)" for teardown failures; "<not reaped> (pid: P) state S,
+// wchan W, still alive after SIGKILL" for a process SIGKILL did not end), error_file ("<N/A>" when
+// none), traceback (the traceback, else the message; continuation lines indented) and, unlike
+// torchrun, "stderr (last N lines):" with the indented tail when there is one. Rule width = the
+// longest line, at most 60, like torchrun.
 std::string formatFailureReport(const std::string& entrypoint, const std::string& host,
                                 const std::vector<WorkerFailure>& failures);
 

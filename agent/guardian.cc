@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -18,35 +19,43 @@
 #include "agent/process_launcher.h"
 #include "agent/signal_policy.h"
 #include "agent/worker_terminal.h"
+#include "agent/stuck_process.h"
 #include "common/logging.h"
 
 namespace cpprun::agent {
 
 namespace {
 
-// Kills every descendant and reaps until none is left (bounded: a process stuck in
+// Kills every descendant and reaps until none is left, at most `bound` (a process stuck in
 // uninterruptible sleep cannot be waited for forever). Returns how many distinct live processes
 // it found (zombies already dead are not counted; each process is counted once however often it
-// is signalled).
-size_t killRemainingDescendants() {
-  timespec deadline{};
-  ::clock_gettime(CLOCK_MONOTONIC, &deadline);
-  deadline.tv_sec += 10;
+// is signalled) and, in `unreaped`, those still alive at the end. `agent_gave_up`: the agent
+// already waited the reap bound for its stuck workers (it exited kExitUnreaped), so when every
+// process left is in uninterruptible sleep there is nothing more to wait for.
+size_t killRemainingDescendants(std::chrono::milliseconds bound, bool agent_gave_up,
+                                std::vector<StuckProcess>& unreaped) {
+  const auto deadline = std::chrono::steady_clock::now() + bound;
   std::set<pid_t> killed;
   for (;;) {
+    bool only_uninterruptible = true;
+    std::vector<pid_t> live;
     for (pid_t pid : descendantsOf(::getpid())) {
       const char state = processState(pid);
       if (state == 0 || state == 'Z') continue;
+      live.push_back(pid);
+      if (state != 'D') only_uninterruptible = false;
       if (::kill(pid, SIGKILL) == 0) killed.insert(pid);
     }
     int status = 0;
     pid_t pid = ::waitpid(-1, &status, WNOHANG);
     if (pid < 0 && errno == ECHILD) break;
     if (pid > 0) continue;
-    timespec now{};
-    ::clock_gettime(CLOCK_MONOTONIC, &now);
-    if (now.tv_sec > deadline.tv_sec) {
-      CPPRUN_LOG(kError) << "processes left by the agent did not die within 10 s";
+    const bool give_up = !live.empty() && only_uninterruptible && agent_gave_up;
+    if (give_up || std::chrono::steady_clock::now() >= deadline) {
+      for (pid_t left : live) {
+        unreaped.push_back(inspectProcess(left));
+        killed.erase(left);  // signalled, not killed: counted as left, not as killed
+      }
       break;
     }
     // Wait for the next SIGCHLD (blocked, so it is pending rather than lost), at most 50 ms.
@@ -123,8 +132,12 @@ int runUnderGuardian(const std::function<int(const WorkerContainment&)>& agent_m
   }
   // First the job's processes, then the words: a console that stalls the log line must not
   // keep them alive.
-  size_t killed = killRemainingDescendants();
-  killed += containment->finish();
+  std::vector<StuckProcess> unreaped;
+  const bool agent_gave_up = WIFEXITED(agent_status) && WEXITSTATUS(agent_status) == kExitUnreaped;
+  size_t killed = killRemainingDescendants(options.reap_timeout, agent_gave_up, unreaped);
+  // Processes already given up on are not waited for again in the cgroup.
+  killed +=
+      containment->finish(unreaped.empty() ? static_cast<int>(options.reap_timeout.count()) : 0);
   if (terminal_modes) restoreTerminalModes(STDIN_FILENO, *terminal_modes);
   const bool abnormal = WIFSIGNALED(agent_status);
   if (abnormal) {
@@ -135,8 +148,13 @@ int runUnderGuardian(const std::function<int(const WorkerContainment&)>& agent_m
     CPPRUN_LOG(kWarn) << (abnormal ? "the agent ended abnormally; " : "") << "killed " << killed
                       << " process(es) it left behind";
   }
+  for (const StuckProcess& p : unreaped) {
+    CPPRUN_LOG(kError) << describeStuck(p) << ": still alive after SIGKILL; cpprun cannot end it "
+                       << "(exit 7: see docs/troubleshooting.md)";
+  }
   // The mask stays as it is: a signal arriving from here on must not end the guardian by its
   // default action before it has returned the agent's result (the caller exits with it).
+  if (!unreaped.empty()) return kExitUnreaped;
   return WIFEXITED(agent_status) ? WEXITSTATUS(agent_status) : 128 + WTERMSIG(agent_status);
 }
 

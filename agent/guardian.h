@@ -20,6 +20,7 @@
 // Thread safety: call runUnderGuardian() from main() before any thread exists.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <string>
 #include <vector>
@@ -35,12 +36,22 @@ struct GuardianOptions {
   // A run directory made for this run only (removed at the end): the sentinel removes it when
   // both cpprun processes are killed. Empty: none.
   std::string temporary_run_dir;
+  // Once the agent is gone: how long the guardian waits for the SIGKILLed processes it left to
+  // be reaped (--reap-timeout). Those still alive then (in uninterruptible sleep) are named in
+  // the log by pid, state and wait channel, and cpprun exits kExitUnreaped. When the agent has
+  // already given up on them (it exited kExitUnreaped) and every process left is in D, the
+  // guardian does not wait a second time.
+  std::chrono::milliseconds reap_timeout{5000};
 };
+
+// The exit code of a job that left a process SIGKILL could not end within the reap bound.
+inline constexpr int kExitUnreaped = 7;
 
 // Starts the job's containment (job_containment.h), then forks: the child runs `agent_main`
 // with what its launcher needs of the containment and exits with its result; the calling
 // process becomes the guardian and returns the agent's exit code (128+N when it died by signal
-// N) once the agent and every descendant are gone. Returns -1 (nothing forked) when fork fails.
+// N) once the agent and every descendant are gone, or kExitUnreaped when a descendant outlived
+// the reap bound after SIGKILL. Returns -1 (nothing forked) when fork fails.
 // Signals stay blocked in the caller when it returns (a signal arriving then must not end it
 // by its default action before it has exited with the agent's code).
 int runUnderGuardian(const std::function<int(const WorkerContainment&)>& agent_main,

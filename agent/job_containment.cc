@@ -268,12 +268,12 @@ WorkerContainment JobContainment::forWorkers() const {
   return w;
 }
 
-size_t JobContainment::finish() {
+size_t JobContainment::finish(int bound_ms) {
   if (finished_) return 0;
   finished_ = true;
   size_t left = 0;
   if (!cgroup_dir_.empty()) {
-    left = killCgroup(cgroup_dir_, 10000);
+    left = killCgroup(cgroup_dir_, bound_ms);
     if (::rmdir(cgroup_dir_.c_str()) != 0 && errno != ENOENT) {
       CPPRUN_LOG(kWarn) << "cannot remove the job's cgroup " << cgroup_dir_ << ": "
                         << std::strerror(errno);

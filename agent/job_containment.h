@@ -50,10 +50,11 @@ class JobContainment {
 
   // What the agent's launcher needs: where workers go, and where their groups are reported.
   WorkerContainment forWorkers() const;
-  // In the guardian once the agent is gone: kills whatever is still in the cgroup and removes it,
-  // tells the sentinel the job ended in order and waits (at most 2 s) for it to exit. Returns
-  // how many processes the cgroup still held.
-  size_t finish();
+  // In the guardian once the agent is gone: kills whatever is still in the cgroup and removes it
+  // (waiting at most `bound_ms` for it to empty: a process in uninterruptible sleep may never
+  // leave), tells the sentinel the job ended in order and waits (at most 2 s) for it to exit.
+  // Returns how many processes the cgroup still held.
+  size_t finish(int bound_ms = 10000);
 
   const std::string& cgroupDir() const { return cgroup_dir_; }
   pid_t sentinelPid() const { return sentinel_pid_; }

@@ -34,7 +34,10 @@ json failureToJson(const WorkerFailure& f) {
       {"teardown", f.teardown},
       {"collateral", f.collateral},
       {"host", f.host},
-      {"error_document", f.error_document}};
+      {"error_document", f.error_document},
+      {"unreaped", f.unreaped},
+      {"state", f.state == 0 ? std::string() : std::string(1, f.state)},
+      {"wchan", f.wchan}};
 }
 
 WorkerFailure failureFromJson(const json& d) {
@@ -54,6 +57,10 @@ WorkerFailure failureFromJson(const json& d) {
   f.collateral = d.value("collateral", false);
   f.host = d.value("host", "");
   if (d.contains("error_document")) f.error_document = d["error_document"];
+  f.unreaped = d.value("unreaped", false);
+  const std::string state = d.value("state", "");
+  f.state = state.empty() ? 0 : state.front();
+  f.wchan = d.value("wchan", "");
   return f;
 }
 

@@ -82,6 +82,9 @@ class ProcessLauncher {
   // out of a worker's group and were re-parented to the agent (a child subreaper). Returns how
   // many were killed; the reaper collects them.
   virtual size_t killAdoptedOrphans(const std::vector<pid_t>& known) = 0;
+  // The state letter of a worker started by spawn() (processState below: 'D' uninterruptible
+  // sleep, 0 gone). A fake launcher reports its own.
+  virtual char stateOf(pid_t pid);
 };
 
 // Where the real launcher contains its workers beyond their process groups (JobContainment,

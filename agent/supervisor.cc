@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include "agent/python_progress.h"
 #include "agent/stdin_forwarder.h"
 #include "agent/worker_terminal.h"
+#include "agent/stuck_process.h"
 #include "common/asio.h"
 #include "common/logging.h"
 #include "common/progress_file.h"
@@ -50,6 +52,8 @@ int JobOutcome::exitCode() const {
       return 5;
     case Kind::kExcluded:
       return 6;
+    case Kind::kUnreaped:
+      return 7;
   }
   return 1;
 }
@@ -74,6 +78,8 @@ const char* jobOutcomeName(JobOutcome::Kind kind) {
       return "unhealthy";
     case JobOutcome::Kind::kExcluded:
       return "excluded";
+    case JobOutcome::Kind::kUnreaped:
+      return "unreaped";
   }
   return "unknown";
 }
@@ -116,6 +122,10 @@ std::string describeStatus(int status) {
 
 bool succeeded(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
 
+// At the reap bound, a worker that is already dead (a zombie, or gone) but not yet reported by
+// the reaper is looked at once more this much later instead of being reported as stuck.
+constexpr milliseconds kReapRecheck{100};
+
 milliseconds sinceMs(SteadyClock::time_point t, SteadyClock::time_point now) {
   return std::chrono::duration_cast<milliseconds>(now - t);
 }
@@ -154,6 +164,16 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     bool exited_during_stop = false;
     // A FileTimer scope of this worker expired (its root cause): what and when.
     std::optional<std::pair<std::string, SystemClock::time_point>> timer_expiry;
+    // Uninterruptible sleep: since when every check saw it in D (torch's dwell), and whether
+    // that lasted the timeout (then the failure's message and time say so).
+    std::optional<SteadyClock::time_point> d_since;
+    bool d_timed_out = false;
+    std::string d_message;
+    std::vector<std::string> d_stack;  // its kernel stack then, where readable
+    SystemClock::time_point d_time;
+    // Still alive the reap bound after SIGKILL: given up on (exited is set too) and described.
+    bool unreaped = false;
+    StuckProcess unreaped_as;
     std::unique_ptr<WorkerOutput> out;
     std::unique_ptr<WorkerOutput> err;
   };
@@ -171,6 +191,8 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
         stop_timer_(io),
         drain_timer_(io),
         notice_timer_(io),
+        dstate_timer_(io),
+        reap_timer_(io),
         watchdog_(io, launcher, options_.stall, options_.track_progress, options_.event_log,
                   {nullptr, [this](const std::vector<size_t>& stalled) { onStalled(stalled); }}),
         state_since_(SteadyClock::now()) {
@@ -187,6 +209,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     if (state_ == State::kRunning && s != State::kRunning) {
       watchdog_.stopChecks();
       if (file_timer_) file_timer_->endAttempt();  // teardown: no timer fails it again
+      dstate_timer_.cancel();
     }
     const auto now = SteadyClock::now();
     state_seconds_[state_] += std::chrono::duration<double>(now - state_since_).count();
@@ -288,6 +311,80 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     CPPRUN_LOG(kInfo) << "attempt " << restart_count_ << ": started " << workers_.size()
                       << " workers (ranks " << first.rank << ".." << last.rank << ")";
     watchdog_.startChecks();
+    armUninterruptibleCheck();
+  }
+
+  // torch's TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT: while the attempt runs, read each running
+  // worker's state; one seen in D on every check for the timeout fails the attempt, no restart.
+  void armUninterruptibleCheck() {
+    const milliseconds timeout = options_.uninterruptible_timeout;
+    if (timeout <= milliseconds(0)) return;
+    dstate_timer_.expires_after(uninterruptibleCheckInterval(timeout));
+    dstate_timer_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
+      auto self = weak.lock();
+      if (!self || ec || self->state_ != State::kRunning) return;
+      if (!self->checkUninterruptible()) self->armUninterruptibleCheck();
+    });
+  }
+
+  // Returns true when it failed the attempt.
+  bool checkUninterruptible() {
+    const milliseconds timeout = options_.uninterruptible_timeout;
+    const auto now = SteadyClock::now();
+    std::vector<size_t> timed_out;
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      Worker& w = workers_[i];
+      if (w.exited || w.pid <= 0) continue;
+      const bool was_in_d = w.d_since.has_value();
+      const auto dwell = updateDwell(w.d_since, launcher_.stateOf(w.pid), now);
+      if (!dwell) continue;
+      if (!was_in_d) {
+        CPPRUN_LOG(kWarn) << "rank " << w.spec.rank << " (pid " << w.pid
+                          << ") entered uninterruptible sleep (D state); the attempt fails if it "
+                             "stays there for "
+                          << formatWait(timeout);
+        emitEvent(options_.event_log, "worker_uninterruptible",
+                  {{"attempt", restart_count_},
+                   {"rank", w.spec.rank},
+                   {"local_rank", w.spec.local_rank},
+                   {"pid", w.pid},
+                   {"timeout_s", timeout.count() / 1000.0}});
+      }
+      if (*dwell >= timeout) timed_out.push_back(i);
+    }
+    if (timed_out.empty()) return false;
+    std::string ranks;
+    for (size_t i : timed_out) {
+      Worker& w = workers_[i];
+      StuckProcess p = inspectProcess(w.pid);
+      if (p.state == 0) p.state = 'D';  // as the check saw it
+      const double seconds = std::chrono::duration<double>(now - w.d_since.value_or(now)).count();
+      w.d_timed_out = true;
+      w.d_time = SystemClock::now();
+      char dwell_text[32];
+      std::snprintf(dwell_text, sizeof dwell_text, "%.1f s", seconds);
+      w.d_message = describeStuck(p) + ": in uninterruptible sleep for " + dwell_text +
+                    " (>= --uninterruptible-state-timeout " + formatWait(timeout) + ")";
+      w.d_stack = p.stack;
+      ranks += (ranks.empty() ? "" : ", ") + std::to_string(w.spec.rank);
+      CPPRUN_LOG(kError) << "rank " << w.spec.rank << ": " << describeStuck(p)
+                         << " stuck in uninterruptible sleep for " << dwell_text
+                         << "; failing the attempt, no restart";
+      nlohmann::json fields = {{"attempt", restart_count_},
+                               {"rank", w.spec.rank},
+                               {"local_rank", w.spec.local_rank},
+                               {"seconds", seconds},
+                               {"timeout_s", timeout.count() / 1000.0},
+                               {"process", stuckToJson(p)}};
+      emitEvent(options_.event_log, "worker_uninterruptible_timeout", fields);
+    }
+    // As torch: a wedged worker holds a kernel resource (GPU, NIC) a fresh one would conflict
+    // with, so the group is not restarted.
+    no_restart_ = true;
+    attempt_failed_ = true;
+    announce("rank(s) " + ranks + " in uninterruptible sleep (D state) for " + formatWait(timeout));
+    beginStop(SIGTERM);
+    return true;
   }
 
   // Where one stream of a worker goes: a pty when the route asks for one and one can be had
@@ -655,6 +752,11 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     stop_began_ = SteadyClock::now();
     stop_notice_ = WaitNotice(stop_began_);
     armStopNotice();
+    if (signo == SIGKILL) {
+      sent_kill_ = true;
+      armReapTimer();
+      return;
+    }
     stop_timer_.expires_after(options_.shutdown_timeout);
     stop_timer_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
       auto self = weak.lock();
@@ -688,7 +790,10 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     if (!sent_kill_) {
       text += ", SIGKILL in " + formatWait(options_.shutdown_timeout - waited);
     } else {
-      text += "; SIGKILL sent (a process in uninterruptible sleep waits for the kernel)";
+      text +=
+          "; SIGKILL sent (a process in uninterruptible sleep waits for the kernel; given up "
+          "on " +
+          formatWait(options_.reap_timeout) + " after SIGKILL)";
     }
     CPPRUN_LOG(kWarn) << text;
   }
@@ -703,6 +808,80 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
                       << options_.shutdown_timeout.count() / 1000.0 << " s after "
                       << signalName(stop_signal_) << "; sending SIGKILL";
     signalWorkers(SIGKILL);
+    armReapTimer();
+  }
+
+  // The reap bound: a worker SIGKILL has not ended by then is given up on (onReapTimeout).
+  void armReapTimer() {
+    kill_sent_at_ = SteadyClock::now();
+    reap_rechecked_ = false;
+    reap_timer_.expires_after(options_.reap_timeout);
+    reap_timer_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
+      auto self = weak.lock();
+      if (!self || ec || self->state_ != State::kStopping) return;
+      self->onReapTimeout();
+    });
+  }
+
+  // Everything killable has had SIGKILL; what is still alive cannot be waited for without a
+  // bound. Name it (pid, state, wchan, stack) and go on without it: the job ends with exit 7.
+  void onReapTimeout() {
+    const double waited = std::chrono::duration<double>(SteadyClock::now() - kill_sent_at_).count();
+    bool reaping = false;
+    for (Worker& w : workers_) {
+      if (w.exited || w.pid <= 0) continue;
+      const char state = launcher_.stateOf(w.pid);
+      if ((state == 0 || state == 'Z') && !reap_rechecked_) {
+        reaping = true;  // dead, its SIGCHLD not handled yet: the reaper is about to report it
+        continue;
+      }
+      w.unreaped = true;
+      w.unreaped_as = inspectProcess(w.pid);
+      if (w.unreaped_as.state == 0) w.unreaped_as.state = state;
+      w.exited = true;
+      w.exited_during_stop = true;
+      w.exit_time = SystemClock::now();
+      watchdog_.workerExited(static_cast<size_t>(&w - workers_.data()));
+      unreaped_ = true;
+      nlohmann::json left = nlohmann::json::array();
+      std::string left_text;
+      for (pid_t pid : descendantsOf(w.pid)) {
+        StuckProcess p = inspectProcess(pid);
+        if (p.state == 0 || p.state == 'Z') continue;
+        left.push_back(stuckToJson(p));
+        left_text += "; " + describeStuck(p);
+      }
+      CPPRUN_LOG(kError) << "rank " << w.spec.rank << ": " << describeStuck(w.unreaped_as)
+                         << " still alive " << formatWait(options_.reap_timeout)
+                         << " after SIGKILL; giving up on it (exit 7)" << left_text;
+      for (const std::string& frame : w.unreaped_as.stack) {
+        CPPRUN_LOG(kError) << "  pid " << w.pid << " kernel stack: " << frame;
+      }
+      emitEvent(options_.event_log, "worker_unreaped",
+                {{"attempt", restart_count_},
+                 {"rank", w.spec.rank},
+                 {"local_rank", w.spec.local_rank},
+                 {"pid", w.pid},
+                 {"seconds_after_sigkill", waited},
+                 {"reap_timeout_s", options_.reap_timeout.count() / 1000.0},
+                 {"process", stuckToJson(w.unreaped_as)},
+                 {"group_left", left}});
+      // Its pipes stay open as long as it lives: take what is there and stop reading.
+      if (w.out) w.out->close();
+      if (w.err) w.err->close();
+    }
+    if (reaping) {
+      // Once: a process that is gone is reaped by the next turn of the loop.
+      reap_rechecked_ = true;
+      reap_timer_.expires_after(kReapRecheck);
+      reap_timer_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
+        auto self = weak.lock();
+        if (!self || ec || self->state_ != State::kStopping) return;
+        self->onReapTimeout();
+      });
+      return;
+    }
+    if (allExited()) beginDrain();
   }
 
   void signalWorkers(int signo) {
@@ -720,11 +899,16 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     if (options_.stdin_forwarder != nullptr) options_.stdin_forwarder->clearWorkers();
     stop_timer_.cancel();
     notice_timer_.cancel();
+    reap_timer_.cancel();
     sent_kill_ = false;
     // Whatever is left in the workers' groups (grandchildren) and whatever double-forked out of
     // them and was re-parented to us goes now, so the pipes reach EOF.
     signalWorkers(SIGKILL);
-    size_t orphans = launcher_.killAdoptedOrphans({});
+    std::vector<pid_t> given_up;  // still the agent's children, not orphans
+    for (const Worker& w : workers_) {
+      if (w.unreaped) given_up.push_back(w.pid);
+    }
+    size_t orphans = launcher_.killAdoptedOrphans(given_up);
     if (orphans > 0) {
       CPPRUN_LOG(kInfo) << "killed " << orphans << " process(es) left behind by the workers";
     }
@@ -778,6 +962,13 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
       return;
     }
     if (classifyAttempt(facts()) != AttemptEnd::kWorkersFailed) {  // nothing to restart
+      finishJob();
+      return;
+    }
+    if (unreaped_ || no_restart_) {  // a wedged worker: a new group would find its GPU taken
+      CPPRUN_LOG(kError) << "worker group failed with a worker "
+                         << (unreaped_ ? "that SIGKILL did not end" : "in uninterruptible sleep")
+                         << "; not restarting it";
       finishJob();
       return;
     }
@@ -842,6 +1033,8 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     switch (d.kind) {
       case JobDecision::Kind::kRestart:
         if (leaving_) break;  // the others re-form without this node
+        // A wedged worker holds this node's GPU: it cannot take part in the next attempt.
+        if (unreaped_ || no_restart_) break;
         ++restart_count_;
         emitEvent(options_.event_log, "restart",
                   {{"restart", restart_count_},
@@ -880,6 +1073,10 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     std::vector<WorkerFailure> failures;
     for (size_t i = 0; i < workers_.size(); ++i) {
       const Worker& w = workers_[i];
+      if (w.unreaped) {
+        failures.push_back(unreapedFailure(w));
+        continue;
+      }
       if (!w.exited || w.pid <= 0 || succeeded(w.status)) continue;
       bool stopped_by_us = w.exited_during_stop && WIFSIGNALED(w.status) &&
                            (WTERMSIG(w.status) == stop_signal_ || WTERMSIG(w.status) == SIGKILL);
@@ -907,8 +1104,44 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
         f.traceback = w.timer_expiry->first + "\n";
         f.time = w.timer_expiry->second;
       }
+      if (w.d_timed_out) {
+        // Ended by the agent, but the uninterruptible sleep is the failure.
+        WorkerFailure& f = failures.back();
+        f.teardown = false;
+        f.message = w.d_message;
+        f.traceback = w.d_message + "\n" + kernelStackText(w.pid, w.d_stack);
+        f.time = w.d_time;
+      }
     }
     return failures;
+  }
+
+  WorkerFailure unreapedFailure(const Worker& w) const {
+    WorkerFailure f;
+    f.local_rank = w.spec.local_rank;
+    f.rank = w.spec.rank;
+    f.pid = w.pid;
+    f.unreaped = true;
+    f.state = w.unreaped_as.state;
+    f.wchan = w.unreaped_as.wchan;
+    f.teardown = !w.d_timed_out;
+    f.time = w.d_timed_out ? w.d_time : w.exit_time;
+    f.stderr_tail = w.err ? w.err->tail() : std::vector<std::string>{};
+    auto it = w.spec.env.find("TORCHELASTIC_ERROR_FILE");
+    if (it != w.spec.env.end()) f.error_file = it->second;
+    f.message = describeStuck(w.unreaped_as) + ": still alive " +
+                formatWait(options_.reap_timeout) +
+                " after SIGKILL (--reap-timeout); cpprun gave up on it";
+    if (w.d_timed_out) f.message = w.d_message + "\n" + f.message;
+    f.traceback = f.message + "\n" + kernelStackText(w.pid, w.unreaped_as.stack);
+    return f;
+  }
+
+  static std::string kernelStackText(pid_t pid, const std::vector<std::string>& stack) {
+    if (stack.empty()) return "";
+    std::string text = "kernel stack (/proc/" + std::to_string(pid) + "/stack):\n";
+    for (const std::string& frame : stack) text += "  " + frame + "\n";
+    return text;
   }
 
   void finishJob() {
@@ -916,6 +1149,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     if (file_timer_) file_timer_->close();  // the pipe goes with the job
     stop_timer_.cancel();
     drain_timer_.cancel();
+    reap_timer_.cancel();
     JobOutcome outcome;
     outcome.restarts = restart_count_;
     outcome.failures = failures_;
@@ -947,6 +1181,8 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
       outcome.kind = JobOutcome::Kind::kNotNeeded;
     }
     if (options_.amend_outcome) options_.amend_outcome(outcome);
+    // Whatever else happened, a process is left that nothing can kill: the node needs a look.
+    if (unreaped_) outcome.kind = JobOutcome::Kind::kUnreaped;
     emitJobEvents(outcome);
     if (on_done_) on_done_(outcome);
   }
@@ -962,12 +1198,18 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     if (!f.error_file.empty()) fields["error_file"] = f.error_file;
     if (!f.traceback.empty()) fields["traceback"] = f.traceback;
     if (f.collateral) fields["collateral"] = true;
+    if (f.unreaped) {
+      fields["unreaped"] = true;
+      fields["state"] = f.state == 0 ? std::string() : std::string(1, f.state);
+      fields["wchan"] = f.wchan;
+    }
     return fields;
   }
 
   void emitJobEvents(const JobOutcome& outcome) {
     if (options_.event_log == nullptr) return;
-    if (!outcome.failures.empty() && outcome.kind == JobOutcome::Kind::kWorkersFailed) {
+    if (!outcome.failures.empty() && (outcome.kind == JobOutcome::Kind::kWorkersFailed ||
+                                      outcome.kind == JobOutcome::Kind::kUnreaped)) {
       nlohmann::json root = failureEvent(outcome.failures[rootCauseIndex(outcome.failures)]);
       if (!outcome.summary.empty()) root["summary"] = outcome.summary;
       options_.event_log->emit("root_cause", root);
@@ -1045,6 +1287,8 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
   asio::steady_timer stop_timer_;
   asio::steady_timer drain_timer_;
   asio::steady_timer notice_timer_;
+  asio::steady_timer dstate_timer_;  // uninterruptible-sleep checks while the attempt runs
+  asio::steady_timer reap_timer_;    // the reap bound after SIGKILL
   StallWatchdog watchdog_;
   std::unique_ptr<FileTimerServer> file_timer_;  // TORCHELASTIC_ENABLE_FILE_TIMER=1 only
   SteadyClock::time_point state_since_;
@@ -1053,6 +1297,10 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
   WaitNotice stop_notice_{SteadyClock::now()};
   bool sent_kill_ = false;
   bool warned_pty_ = false;
+  SteadyClock::time_point kill_sent_at_;
+  bool reap_rechecked_ = false;
+  bool unreaped_ = false;    // a worker was given up on at the reap bound: exit 7
+  bool no_restart_ = false;  // a worker stayed in uninterruptible sleep: no restart (torch)
   uint64_t output_bytes_before_ = 0;
   uint64_t workers_started_ = 0;
   uint64_t worker_failures_ = 0;

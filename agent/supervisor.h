@@ -30,6 +30,18 @@
 // the requested signal (the server's job) and fails the attempt with the expired scope as its
 // root cause: the usual teardown, then a restart or the end. (torchrun also kills itself.)
 //
+// Uninterruptible sleep (options.uninterruptible_timeout > 0, torch's
+// TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT): while the attempt runs, a timer reads each running
+// worker's /proc/PID/stat (stuck_process.h, uninterruptibleCheckInterval); a worker seen in
+// state D on every check for the timeout fails the attempt as torch marks the group UNHEALTHY:
+// the usual teardown and no restart (a wedged worker holds a GPU or NIC a new one would need).
+//
+// Reap bound (options.reap_timeout): a worker still not reaped that long after SIGKILL (a process
+// in uninterruptible sleep does not die until the kernel lets it) is given up: it and whatever
+// lives on in its process group are named (pid, state, wchan, kernel stack) in the log, the
+// `worker_unreaped` event and the failure report, its output is closed, and the job ends with
+// JobOutcome::kUnreaped (exit 7) instead of waiting for it; no restart follows.
+//
 // Thread safety: loop thread only; every entry point (start, onChildExit, onSignal) and every
 // callback runs there.
 #pragma once
@@ -72,6 +84,12 @@ class StdinForwarder;
 struct SupervisorOptions {
   int max_restarts = 0;
   std::chrono::milliseconds shutdown_timeout{30000};
+  // After SIGKILL: how long teardown waits for a worker to be reaped before it reports it as
+  // unkillable and ends the job (exit 7) without it (--reap-timeout).
+  std::chrono::milliseconds reap_timeout{5000};
+  // A running worker in uninterruptible sleep (D) this long fails the attempt without a restart
+  // (--uninterruptible-state-timeout, TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT). 0: off.
+  std::chrono::milliseconds uninterruptible_timeout{0};
   // After every worker of an attempt has exited and its leftovers are killed: how long to
   // wait for the pipes to reach EOF before giving up on the rest of the output.
   std::chrono::milliseconds drain_timeout{2000};
@@ -144,7 +162,8 @@ struct JobOutcome {
     kLeft,
     kNotNeeded,
     kUnhealthy,
-    kExcluded
+    kExcluded,
+    kUnreaped
   };
   Kind kind = Kind::kSucceeded;
   int restarts = 0;  // attempts restarted
@@ -156,13 +175,14 @@ struct JobOutcome {
   // Multi-node: the nodes that left the job while this one was in it (excluded), one line each.
   std::vector<std::string> departures;
   // 0 succeeded (or left, or not needed), 1 workers failed, 128+N signalled, 3 could not start, 4
-  // lost the other nodes, 5 this node failed its health check and left, 6 this node was excluded
-  // (docs/supervision.md).
+  // lost the other nodes, 5 this node failed its health check and left, 6 this node was excluded,
+  // 7 a worker (or a process of its group) was still alive the reap bound after SIGKILL, whatever
+  // else happened (docs/supervision.md).
   int exitCode() const;
 };
 
 // How the event log spells a job's outcome: "succeeded", "workers_failed", "signalled",
-// "start_failed", "lost_peers", "left", "not_needed", "unhealthy", "excluded".
+// "start_failed", "lost_peers", "left", "not_needed", "unhealthy", "excluded", "unreaped".
 const char* jobOutcomeName(JobOutcome::Kind kind);
 
 // How an attempt ended. When several things happened in one attempt (a handled signal arrived

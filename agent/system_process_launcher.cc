@@ -623,6 +623,8 @@ std::optional<std::vector<pid_t>> childrenFromTaskFiles(pid_t parent) {
   return children;
 }
 
+char ProcessLauncher::stateOf(pid_t pid) { return processState(pid); }
+
 char processState(pid_t pid) {
   auto stat = readProcStat(std::to_string(pid));
   return stat ? stat->first : 0;

@@ -152,6 +152,8 @@ agent::LocalAgentOptions makeAgentOptions(const AgentOptionsInputs& in) {
   options.signals_to_handle = config.signals_to_handle;
   options.supervisor.max_restarts = config.max_restarts;
   options.supervisor.shutdown_timeout = milliseconds(config.shutdown_timeout);
+  options.supervisor.reap_timeout = milliseconds(config.reap_timeout);
+  options.supervisor.uninterruptible_timeout = milliseconds(config.uninterruptible_state_timeout);
   options.supervisor.output =
       outputOptions(config, in.env, in.stdout_is_terminal, in.stderr_is_terminal);
   options.stdin_mode = config.stdin_mode == "none"  ? agent::StdinMode::kNone

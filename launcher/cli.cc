@@ -436,6 +436,21 @@ Status applyShutdownTimeout(LaunchConfig& c, const std::string& v, const std::st
   return Status::ok();
 }
 
+Status applyUninterruptibleStateTimeout(LaunchConfig& c, const std::string& v,
+                                        const std::string& source) {
+  if (!parseSeconds(v, c.uninterruptible_state_timeout)) {
+    return badValue(v, source, "a non-negative number of seconds (0: off)");
+  }
+  return Status::ok();
+}
+
+Status applyReapTimeout(LaunchConfig& c, const std::string& v, const std::string& source) {
+  if (!parseSeconds(v, c.reap_timeout) || c.reap_timeout <= 0) {
+    return badValue(v, source, "a positive number of seconds");
+  }
+  return Status::ok();
+}
+
 Status applyStallTimeout(LaunchConfig& c, const std::string& v, const std::string& source) {
   if (!parseSeconds(v, c.stall_timeout) || c.stall_timeout <= 0) {
     return badValue(v, source, "a positive number of seconds");
@@ -683,6 +698,17 @@ const OptionSpec kOptions[] = {
     {"--shutdown-timeout", 0, Arity::kValue, true, applyShutdownTimeout, Section::kRestarts,
      "SECONDS", "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30",
      "Grace between SIGTERM to the workers and SIGKILL, >= 0."},
+    // torch 2.15 has no flag, only TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT (read as it does).
+    {"--uninterruptible-state-timeout", 0, Arity::kValue, false, applyUninterruptibleStateTimeout,
+     Section::kRestarts, "SECONDS", "$TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT, else off",
+     "A worker in uninterruptible sleep (state D in /proc, e.g. wedged in a driver) this long "
+     "fails the attempt without a restart, as torchrun marks the group UNHEALTHY. 0: off."},
+    {"--reap-timeout", 0, Arity::kValue, false, applyReapTimeout, Section::kRestarts, "SECONDS",
+     "5",
+     "After SIGKILL, how long teardown waits for a worker (and what is left of its process "
+     "group) to die. One still alive then (stuck in the kernel) is named with its state and "
+     "wait channel in the report and the event log, and cpprun exits 7 instead of waiting "
+     "forever. > 0."},
     {"--virtual-local-rank", 0, Arity::kFlag, true, applyFlag<&LaunchConfig::virtual_local_rank>,
      Section::kLaunch, nullptr, nullptr,
      "Each worker sees only its own GPU and gets LOCAL_RANK=0."},
@@ -989,6 +1015,17 @@ Result<CliResult> parseCommandLine(const std::vector<std::string>& args, const E
       config.shutdown_timeout = 30;
     }
   }
+  if (given.count(findLong("--uninterruptible-state-timeout")) == 0) {
+    // As torch 2.15 reads it (_resolve_uninterruptible_state_timeout): unset, unparsable or
+    // non-positive is off.
+    auto it = env.find("TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT");
+    double seconds = 0;
+    if (it != env.end() && parseSeconds(it->second, seconds)) {
+      config.uninterruptible_state_timeout = seconds;
+      config.sources["--uninterruptible-state-timeout"] =
+          "TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT (--uninterruptible-state-timeout)";
+    }
+  }
   if (given.count(findLong("--signals-to-handle")) == 0) {
     config.signals_to_handle = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
   }
@@ -1122,7 +1159,8 @@ non-zero integer). The command line wins over the environment.
 Exit codes: 0 every worker succeeded; 1 a worker failed and no restart was left (the report
 names the root cause); 2 usage error; 3 the job could not start (a port in use, a program that
 cannot run); 4 the agent lost the rest of a multi-node job (the store host, or the join
-timed out); 128+N stopped by signal N (forwarded to the workers first).
+timed out); 7 a worker was still alive --reap-timeout after SIGKILL (stuck in the kernel;
+named in the report); 128+N stopped by signal N (forwarded to the workers first).
 )";
   return out;
 }

@@ -33,7 +33,8 @@ struct CliResult {
 };
 
 // Parses cpprun's command line. `args` is argv without argv[0]; `env` is the process
-// environment (read for PET_* and TORCH_ELASTIC_SHUTDOWN_TIMEOUT only).
+// environment (read for PET_*, TORCH_ELASTIC_SHUTDOWN_TIMEOUT and
+// TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT only).
 Result<CliResult> parseCommandLine(const std::vector<std::string>& args,
                                    const std::map<std::string, std::string>& env);
 

@@ -402,6 +402,26 @@ int reportOutcome(const Job& job, const agent::JobOutcome& outcome, int world_si
       CPPRUN_LOG(kError) << outcome.error.message()
                          << " (exit 5: this node failed its health check; see docs/operations.md)";
       break;
+    case agent::JobOutcome::Kind::kUnreaped: {
+      if (!outcome.failures.empty()) {
+        logText(
+            agent::formatFailureReport(job.config.entrypoint, job.node.hostname, outcome.failures));
+        auto own_error_file = job.env.find("TORCHELASTIC_ERROR_FILE");
+        if (own_error_file != job.env.end() && !own_error_file->second.empty()) {
+          const auto& root = outcome.failures[agent::rootCauseIndex(outcome.failures)];
+          if (Status s = agent::writeRootCauseFile(own_error_file->second, root); !s.isOk()) {
+            CPPRUN_LOG(kWarn) << s.message();
+          }
+        }
+      }
+      int left = 0;
+      for (const auto& f : outcome.failures) left += f.unreaped ? 1 : 0;
+      CPPRUN_LOG(kError) << left
+                         << " worker(s) still alive after SIGKILL (stuck in the kernel; named in "
+                            "the report above); everything else was killed (exit 7: see "
+                            "docs/troubleshooting.md)";
+      break;
+    }
     case agent::JobOutcome::Kind::kExcluded:
       if (!outcome.failures.empty()) {
         logText(
@@ -513,8 +533,9 @@ int launch(const Job& job, const NumaDecision& numa) {
                      agent::kFileExitFlush);
         return agent_code;
       },
-      agent::GuardianOptions{config.signals_to_handle,
-                             run_dir.temporary ? run_dir.path : std::string()});
+      agent::GuardianOptions{
+          config.signals_to_handle, run_dir.temporary ? run_dir.path : std::string(),
+          std::chrono::milliseconds(static_cast<int64_t>(config.reap_timeout * 1000))});
   if (code < 0) {
     std::perror("cpprun: fork");
     return kExitLaunchError;

@@ -72,7 +72,11 @@ struct LaunchConfig {
 
   std::vector<int> signals_to_handle;  // --signals-to-handle, signal numbers
   double shutdown_timeout = 30;        // --shutdown-timeout, seconds
-  bool virtual_local_rank = false;     // --virtual-local-rank
+  // --uninterruptible-state-timeout, else $TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT (read as
+  // torch 2.15 reads it: unparsable or <= 0 is off), seconds; 0: off.
+  double uninterruptible_state_timeout = 0;
+  double reap_timeout = 5;          // --reap-timeout, seconds after SIGKILL
+  bool virtual_local_rank = false;  // --virtual-local-rank
   // --numa-binding: node, socket, exclusive or core-complex (launcher/numa_binding.h); empty:
   // off. --strict-numa-binding: a worker that cannot be bound fails the start.
   std::string numa_binding;

@@ -8,9 +8,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -61,6 +63,12 @@ class FakeLauncher : public ProcessLauncher {
     ++orphan_sweeps;
     return 0;
   }
+  // What /proc would say of a fake worker: 'S' unless a test set it ('D': uninterruptible).
+  char stateOf(pid_t pid) override {
+    auto it = states.find(pid);
+    return it == states.end() ? 'S' : it->second;
+  }
+  std::map<pid_t, char> states;
 
   // The fake worker writes to its stdout/stderr.
   void write(pid_t pid, bool to_stderr, const std::string& text) {
@@ -602,4 +610,87 @@ TEST_CASE("outcome names come from the enums and match the event log's spelling"
   }
   CHECK(names.size() == 6);
   CHECK(names.count("unknown") == 0);
+}
+
+TEST_CASE_METHOD(
+    Fixture, "a worker in D state for the uninterruptible timeout fails the attempt, no restart",
+    "[unit]") {
+  SupervisorOptions options;
+  options.max_restarts = 2;
+  options.uninterruptible_timeout = 300ms;
+  make(options);
+  launcher.on_signal = [&](pid_t pgid, int signo) {
+    if (signo != SIGTERM) return;
+    boost::asio::post(io, [&, pgid] { launcher.exit(*supervisor, pgid, killedBy(SIGTERM)); });
+  };
+  const auto began = std::chrono::steady_clock::now();
+  launcher.states[pidOf(0)] = 'D';
+  REQUIRE(runUntil([&] { return outcome.has_value(); }));
+  // Not before the timeout; within it plus one check (100 ms for 300 ms) and a margin.
+  const auto took = std::chrono::steady_clock::now() - began;
+  CHECK(took >= 300ms);
+  CHECK(took < 2s);
+  CHECK(outcome->kind == JobOutcome::Kind::kWorkersFailed);
+  CHECK(outcome->exitCode() == 1);
+  CHECK(attempts_prepared == std::vector<int>{0});  // torch: restarts disabled
+  REQUIRE(!outcome->failures.empty());
+  const WorkerFailure& root = outcome->failures[rootCauseIndex(outcome->failures)];
+  CHECK(root.rank == 0);
+  CHECK(root.message.find("uninterruptible sleep for") != std::string::npos);
+}
+
+TEST_CASE_METHOD(Fixture, "a D state that ends before the uninterruptible timeout is forgotten",
+                 "[unit]") {
+  SupervisorOptions options;
+  options.uninterruptible_timeout = 400ms;
+  make(options);
+  launcher.states[pidOf(0)] = 'D';
+  io.run_for(250ms);
+  io.restart();
+  launcher.states[pidOf(0)] = 'R';  // torch's dwell starts again from the next D
+  io.run_for(300ms);
+  io.restart();
+  launcher.states[pidOf(0)] = 'D';
+  io.run_for(250ms);
+  io.restart();
+  CHECK(!outcome.has_value());
+  CHECK(launcher.signalsTo(pidOf(0)).empty());
+  launcher.exit(*supervisor, pidOf(0), exitedWith(0));
+  launcher.exit(*supervisor, pidOf(1), exitedWith(0));
+  REQUIRE(runUntil([&] { return outcome.has_value(); }));
+  CHECK(outcome->kind == JobOutcome::Kind::kSucceeded);
+}
+
+TEST_CASE_METHOD(Fixture,
+                 "a worker SIGKILL does not end is given up on at the reap bound: exit 7, named",
+                 "[unit]") {
+  SupervisorOptions options;
+  options.max_restarts = 2;
+  options.shutdown_timeout = 100ms;
+  options.reap_timeout = 200ms;
+  make(options);
+  launcher.states[pidOf(0)] = 'D';  // never exits: SIGTERM and SIGKILL reach nothing
+  const auto began = std::chrono::steady_clock::now();
+  launcher.exit(*supervisor, pidOf(1), exitedWith(3));
+  REQUIRE(runUntil([&] { return outcome.has_value(); }));
+  const auto took = std::chrono::steady_clock::now() - began;
+  CHECK(took >= 300ms);
+  CHECK(took < 3s);  // the drain does not wait for its pipes: they were closed
+  CHECK(outcome->kind == JobOutcome::Kind::kUnreaped);
+  CHECK(outcome->exitCode() == 7);
+  CHECK(std::string(jobOutcomeName(outcome->kind)) == "unreaped");
+  CHECK(attempts_prepared == std::vector<int>{0});
+  const auto sent = launcher.signalsTo(pidOf(0));
+  CHECK(std::count(sent.begin(), sent.end(), SIGKILL) >= 1);
+  REQUIRE(outcome->failures.size() == 2);
+  const WorkerFailure& root = outcome->failures[rootCauseIndex(outcome->failures)];
+  CHECK(root.rank == 1);  // the failure that started it, not the stuck one
+  const WorkerFailure& stuck =
+      outcome->failures[0].rank == 0 ? outcome->failures[0] : outcome->failures[1];
+  CHECK(stuck.unreaped);
+  CHECK(stuck.teardown);
+  CHECK(stuck.pid == pidOf(0));
+  CHECK(stuck.message.find("after SIGKILL") != std::string::npos);
+  const std::string report = formatFailureReport("worker", "host", outcome->failures);
+  CHECK(report.find("<not reaped> (pid: " + std::to_string(pidOf(0))) != std::string::npos);
 }

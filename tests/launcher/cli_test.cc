@@ -862,3 +862,31 @@ TEST_CASE("cli console options: --worker-tty, --stdin, --raw-output", "[unit]") 
   // cpprun's own: no PET_ fallback.
   CHECK(parseOk({"t.py"}, {{"PET_STDIN", "none"}}).stdin_mode == "rank0");
 }
+
+TEST_CASE(
+    "--uninterruptible-state-timeout, else TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT as "
+    "torch reads it; --reap-timeout",
+    "[unit]") {
+  LaunchConfig c = parseOk({"train.py"});
+  CHECK(c.uninterruptible_state_timeout == 0);  // off, as torch
+  CHECK(c.reap_timeout == 5);
+  c = parseOk({"--uninterruptible-state-timeout=2.5", "--reap-timeout", "0.5", "train.py"});
+  CHECK(c.uninterruptible_state_timeout == 2.5);
+  CHECK(c.reap_timeout == 0.5);
+  c = parseOk({"train.py"}, {{"TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT", "3"}});
+  CHECK(c.uninterruptible_state_timeout == 3);
+  // The flag wins over the variable.
+  c = parseOk({"--uninterruptible-state-timeout=0", "train.py"},
+              {{"TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT", "3"}});
+  CHECK(c.uninterruptible_state_timeout == 0);
+  // torch: unparsable or non-positive disables the check (no error).
+  for (const char* v : {"abc", "-1", "0", ""}) {
+    c = parseOk({"train.py"}, {{"TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT", v}});
+    CHECK(c.uninterruptible_state_timeout == 0);
+  }
+  // The flags themselves are checked like every other.
+  CHECK(parseError({"--uninterruptible-state-timeout=-1", "train.py"})
+            .find("--uninterruptible-state-timeout") != std::string::npos);
+  CHECK(parseError({"--reap-timeout=0", "train.py"}).find("--reap-timeout") != std::string::npos);
+  CHECK(std::string(usageText()).find("--reap-timeout") != std::string::npos);
+}
