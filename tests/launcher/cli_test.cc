@@ -864,8 +864,8 @@ TEST_CASE("cli console options: --worker-tty, --stdin, --raw-output", "[unit]") 
 }
 
 TEST_CASE(
-    "--uninterruptible-state-timeout, else TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT as "
-    "torch reads it; --reap-timeout",
+    "cli uninterruptible-state-timeout, else TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT as "
+    "torch reads it, and reap-timeout",
     "[unit]") {
   LaunchConfig c = parseOk({"train.py"});
   CHECK(c.uninterruptible_state_timeout == 0);  // off, as torch

@@ -195,9 +195,15 @@ struct PipeResult {
   int code = -1;
   std::string output;
 };
-PipeResult runWithPipes(std::vector<std::string> argv, const std::string& input,
-                        std::chrono::milliseconds bound,
-                        const std::map<std::string, std::string>& env = {}) {
+// A program started with a pipe as its stdin (`in`: the write end) and one for its stdout and
+// stderr (`out`: the read end).
+struct PipedChild {
+  pid_t pid = -1;
+  int in = -1;
+  int out = -1;
+};
+PipedChild startWithPipes(const std::vector<std::string>& argv,
+                          const std::map<std::string, std::string>& env = {}) {
   int in[2];
   int out[2];
   REQUIRE(::pipe2(in, O_CLOEXEC) == 0);
@@ -216,21 +222,29 @@ PipeResult runWithPipes(std::vector<std::string> argv, const std::string& input,
   }
   ::close(in[0]);
   ::close(out[1]);
-  REQUIRE(::write(in[1], input.data(), input.size()) == static_cast<ssize_t>(input.size()));
-  ::close(in[1]);
+  return {pid, in[1], out[0]};
+}
+
+PipeResult runWithPipes(std::vector<std::string> argv, const std::string& input,
+                        std::chrono::milliseconds bound,
+                        const std::map<std::string, std::string>& env = {}) {
+  const PipedChild child = startWithPipes(argv, env);
+  const pid_t pid = child.pid;
+  REQUIRE(::write(child.in, input.data(), input.size()) == static_cast<ssize_t>(input.size()));
+  ::close(child.in);
   PipeResult result;
   const auto deadline = Clock::now() + bound;
   char buffer[4096];
   for (;;) {
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    pollfd p{out[0], POLLIN, 0};
+    pollfd p{child.out, POLLIN, 0};
     if (left <= 0 || ::poll(&p, 1, static_cast<int>(left)) <= 0) break;
-    const ssize_t n = ::read(out[0], buffer, sizeof buffer);
+    const ssize_t n = ::read(child.out, buffer, sizeof buffer);
     if (n <= 0) break;
     result.output.append(buffer, static_cast<size_t>(n));
   }
-  ::close(out[0]);
+  ::close(child.out);
   int status = 0;
   if (Clock::now() >= deadline) ::kill(pid, SIGKILL);
   ::waitpid(pid, &status, 0);
@@ -501,53 +515,37 @@ print("DONE", os.environ["RANK"], flush=True)
     ~IgnorePipe() { ::signal(SIGPIPE, previous); }
     sighandler_t previous;
   } ignore_pipe;
-  int in[2];
-  int out[2];
-  REQUIRE(::pipe2(in, O_CLOEXEC) == 0);
-  REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
-  std::vector<std::string> argv = cpprun({"--nproc-per-node=2", script});
-  std::vector<std::string> envs = runEnvironment({});
-  auto c_argv = cStrings(argv);
-  auto c_env = cStrings(envs);
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    ::dup2(in[0], 0);
-    ::dup2(out[1], 1);
-    ::dup2(out[1], 2);
-    ::execve(c_argv[0], c_argv.data(), c_env.data());
-    ::_exit(127);
-  }
-  ::close(in[0]);
-  ::close(out[1]);
+  const PipedChild child = startWithPipes(cpprun({"--nproc-per-node=2", script}));
+  const pid_t pid = child.pid;
+  int stdin_fd = child.in;
   // 4 MiB of input, far more than cpprun buffers: cpprun stops reading, the pipe fills, and
   // this writer waits (non-blocking, so the test can read cpprun's output meanwhile).
-  const int flags = ::fcntl(in[1], F_GETFL);
-  ::fcntl(in[1], F_SETFL, flags | O_NONBLOCK);
+  const int flags = ::fcntl(stdin_fd, F_GETFL);
+  ::fcntl(stdin_fd, F_SETFL, flags | O_NONBLOCK);
   const std::string chunk(64 * 1024, 'x');
   size_t written = 0;
   std::string output;
   const auto deadline = Clock::now() + 60s;
   bool eof = false;
   while (!eof && Clock::now() < deadline) {
-    if (in[1] >= 0 && written < 4 * 1024 * 1024) {
-      const ssize_t n = ::write(in[1], chunk.data(), chunk.size());
+    if (stdin_fd >= 0 && written < 4 * 1024 * 1024) {
+      const ssize_t n = ::write(stdin_fd, chunk.data(), chunk.size());
       if (n > 0) written += static_cast<size_t>(n);
       if (n < 0 && errno == EPIPE) {
-        ::close(in[1]);
-        in[1] = -1;
+        ::close(stdin_fd);
+        stdin_fd = -1;
       }
     }
-    pollfd p{out[0], POLLIN, 0};
+    pollfd p{child.out, POLLIN, 0};
     if (::poll(&p, 1, 20) > 0) {
       char buffer[4096];
-      const ssize_t n = ::read(out[0], buffer, sizeof buffer);
+      const ssize_t n = ::read(child.out, buffer, sizeof buffer);
       if (n <= 0) eof = true;
       if (n > 0) output.append(buffer, static_cast<size_t>(n));
     }
   }
-  if (in[1] >= 0) ::close(in[1]);
-  ::close(out[0]);
+  if (stdin_fd >= 0) ::close(stdin_fd);
+  ::close(child.out);
   if (!eof) ::kill(pid, SIGKILL);
   int status = 0;
   ::waitpid(pid, &status, 0);

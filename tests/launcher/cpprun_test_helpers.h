@@ -65,6 +65,50 @@ inline bool alive(pid_t pid) {
   return close != std::string::npos && text.size() > close + 2 && text[close + 2] != 'Z';
 }
 
+// The events of an --event-log file, one JSON object per line; a line that is not JSON fails
+// the test, naming it.
+inline std::vector<Json> readEventLog(const std::string& path) {
+  std::vector<Json> events;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    INFO(path << ": " << line);
+    REQUIRE_NOTHROW(events.push_back(Json::parse(line)));
+  }
+  return events;
+}
+
+inline std::vector<Json> eventsNamed(const std::vector<Json>& events, const std::string& name) {
+  std::vector<Json> found;
+  for (const Json& e : events) {
+    if (e.value("event", "") == name) found.push_back(e);
+  }
+  return found;
+}
+
+// Pids of the live processes whose environment holds `entry` ("NAME=value"): everything a
+// launcher started with that environment, wherever it ended up in the process tree.
+inline std::vector<pid_t> processesWithEnvironment(const std::string& entry) {
+  std::vector<pid_t> found;
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return found;
+  while (const dirent* e = ::readdir(proc)) {
+    const pid_t pid = static_cast<pid_t>(std::atol(e->d_name));
+    if (pid <= 0 || pid == ::getpid()) continue;
+    std::ifstream in("/proc/" + std::to_string(pid) + "/environ");
+    std::string var;
+    while (std::getline(in, var, '\0')) {
+      if (var == entry) {
+        if (alive(pid)) found.push_back(pid);
+        break;
+      }
+    }
+  }
+  ::closedir(proc);
+  return found;
+}
+
 // Processes that are not our children die asynchronously; wait (bounded) until none is alive.
 inline bool allGone(const std::vector<pid_t>& pids, std::chrono::milliseconds bound = 10s) {
   auto deadline = std::chrono::steady_clock::now() + bound;

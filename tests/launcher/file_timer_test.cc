@@ -47,39 +47,17 @@ double printedNumber(const std::string& output, const std::string& prefix) {
   return std::atof(output.c_str() + at + prefix.size());
 }
 
-std::vector<Json> eventsNamed(const std::string& path, const std::string& name) {
-  std::vector<Json> found;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    Json e = Json::parse(line, nullptr, false);
-    if (!e.is_discarded() && e.value("event", "") == name) found.push_back(e);
-  }
-  return found;
-}
-
 double eventSeconds(const Json& event) { return event.at("time_us").get<double>() / 1e6; }
 
 // SIGKILLs every live process whose environment holds `entry`; returns their command lines.
 std::vector<std::string> killProcessesWithEnvironment(const std::string& entry) {
   std::vector<std::string> killed;
-  for (const auto& proc : fs::directory_iterator("/proc")) {
-    const pid_t pid = static_cast<pid_t>(std::atol(proc.path().filename().c_str()));
-    if (pid <= 0 || pid == ::getpid()) continue;
-    std::ifstream in(proc.path() / "environ");
-    std::string var;
-    while (std::getline(in, var, '\0')) {
-      if (var == entry) {
-        if (alive(pid)) {
-          std::ifstream cmdline_file(proc.path() / "cmdline");
-          std::string cmdline((std::istreambuf_iterator<char>(cmdline_file)), {});
-          std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
-          ::kill(pid, SIGKILL);
-          killed.push_back(std::to_string(pid) + " " + cmdline);
-        }
-        break;
-      }
-    }
+  for (pid_t pid : processesWithEnvironment(entry)) {
+    std::ifstream cmdline_file("/proc/" + std::to_string(pid) + "/cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(cmdline_file)), {});
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    ::kill(pid, SIGKILL);
+    killed.push_back(std::to_string(pid) + " " + cmdline);
   }
   return killed;
 }
@@ -115,13 +93,13 @@ TEST_CASE(
   const double armed = printedNumber(run.output(), "[default1]:ARMED_AT ");
   REQUIRE(armed > 0);
 
-  auto expired = eventsNamed(events, "file_timer_expired");
+  auto expired = eventsNamed(readEventLog(events), "file_timer_expired");
   REQUIRE(expired.size() == 1);
   CHECK(expired[0]["rank"] == 1);
   CHECK(expired[0]["scope_id"] == "train_step");
   CHECK(expired[0]["signal"] == "SIGKILL");
   double exited_at = 0;
-  for (const Json& e : eventsNamed(events, "worker_exited")) {
+  for (const Json& e : eventsNamed(readEventLog(events), "worker_exited")) {
     if (e["rank"] == 1) exited_at = eventSeconds(e);
   }
   REQUIRE(exited_at > 0);
@@ -137,7 +115,7 @@ TEST_CASE(
   CHECK_THAT(root_section,
              Catch::Contains("FileTimer scope 'train_step' expired 1.0 s after it was armed"));
   CHECK_THAT(root_section, Catch::Contains("cpprun sent SIGKILL to pid"));
-  auto roots = eventsNamed(events, "root_cause");
+  auto roots = eventsNamed(readEventLog(events), "root_cause");
   REQUIRE(roots.size() == 1);
   CHECK_THAT(roots[0]["message"].get<std::string>(), Catch::Contains("'train_step'"));
   std::printf(
@@ -181,11 +159,11 @@ TEST_CASE("FileTimer: with --max-restarts=1 an expiry fails attempt 0 and attemp
   REQUIRE(again_status.has_value());
   INFO(again.output());
   CHECK(exitCodeOf(*again_status) == 0);
-  auto expired_again = eventsNamed(events2, "file_timer_expired");
+  auto expired_again = eventsNamed(readEventLog(events2), "file_timer_expired");
   REQUIRE(expired_again.size() == 1);
   CHECK(expired_again[0]["attempt"] == 0);
   CHECK(expired_again[0]["rank"] == 0);
-  CHECK(eventsNamed(events2, "restart").size() == 1);
+  CHECK(eventsNamed(readEventLog(events2), "restart").size() == 1);
 }
 
 TEST_CASE("FileTimer under torch 2.x's torchrun: the expiry kills the worker and torchrun itself",

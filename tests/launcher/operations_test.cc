@@ -28,25 +28,6 @@ using namespace cpprun::testing;
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-std::vector<Json> readEvents(const std::string& path) {
-  std::vector<Json> events;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    INFO(line);
-    REQUIRE_NOTHROW(events.push_back(Json::parse(line)));
-  }
-  return events;
-}
-
-std::vector<Json> eventsNamed(const std::vector<Json>& events, const std::string& name) {
-  std::vector<Json> out;
-  for (const Json& e : events) {
-    if (e.value("event", "") == name) out.push_back(e);
-  }
-  return out;
-}
-
 // The epoch seconds a worker printed as "<prefix><seconds>" (cpprun's "[default0]:" before it).
 double printedTime(const std::string& output, const std::string& prefix) {
   const size_t at = output.find(prefix);
@@ -141,7 +122,7 @@ TEST_CASE(
   CHECK(exitCodeOf(*status) == 1);
   // Detected no sooner than the timeout after the last report, and no later than one check
   // interval (0.5 s) plus scheduling slack after it.
-  auto stalls = eventsNamed(readEvents(events), "stall_detected");
+  auto stalls = eventsNamed(readEventLog(events), "stall_detected");
   REQUIRE(stalls.size() == 1);
   CHECK(stalls[0]["rank"] == 1);
   CHECK(stalls[0]["progress"] == 3);
@@ -159,7 +140,7 @@ TEST_CASE(
   const std::string stacks = readFile(dir.path() + "/stall/attempt_0/1/stacks_gdb.txt");
   CHECK_THAT(stacks, Catch::Contains("pauseForever"));
   CHECK_THAT(stacks, Catch::Contains("Thread 1"));
-  auto roots = eventsNamed(readEvents(events), "root_cause");
+  auto roots = eventsNamed(readEventLog(events), "root_cause");
   REQUIRE(roots.size() == 1);
   CHECK(roots[0]["rank"] == 1);
   CHECK_THAT(roots[0]["message"].get<std::string>(), Catch::StartsWith("stalled:"));
@@ -184,7 +165,7 @@ TEST_CASE("a SIGSTOPped worker is detected, its stack taken while stopped, and t
   INFO(run.output());
   CHECK(exitCodeOf(*status) == 0);
   CHECK(took < 20);  // not the 30 s shutdown timeout
-  const auto all = readEvents(events);
+  const auto all = readEventLog(events);
   REQUIRE(eventsNamed(all, "stall_detected").size() == 1);
   REQUIRE(eventsNamed(all, "restart").size() == 1);
   CHECK(eventsNamed(all, "job_finished").at(0)["outcome"] == "succeeded");
@@ -236,7 +217,7 @@ TEST_CASE("the event log records the rendezvous, every worker, the restart and t
   REQUIRE(status.has_value());
   INFO(run.output());
   REQUIRE(exitCodeOf(*status) == 1);
-  const auto all = readEvents(events);
+  const auto all = readEventLog(events);
   INFO(readFile(events));
   for (const Json& e : all) {
     CHECK(e["host"] == "nodeA");
@@ -286,7 +267,7 @@ TEST_CASE("the event log records a signal and the job it stopped", "[integration
   REQUIRE(status.has_value());
   INFO(run.output());
   CHECK(exitCodeOf(*status) == 128 + SIGTERM);
-  const auto all = readEvents(events);
+  const auto all = readEventLog(events);
   auto signals = eventsNamed(all, "signal_received");
   REQUIRE(signals.size() == 1);
   CHECK(signals[0]["signal"] == "SIGTERM");
@@ -320,7 +301,7 @@ TEST_CASE(
                                   "wait-file", dir.path() + "/go", "30"}));
   REQUIRE(relayed(run, "[default0]:ready 0"));
   REQUIRE(relayed(run, "[default1]:ready 1"));
-  auto listening = eventsNamed(readEvents(events), "metrics_listening");
+  auto listening = eventsNamed(readEventLog(events), "metrics_listening");
   REQUIRE(listening.size() == 1);
   const int port = listening[0]["port"];
   CHECK(listening[0]["address"] == "127.0.0.1");
@@ -454,7 +435,7 @@ TEST_CASE(
   INFO(run.output());
   CHECK(exitCodeOf(*status) == 0);  // the second attempt finishes
   const double hang_at = printedTime(run.output(), "HANG_AT ");
-  const auto all = readEvents(events);
+  const auto all = readEventLog(events);
   auto stalls = eventsNamed(all, "stall_detected");
   REQUIRE(!stalls.empty());
   bool blocked_rank_caught = false;
@@ -513,7 +494,7 @@ TEST_CASE(
   REQUIRE(status.has_value());
   INFO(run.output());
   CHECK(exitCodeOf(*status) == 1);
-  auto stalls = eventsNamed(readEvents(events), "stall_detected");
+  auto stalls = eventsNamed(readEventLog(events), "stall_detected");
   REQUIRE(!stalls.empty());
   // Counted from the workers' start (before the hang), at the first timeout: a run whose
   // stamps were on, or whose bound were --stall-timeout, is caught within ~1 s of the hang.

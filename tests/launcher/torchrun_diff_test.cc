@@ -60,25 +60,6 @@ std::vector<std::string> launcherCommand(Launcher l, std::vector<std::string> ar
   return args;
 }
 
-// Pids of the live processes whose environment holds `entry` ("NAME=value"): everything a
-// launcher started with that environment, wherever it ended up in the process tree.
-std::vector<pid_t> processesWithEnvironment(const std::string& entry) {
-  std::vector<pid_t> found;
-  for (const auto& proc : fs::directory_iterator("/proc")) {
-    const pid_t pid = static_cast<pid_t>(std::atol(proc.path().filename().c_str()));
-    if (pid <= 0 || pid == ::getpid()) continue;
-    std::ifstream in(proc.path() / "environ");
-    std::string var;
-    while (std::getline(in, var, '\0')) {
-      if (var == entry) {
-        if (alive(pid)) found.push_back(pid);
-        break;
-      }
-    }
-  }
-  return found;
-}
-
 // "pid state ppid cmdline" for each process still alive: what a failed no-orphans check shows.
 std::string describeProcesses(const std::vector<pid_t>& pids) {
   std::ostringstream out;

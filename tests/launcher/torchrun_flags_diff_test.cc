@@ -79,24 +79,6 @@ std::vector<std::string> launcherCommand(Launcher l, const std::vector<std::stri
   return argv;
 }
 
-// Pids of the live processes whose environment holds `entry` ("NAME=value").
-std::vector<pid_t> processesWithEnvironment(const std::string& entry) {
-  std::vector<pid_t> found;
-  for (const auto& proc : fs::directory_iterator("/proc")) {
-    const pid_t pid = static_cast<pid_t>(std::atol(proc.path().filename().c_str()));
-    if (pid <= 0 || pid == ::getpid()) continue;
-    std::ifstream in(proc.path() / "environ");
-    std::string var;
-    while (std::getline(in, var, '\0')) {
-      if (var == entry) {
-        if (alive(pid)) found.push_back(pid);
-        break;
-      }
-    }
-  }
-  return found;
-}
-
 // One test's directories; the destructor SIGKILLs whatever still runs with its TMPDIR
 // (torchrun's workers live in their own sessions and outlive a torchrun SIGKILLed by a failed
 // assertion).

@@ -176,23 +176,6 @@ void endWorkers(const std::vector<pid_t>& pids) {
   allGone(pids, seconds(10));
 }
 
-std::vector<Json> eventsIn(const std::string& path) {
-  std::vector<Json> events;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    if (!line.empty()) events.push_back(Json::parse(line));
-  }
-  return events;
-}
-
-std::vector<Json> eventsNamed(const std::vector<Json>& events, const std::string& name) {
-  std::vector<Json> out;
-  for (const Json& e : events) {
-    if (e.value("event", "") == name) out.push_back(e);
-  }
-  return out;
-}
-
 TEST_CASE(
     "uninterruptible sleep: a running worker in D state for the timeout fails the attempt "
     "without a restart",
@@ -240,7 +223,7 @@ TEST_CASE(
   CHECK(report.find("rank      : 0") != std::string::npos);
   CHECK(report.find("pid " + std::to_string(rank0)) != std::string::npos);
   CHECK(report.find("state D (uninterruptible sleep)") != std::string::npos);
-  const auto log = eventsIn(events);
+  const auto log = readEventLog(events);
   CHECK(eventsNamed(log, "worker_uninterruptible").size() == 1);
   const auto timeouts = eventsNamed(log, "worker_uninterruptible_timeout");
   REQUIRE(timeouts.size() == 1);
@@ -297,7 +280,7 @@ TEST_CASE(
   CHECK(out.find("still alive 2.0 s after SIGKILL") != std::string::npos);
   if (!wchan.empty() && wchan != "0") CHECK(out.find("wchan " + wchan) != std::string::npos);
   CHECK(out.find("attempt 1") == std::string::npos);
-  const auto log = eventsIn(events);
+  const auto log = readEventLog(events);
   const auto unreaped = eventsNamed(log, "worker_unreaped");
   REQUIRE(unreaped.size() == 1);
   CHECK(unreaped[0]["pid"] == rank0);
