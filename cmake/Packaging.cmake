@@ -23,7 +23,7 @@ if(CPPRUN_HELP2MAN)
   add_custom_target(cpprun-man ALL DEPENDS ${CMAKE_CURRENT_BINARY_DIR}/cpprun.1)
   install(FILES ${CMAKE_CURRENT_BINARY_DIR}/cpprun.1 DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
 else()
-  message(WARNING "help2man not found (packaging/setup.sh installs it): no cpprun(1) man page")
+  message(WARNING "help2man not found (packaging/setup.sh without --build-only installs it): no cpprun(1) man page")
 endif()
 
 install(FILES packaging/completion/cpprun.bash
