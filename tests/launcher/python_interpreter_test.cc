@@ -62,8 +62,7 @@ TEST_CASE("a cpprun in a conda environment's bin/ runs workers with its python",
   CHECK(pythonInterpreter({}, exe) == (env / "bin" / "python").string());
 }
 
-TEST_CASE("a cpprun outside any Python environment runs workers with python3 from PATH",
-          "[unit]") {
+TEST_CASE("a cpprun outside any Python environment runs workers with python3 from PATH", "[unit]") {
   CHECK(pythonInterpreter({}, "/usr/bin/cpprun") == "python3");  // /usr/pyvenv.cfg: none
   CHECK(pythonInterpreter({}, "") == "python3");
   CHECK(pythonInterpreter({{"PYTHON_EXEC", "python3.11"}}, "") == "python3.11");
