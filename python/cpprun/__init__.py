@@ -21,16 +21,22 @@ def executable(name="cpprun"):
     """The path of the installed ``cpprun`` (or ``cpprun-store``) executable.
 
     Found in the files pip recorded for this distribution (so a ``--user`` or ``--prefix``
-    install is found too), else in the running interpreter's scripts directory.
+    install is found too), else in the running interpreter's scripts directory. In a wheel
+    repaired by auditwheel the native executable lies in ``cpprun.scripts/`` in site-packages
+    and ``bin/cpprun`` is a script that executes it: the native one is returned.
     """
     try:
-        for f in metadata.distribution("cpprun").files or ():
-            if f.name == name and f.parent.name == "bin":
+        files = metadata.distribution("cpprun").files or ()
+    except metadata.PackageNotFoundError:
+        files = ()
+    # The native executable itself: in cpprun.scripts/ when auditwheel repaired the wheel (its
+    # bin/ entry is then a script that executes it), else in bin/.
+    for folder in ("cpprun.scripts", "bin"):
+        for f in files:
+            if f.name == name and f.parent.name == folder:
                 path = os.path.realpath(f.locate())
                 if os.access(path, os.X_OK):
                     return path
-    except metadata.PackageNotFoundError:
-        pass
     path = os.path.join(sysconfig.get_path("scripts"), name)
     if os.access(path, os.X_OK):
         return path

@@ -51,6 +51,21 @@ TEST_CASE("a cpprun in a venv's bin/ runs workers with that venv's python", "[un
   CHECK(pythonInterpreter({}, exe) == "python3");
 }
 
+TEST_CASE("a cpprun inside a venv's site-packages runs workers with that venv's python", "[unit]") {
+  // Where auditwheel's repair puts the binary: <venv>/lib/python3.11/site-packages/cpprun.scripts/.
+  cpprun::testing::TempDir tmp;
+  const fs::path env = fs::path(tmp.path()) / "venv";
+  const fs::path exe = env / "lib" / "python3.11" / "site-packages" / "cpprun.scripts" / "cpprun";
+  touch(exe, true);
+  touch(env / "bin" / "python3", true);
+  CHECK(environmentPython(exe.string()).empty());  // no pyvenv.cfg yet
+  std::ofstream(env / "pyvenv.cfg") << "home = /usr/bin\n";
+  CHECK(environmentPython(exe.string()) == (env / "bin" / "python3").string());
+  // Not under site-packages: a build folder somewhere inside the venv is not the venv's.
+  touch(env / "src" / "cpprun" / "build" / "cpprun", true);
+  CHECK(environmentPython((env / "src" / "cpprun" / "build" / "cpprun").string()).empty());
+}
+
 TEST_CASE("a cpprun in a conda environment's bin/ runs workers with its python", "[unit]") {
   cpprun::testing::TempDir tmp;
   const fs::path env = fs::path(tmp.path()) / "conda-env";
