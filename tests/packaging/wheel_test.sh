@@ -8,11 +8,11 @@
 #
 #   wheel_test.sh SOURCE_DIR BUILD_DIR
 # The wheel's CMake build folder, BUILD_DIR/wheel-build, is kept between runs (an incremental
-# rebuild); everything else lives in a scratch folder removed at exit. Every step has a bound.
+# rebuild; `pip install .` uses it too); everything else lives in a scratch folder removed at
+# exit. Every step has a bound.
 set -euo pipefail
 src=$(cd "$1" && pwd)
 build=$(cd "$2" && pwd)
-tools=${CPPRUN_WHEEL_TOOLS_VENV:-/opt/cpprun/wheel-tools}
 base_python=/usr/bin/python3
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
@@ -20,25 +20,16 @@ fail() { echo "wheel_test: $*" >&2; exit 1; }
 step() { echo "wheel_test: $* ($(( $(date +%s) - started )) s)"; }
 started=$(date +%s)
 
-[ -x "$tools/bin/pip" ] || fail "no $tools (packaging/setup.sh makes it)"
 version=$(sed -n 's/^project(cpprun VERSION \([0-9.]*\).*/\1/p' "$src/CMakeLists.txt")
 
-# 1. Build (PEP 517 through pip, as `pip install .` does) and repair.
-CMAKE_BUILD_PARALLEL_LEVEL=2 timeout 1500 "$tools/bin/pip" wheel --no-build-isolation --no-deps \
-  --no-index --disable-pip-version-check --config-settings=build-dir="$build/wheel-build" \
-  -w "$scratch/raw" "$src" > "$scratch/build.log" 2>&1 ||
-  { tail -n 40 "$scratch/build.log" >&2; fail "pip wheel failed"; }
-raw=$(ls "$scratch"/raw/cpprun-"$version"-py3-none-linux_*.whl) || fail "no raw wheel: $(ls "$scratch/raw")"
-step "built $(basename "$raw")"
-timeout 300 "$tools/bin/auditwheel" show "$raw"
-# The tag claimed is the build system's own glibc (Debian 12: 2.36), whatever lower tag the
-# symbol versions alone would allow: the bundled libraries and the toolchain were built against
-# it, and nothing older was tried.
-glibc=$(getconf GNU_LIBC_VERSION | sed -n 's/^glibc 2\.\([0-9]*\)$/\1/p')
-plat=manylinux_2_${glibc}_$(uname -m)
-PATH="$tools/bin:$PATH" timeout 300 "$tools/bin/auditwheel" repair --plat "$plat" --only-plat -w "$scratch/dist" "$raw" \
-  > "$scratch/repair.log" 2>&1 || { cat "$scratch/repair.log" >&2; fail "auditwheel repair failed"; }
-whl=$(ls "$scratch"/dist/cpprun-"$version"-*.whl) || fail "no repaired wheel"
+# 1. Build (PEP 517 through pip, as `pip install .` does) and repair: packaging/build-wheel.sh.
+whl=$(timeout 1500 "$src/packaging/build-wheel.sh" "$scratch/dist" "$build" 2> "$scratch/build.log") ||
+  { tail -n 60 "$scratch/build.log" >&2; fail "packaging/build-wheel.sh failed"; }
+cat "$scratch/build.log"
+case $(basename "$whl") in
+  cpprun-"$version"-py3-none-manylinux_2_*_*.whl) ;;
+  *) fail "unexpected wheel $whl" ;;
+esac
 step "repaired: $(basename "$whl"), $(stat -c %s "$whl") bytes; it holds:"
 "$base_python" -m zipfile -l "$whl" | sed 's/^/  /'
 
