@@ -22,7 +22,8 @@ case "${1:-}" in
   --build-only) build_only=1 ;;
   --wheel-tools) build_only=1; wheel_tools=1 ;;
   "") ;;
-  *) echo "setup.sh: unknown argument '$1' (usage: setup.sh [--build-only|--wheel-tools])" >&2; exit 2 ;;
+  *) echo "setup.sh: unknown argument '$1' (usage: setup.sh [--build-only|--wheel-tools])" >&2
+     exit 2 ;;
 esac
 
 # The fewest packages that build cpprun and cpprun-mnist (a new user's first run installs only
@@ -49,9 +50,9 @@ packages=(
   dataset-fashion-mnist python3-matplotlib
   # multi-node tests: real Open MPI and Slurm (slurmctld + slurmd + munge started by the tests)
   openmpi-bin slurmctld slurmd slurm-client munge
-  # packaging: the man page from --help, the .deb's dependencies (dpkg-shlibdeps), and the
-  # modulefile's test (Environment Modules; Lmod reads the same Tcl modulefile)
-  help2man dpkg-dev environment-modules
+  # packaging: the man page from --help, the .deb's dependencies (dpkg-shlibdeps; CPack runs
+  # file), and the modulefile's test (Environment Modules; Lmod reads the same Tcl modulefile)
+  help2man dpkg-dev file environment-modules
   # --stall-timeout's native stacks (gdb in batch mode); its tests need it
   gdb
   # the torch 2.x venv (below) is made with Debian's python3
