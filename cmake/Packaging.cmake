@@ -23,7 +23,7 @@ if(CPPRUN_HELP2MAN)
   add_custom_target(cpprun-man ALL DEPENDS ${CMAKE_CURRENT_BINARY_DIR}/cpprun.1)
   install(FILES ${CMAKE_CURRENT_BINARY_DIR}/cpprun.1 DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
 else()
-  message(WARNING "help2man not found (packaging/setup.sh installs it): no cpprun(1) man page")
+  message(WARNING "help2man not found (packaging/setup.sh without --build-only installs it): no cpprun(1) man page")
 endif()
 
 install(FILES packaging/completion/cpprun.bash
@@ -66,5 +66,9 @@ if(CPPRUN_HAVE_CUDA)
   string(APPEND CPACK_PACKAGE_DESCRIPTION
          " This build's cpprun-mnist also trains on GPUs and needs the CUDA ${CUDAToolkit_VERSION} runtime, cuBLAS and NCCL libraries installed (not Debian packages).")
 endif()
+# `cpack` (and `make install`) do not build the whole tree first: after the main job
+# (packaging/run-main.sh builds cpprun and cpprun-mnist), building cpprun-store and cpprun-man
+# is enough for the .deb (README, "Quick start"), instead of every test target.
+set(CMAKE_SKIP_INSTALL_ALL_DEPENDENCY TRUE)
 set(CPACK_GENERATOR DEB)
 include(CPack)

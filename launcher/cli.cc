@@ -1127,7 +1127,8 @@ Entry point
   ENTRYPOINT is the first argument that is not an option; every argument after it goes to the
   workers unchanged, even one that looks like a cpprun option (use -- before an entry point
   that starts with '-'). A script ending in .py runs as `python3 -u ENTRYPOINT ARGS...`
-  ($PYTHON_EXEC overrides the interpreter); -m runs `python3 -u -m ENTRYPOINT ARGS...`;
+  ($PYTHON_EXEC overrides the interpreter; a cpprun installed in a venv or conda env uses
+  that env's python); -m runs `python3 -u -m ENTRYPOINT ARGS...`;
   --no-python, and any program that is not a .py file, is executed as given. The text
   ${local_rank} in any argument becomes the worker's local rank.
 

@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <sstream>
 
+#include "launcher/python_interpreter.h"
+
 namespace cpprun::launcher {
 
 namespace {
@@ -157,7 +159,7 @@ std::vector<std::string> workerCommand(const LaunchConfig& config,
   std::vector<std::string> argv;
   bool python = !config.no_python && (config.module || endsWith(config.entrypoint, ".py"));
   if (python) {
-    argv.push_back(envOr(agent_env, "PYTHON_EXEC", "python3"));
+    argv.push_back(pythonInterpreter(agent_env, selfExecutable()));
     argv.push_back("-u");
     if (config.module) argv.push_back("-m");
   }

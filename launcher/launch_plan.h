@@ -67,8 +67,9 @@ struct LaunchPlan {
 // process limits) or --virtual-local-rank asks for more workers than there are GPUs.
 Result<int> resolveNproc(const LaunchConfig& config, const NodeResources& node);
 
-// The worker's command line for `local_rank`: python3 -u SCRIPT (PYTHON_EXEC overrides the
-// interpreter), python3 -u -m MODULE, or the entry point itself with --no-python or when it is
+// The worker's command line for `local_rank`: PYTHON -u SCRIPT or PYTHON -u -m MODULE (PYTHON:
+// PYTHON_EXEC, else the Python environment cpprun is installed in, else python3 —
+// python_interpreter.h), or the entry point itself with --no-python or when it is
 // not a .py file. "${local_rank}" in arguments becomes the local rank.
 std::vector<std::string> workerCommand(const LaunchConfig& config,
                                        const std::map<std::string, std::string>& agent_env,

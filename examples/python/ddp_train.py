@@ -4,7 +4,7 @@
 
 env:// init (MASTER_ADDR/MASTER_PORT: the agent's store), DistributedSampler-style sharding,
 DDP on gloo (CPU), an all_reduce check, destroy_process_group. With --out DIR each rank writes
-result-<rank>.json (cpprun's integration test reads them). The bundled MNIST trainer comes
+result-<rank>.json, its interpreter included (cpprun's integration tests read them). The bundled MNIST trainer comes
 with a later stage; this is the smallest real DDP job.
 
 --hold-first-attempt, for elastic tests: in the job's first attempt (TORCHELASTIC_RESTART_COUNT
@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import signal
+import sys
 
 import torch
 import torch.distributed as dist
@@ -60,7 +61,8 @@ def main():
     if args.out:
         with open(os.path.join(args.out, f"result-{rank}.json"), "w") as f:
             json.dump({"rank": rank, "world_size": world, "all_reduce": float(t.item()),
-                       "loss": float(loss.item()), "param_checksum": round(checksum, 9)}, f)
+                       "loss": float(loss.item()), "param_checksum": round(checksum, 9),
+                       "executable": sys.executable}, f)
     print(f"rank {rank}: all_reduce={t.item()} loss={loss.item():.4f}", flush=True)
     dist.destroy_process_group()
 

@@ -1,0 +1,5 @@
+# What the Python wheel installs (pyproject.toml; scikit-build-core installs the `wheel`
+# component): the launcher and the standalone store, as scripts, so that pip puts them into
+# the environment's bin/. The trainer, the man page, completion and modulefile are the .deb's
+# and `cmake --install`'s (cmake/Packaging.cmake), not the wheel's.
+install(TARGETS cpprun cpprun-store RUNTIME DESTINATION ${SKBUILD_SCRIPTS_DIR} COMPONENT wheel)
