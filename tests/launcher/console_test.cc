@@ -202,7 +202,7 @@ struct PipedChild {
   int in = -1;
   int out = -1;
 };
-PipedChild startWithPipes(const std::vector<std::string>& argv,
+PipedChild startWithPipes(std::vector<std::string> argv,
                           const std::map<std::string, std::string>& env = {}) {
   int in[2];
   int out[2];
