@@ -18,8 +18,8 @@
 #include "agent/job_containment.h"
 #include "agent/process_launcher.h"
 #include "agent/signal_policy.h"
-#include "agent/worker_terminal.h"
 #include "agent/stuck_process.h"
+#include "agent/worker_terminal.h"
 #include "common/logging.h"
 
 namespace cpprun::agent {

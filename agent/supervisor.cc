@@ -19,8 +19,8 @@
 
 #include "agent/python_progress.h"
 #include "agent/stdin_forwarder.h"
-#include "agent/worker_terminal.h"
 #include "agent/stuck_process.h"
+#include "agent/worker_terminal.h"
 #include "common/asio.h"
 #include "common/logging.h"
 #include "common/progress_file.h"
