@@ -487,8 +487,11 @@ struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
 
   void addLine(std::string_view line) {
     open_text.reset();  // the line it showed has ended
+    // On a plain console the last update shown is a line of its own already: a line that ends
+    // in that same state is not shown twice.
+    const bool shown_as_update = !route.terminal && line == last_update_shown;
     last_update_shown.clear();
-    if (route.to_console) appendConsoleLine(line);
+    if (route.to_console && !shown_as_update) appendConsoleLine(line);
     if (route.filtered && route.filtered->matches(line)) {
       filtered.append(route.prefix);
       filtered.append(line);

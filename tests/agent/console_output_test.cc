@@ -143,6 +143,16 @@ TEST_CASE("WorkerOutput: progress updates reach a plain console as lines, thrott
   CHECK(rig.out->tail() == std::vector<std::string>{"100%"});  // final states only
 }
 
+TEST_CASE("WorkerOutput: a line that ends in the update shown last is not shown twice", "[unit]") {
+  StreamRig rig(/*terminal=*/false);
+  rig.write("\r 1%\r100%");
+  REQUIRE(rig.shows("[p]100%\n"));
+  rig.write("\nnext\n");
+  REQUIRE(rig.shows("[p]next\n"));
+  CHECK(rig.shown == "[p]100%\n[p]next\n");
+  CHECK(rig.out->tail() == std::vector<std::string>{"100%", "next"});  // the tail keeps it
+}
+
 TEST_CASE("WorkerOutput: a held-back update shows within the interval", "[unit]") {
   StreamRig rig(/*terminal=*/false);
   rig.write("\r 1%");
