@@ -202,11 +202,19 @@ struct PipedChild {
   int in = -1;
   int out = -1;
 };
+// With `stdin_file`, the program's stdin is that file (opened read-only) and `in` is -1.
 PipedChild startWithPipes(std::vector<std::string> argv,
-                          const std::map<std::string, std::string>& env = {}) {
+                          const std::map<std::string, std::string>& env = {},
+                          const std::string& stdin_file = "") {
   int in[2];
   int out[2];
-  REQUIRE(::pipe2(in, O_CLOEXEC) == 0);
+  if (stdin_file.empty()) {
+    REQUIRE(::pipe2(in, O_CLOEXEC) == 0);
+  } else {
+    in[0] = ::open(stdin_file.c_str(), O_RDONLY | O_CLOEXEC);
+    REQUIRE(in[0] >= 0);
+    in[1] = -1;
+  }
   REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
   std::vector<std::string> envs = runEnvironment(env);
   auto c_argv = cStrings(argv);
@@ -225,13 +233,17 @@ PipedChild startWithPipes(std::vector<std::string> argv,
   return {pid, in[1], out[0]};
 }
 
+// With `stdin_file`, the program reads that file instead and `input` is not used.
 PipeResult runWithPipes(std::vector<std::string> argv, const std::string& input,
                         std::chrono::milliseconds bound,
-                        const std::map<std::string, std::string>& env = {}) {
-  const PipedChild child = startWithPipes(argv, env);
+                        const std::map<std::string, std::string>& env = {},
+                        const std::string& stdin_file = "") {
+  const PipedChild child = startWithPipes(argv, env, stdin_file);
   const pid_t pid = child.pid;
-  REQUIRE(::write(child.in, input.data(), input.size()) == static_cast<ssize_t>(input.size()));
-  ::close(child.in);
+  if (child.in >= 0) {
+    REQUIRE(::write(child.in, input.data(), input.size()) == static_cast<ssize_t>(input.size()));
+    ::close(child.in);
+  }
   PipeResult result;
   const auto deadline = Clock::now() + bound;
   char buffer[4096];
@@ -493,6 +505,20 @@ TEST_CASE("piped stdin goes to rank 0 only, to every rank, or to none", "[integr
     CHECK(r.code == 0);
     CHECK(r.output.find("RANK0 stdin=''") != std::string::npos);
     CHECK(r.output.find("RANK1 stdin=''") != std::string::npos);
+  }
+  SECTION("a regular file: rank 0 reads it, and with --stdin=all every rank reads all of it") {
+    const std::string input = dir.path() + "/input.txt";
+    std::ofstream(input) << "from a file\n";
+    auto r = runWithPipes(cpprun({"--nproc-per-node=2", script}), "", 60s, {}, input);
+    INFO(r.output);
+    CHECK(r.code == 0);
+    CHECK(r.output.find("RANK0 stdin='from a file\\n'") != std::string::npos);
+    CHECK(r.output.find("RANK1 stdin=''") != std::string::npos);
+    r = runWithPipes(cpprun({"--nproc-per-node=2", "--stdin=all", script}), "", 60s, {}, input);
+    INFO(r.output);
+    CHECK(r.code == 0);
+    CHECK(r.output.find("RANK0 stdin='from a file\\n'") != std::string::npos);
+    CHECK(r.output.find("RANK1 stdin='from a file\\n'") != std::string::npos);
   }
   SECTION("a restarted rank 0 reads stdin again") {
     const std::string flaky = writeScript(dir, "flaky.py", R"(import os, sys
