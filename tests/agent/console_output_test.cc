@@ -40,7 +40,7 @@ TEST_CASE("LineSplitter: a line is what follows its last carriage return", "[uni
   CHECK_FALSE(splitter.pendingIsUpdate());
 }
 
-TEST_CASE("LineSplitter: \\r\\n ends a line, also split across reads", "[unit]") {
+TEST_CASE("LineSplitter: CR LF ends a line, also split across reads", "[unit]") {
   LineSplitter splitter;
   Collected c;
   splitter.feed("abc\r", c.line(), c.update());
@@ -50,7 +50,7 @@ TEST_CASE("LineSplitter: \\r\\n ends a line, also split across reads", "[unit]")
   CHECK(c.updates.empty());
 }
 
-TEST_CASE("LineSplitter: a line ended right after its last \\r shows its last update", "[unit]") {
+TEST_CASE("LineSplitter: a line ended right after its last CR shows its last update", "[unit]") {
   LineSplitter splitter;
   Collected c;
   splitter.feed("50%\r100%\r\r\n", c.line(), c.update());

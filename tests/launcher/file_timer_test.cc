@@ -69,7 +69,7 @@ std::string torchrunPath() {
 }  // namespace
 
 TEST_CASE(
-    "FileTimer: an expired scope ends its worker within the bound + 2 s and is the root cause; "
+    "FileTimer: an expired scope ends its worker within the bound + 2 s and is the root cause, "
     "released scopes never fire",
     "[integration][torch][torch2]") {
   requireTorchPeer(torch2());

@@ -307,7 +307,7 @@ TEST_CASE("a console that stops reading freezes neither the workers nor the agen
   CHECK(millisecondsSince(stop) < 8000);
 }
 
-TEST_CASE("lines a held console missed are counted and announced; log files keep every one",
+TEST_CASE("lines a held console missed are counted and announced, log files keep every one",
           "[integration]") {
   TempDir dir;
   const std::string d = dir.path();

@@ -252,7 +252,7 @@ TEST_CASE("the store host killed: the other nodes stop their workers and exit 4"
   CHECK(allGone(processesMentioning(d)));
 }
 
-TEST_CASE("a store host stopped for less than the keep-alive bound blames nobody; the job goes on",
+TEST_CASE("a store host stopped for less than the keep-alive bound blames nobody, the job goes on",
           "[integration][multinode]") {
   TempDir dir;
   const std::string d = dir.path();

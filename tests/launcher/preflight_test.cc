@@ -82,7 +82,7 @@ const CheckFinding* finding(const PreflightReport& r, const std::string& topic) 
 
 }  // namespace
 
-TEST_CASE("NCCL's interface: ib first, then not docker or lo; NCCL_SOCKET_IFNAME rules", "[unit]") {
+TEST_CASE("NCCL's interface: ib first, then not docker or lo, NCCL_SOCKET_IFNAME rules", "[unit]") {
   CHECK(ncclPick({}) == "ib0 10.1.0.5");
   auto no_ib = machineInterfaces();
   no_ib.erase(no_ib.begin() + 4);

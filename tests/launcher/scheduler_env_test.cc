@@ -186,7 +186,7 @@ TEST_CASE("a scheduler's task count over the node limit is refused naming the va
 }
 
 TEST_CASE(
-    "several nodes started by hand without an endpoint take torchrun's 127.0.0.1; under mpirun "
+    "several nodes started by hand without an endpoint take torchrun's 127.0.0.1, under mpirun "
     "one single-spaced message names the variable",
     "[unit]") {
   LaunchConfig config;

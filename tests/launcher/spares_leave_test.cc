@@ -379,7 +379,7 @@ TEST_CASE("netns hot spare: a node cut off the network is replaced by the spare 
   }
 }
 
-TEST_CASE("drain: a spare asked to leave gives up its place and exits 0; the job goes on",
+TEST_CASE("drain: a spare asked to leave gives up its place and exits 0, the job goes on",
           "[integration][multinode][elastic][drain][spares]") {
   TempDir dir;
   const std::string d = dir.path();

@@ -503,7 +503,7 @@ TEST_CASE("torchrun 2.x vs cpprun: exit codes of a failing, a killed and a succe
 
 TEST_CASE(
     "torchrun 2.x vs cpprun: the launcher stopped by SIGTERM exits 1 (torchrun) and 143 "
-    "(cpprun); cpprun's worker is always stopped",
+    "(cpprun), cpprun's worker is always stopped",
     "[integration][torch][torch2]") {
   requireTorchPeer(torch2());
   Sandbox box;

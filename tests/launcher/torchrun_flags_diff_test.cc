@@ -200,7 +200,7 @@ void runTwoNodes(Launcher l, const Sandbox& box, const std::vector<std::string>&
 
 TEST_CASE(
     "torchrun 2.x vs cpprun: --event-log-handler console prints the events on stderr, one JSON "
-    "object per line; an unknown handler fails both, cpprun with exit 2 before it starts",
+    "object per line, an unknown handler fails both, cpprun with exit 2 before it starts",
     "[integration][torch][torch2]") {
   requireTorchPeer(torch2());
   Sandbox box;
