@@ -176,6 +176,30 @@ void endWorkers(const std::vector<pid_t>& pids) {
   allGone(pids, seconds(10));
 }
 
+// cpprun with two sleeper workers (sleeperWorker), the D-state check at 2 s and the given
+// teardown bounds in seconds, its events into `events`.
+std::vector<std::string> sleeperJob(int shutdown_s, int reap_s, const std::string& events,
+                                    const std::string& pid_prefix) {
+  std::vector<std::string> argv = {"--nproc-per-node=2",
+                                   "--max-restarts=2",
+                                   "--shutdown-timeout=" + std::to_string(shutdown_s),
+                                   "--reap-timeout=" + std::to_string(reap_s),
+                                   "--uninterruptible-state-timeout=2",
+                                   "--event-log=" + events,
+                                   "--no-python"};
+  for (const std::string& a : sleeperWorker(pid_prefix)) argv.push_back(a);
+  return argv;
+}
+
+// The pids ranks 0 and 1 wrote to <pid_prefix>.<rank> (each within 30 s).
+std::pair<pid_t, pid_t> waitForBothRanks(const std::string& pid_prefix) {
+  const pid_t rank0 = waitForPid(pid_prefix + ".0", seconds(30));
+  const pid_t rank1 = waitForPid(pid_prefix + ".1", seconds(30));
+  REQUIRE(rank0 > 0);
+  REQUIRE(rank1 > 0);
+  return {rank0, rank1};
+}
+
 TEST_CASE(
     "uninterruptible sleep: a running worker in D state for the timeout fails the attempt "
     "without a restart",
@@ -184,19 +208,8 @@ TEST_CASE(
   FreezerGroup freezer;
   const std::string pid_prefix = dir.path() + "/pid";
   const std::string events = dir.path() + "/events.jsonl";
-  std::vector<std::string> argv = {"--nproc-per-node=2",
-                                   "--max-restarts=2",
-                                   "--shutdown-timeout=5",
-                                   "--reap-timeout=5",
-                                   "--uninterruptible-state-timeout=2",
-                                   "--event-log=" + events,
-                                   "--no-python"};
-  for (const std::string& a : sleeperWorker(pid_prefix)) argv.push_back(a);
-  ChildProcess run(cpprunCommand(argv));
-  const pid_t rank0 = waitForPid(pid_prefix + ".0", seconds(30));
-  const pid_t rank1 = waitForPid(pid_prefix + ".1", seconds(30));
-  REQUIRE(rank0 > 0);
-  REQUIRE(rank1 > 0);
+  ChildProcess run(cpprunCommand(sleeperJob(5, 5, events, pid_prefix)));
+  const auto [rank0, rank1] = waitForBothRanks(pid_prefix);
   REQUIRE(freezer.freeze(rank0));
   const auto entered_d = Clock::now();
 
@@ -243,19 +256,8 @@ TEST_CASE(
   FreezerGroup freezer;
   const std::string pid_prefix = dir.path() + "/pid";
   const std::string events = dir.path() + "/events.jsonl";
-  std::vector<std::string> argv = {"--nproc-per-node=2",
-                                   "--max-restarts=2",
-                                   "--shutdown-timeout=1",
-                                   "--reap-timeout=2",
-                                   "--uninterruptible-state-timeout=2",
-                                   "--event-log=" + events,
-                                   "--no-python"};
-  for (const std::string& a : sleeperWorker(pid_prefix)) argv.push_back(a);
-  ChildProcess run(cpprunCommand(argv));
-  const pid_t rank0 = waitForPid(pid_prefix + ".0", seconds(30));
-  const pid_t rank1 = waitForPid(pid_prefix + ".1", seconds(30));
-  REQUIRE(rank0 > 0);
-  REQUIRE(rank1 > 0);
+  ChildProcess run(cpprunCommand(sleeperJob(1, 2, events, pid_prefix)));
+  const auto [rank0, rank1] = waitForBothRanks(pid_prefix);
   REQUIRE(freezer.freeze(rank0));
   const auto entered_d = Clock::now();
   const std::string wchan = trimmed(readFile("/proc/" + std::to_string(rank0) + "/wchan"));
@@ -322,10 +324,7 @@ TEST_CASE(
       pid_prefix,
       fail_now};
   ChildProcess run(cpprunCommand(argv));
-  const pid_t rank0 = waitForPid(pid_prefix + ".0", seconds(30));
-  const pid_t rank1 = waitForPid(pid_prefix + ".1", seconds(30));
-  REQUIRE(rank0 > 0);
-  REQUIRE(rank1 > 0);
+  const auto [rank0, rank1] = waitForBothRanks(pid_prefix);
   REQUIRE(freezer.freeze(rank0));
   job_cgroup.path = jobCgroupOf(rank0, run.pid());
   const auto failed_at = Clock::now();
