@@ -6,17 +6,12 @@
 
 #include "agent/etcd_connector.h"
 #include "agent/nccl_unique_id.h"
+#include "common/environment.h"
 #include "launcher/node_health.h"
 
 namespace cpprun::launcher {
 
 namespace {
-
-std::string envOr(const std::map<std::string, std::string>& env, const std::string& name,
-                  const std::string& fallback) {
-  auto it = env.find(name);
-  return it == env.end() ? fallback : it->second;
-}
 
 std::chrono::milliseconds milliseconds(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));

@@ -26,6 +26,7 @@
 #include "agent/nccl_unique_id.h"
 #include "agent/signal_policy.h"
 #include "common/clip.h"
+#include "common/environment.h"
 #include "common/logging.h"
 #include "common/system.h"
 #include "launcher/agent_options.h"
@@ -60,12 +61,6 @@ std::map<std::string, std::string> processEnvironment() {
     if (eq != std::string::npos) env.emplace(entry.substr(0, eq), entry.substr(eq + 1));
   }
   return env;
-}
-
-std::string envOr(const std::map<std::string, std::string>& env, const std::string& name,
-                  const std::string& fallback) {
-  auto it = env.find(name);
-  return it == env.end() ? fallback : it->second;
 }
 
 // A port the kernel considers free right now (for --worker-hosts-store, where worker rank 0

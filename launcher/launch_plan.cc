@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "common/environment.h"
 #include "launcher/python_interpreter.h"
 
 namespace cpprun::launcher {
@@ -22,12 +23,6 @@ std::string substituteLocalRank(std::string arg, int local_rank) {
     arg.replace(pos, token.size(), std::to_string(local_rank));
   }
   return arg;
-}
-
-std::string envOr(const std::map<std::string, std::string>& env, const std::string& name,
-                  const std::string& fallback) {
-  auto it = env.find(name);
-  return it == env.end() ? fallback : it->second;
 }
 
 // torchrun's spelling of a signal list ("SIGTERM,SIGINT,SIGHUP,SIGQUIT").

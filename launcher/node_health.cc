@@ -8,17 +8,11 @@
 #include <filesystem>
 #include <sstream>
 
+#include "common/environment.h"
 #include "launcher/cuda_driver.h"
 #include "launcher/preflight.h"
 
 namespace cpprun::launcher {
-
-namespace {
-std::string envOr(const std::map<std::string, std::string>& env, const std::string& name) {
-  auto it = env.find(name);
-  return it == env.end() ? "" : it->second;
-}
-}  // namespace
 
 std::vector<std::string> checkNodeNetwork(const std::vector<NetworkInterface>& interfaces,
                                           const std::map<std::string, std::string>& env,

@@ -20,6 +20,7 @@
 
 #include "agent/nccl_unique_id.h"
 #include "common/clip.h"
+#include "common/environment.h"
 #include "common/system.h"
 #include "launcher/cuda_driver.h"
 #include "launcher/launch_plan.h"
@@ -27,12 +28,6 @@
 namespace cpprun::launcher {
 
 namespace {
-
-std::string envOr(const std::map<std::string, std::string>& env, const std::string& name,
-                  const std::string& fallback = "") {
-  auto it = env.find(name);
-  return it == env.end() ? fallback : it->second;
-}
 
 bool startsWith(const std::string& s, const std::string& prefix) {
   return s.compare(0, prefix.size(), prefix) == 0;
