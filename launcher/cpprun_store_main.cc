@@ -38,6 +38,8 @@ Options:
                            interface
   --port N                 port to bind (default 29500); 0 picks a free port
   --max-connections N      connections beyond N are refused with a warning (default 65536)
+  --expected-clients N     how many clients the job connects; warns at start when that is
+                           more than the accept queue (net.core.somaxconn) holds
   --max-key-bytes N        longest key accepted (default 8192)
   --max-value-bytes N      largest value accepted (default 8388608)
   --max-keys-per-request N most keys in one CHECK/WAIT/MULTI_* request (default 131072)
@@ -102,6 +104,8 @@ int main(int argc, char** argv) {
       options.port = static_cast<uint16_t>(number(name, args.value(), 65535));
     } else if (name == "--max-connections") {
       options.max_connections = number(name, args.value(), 1u << 24);
+    } else if (name == "--expected-clients") {
+      options.expected_clients = number(name, args.value(), 1u << 24);
     } else if (name == "--max-key-bytes") {
       options.limits.max_key_bytes = number(name, args.value(), 1u << 30);
     } else if (name == "--max-value-bytes") {

@@ -69,6 +69,13 @@ class WarningLimiter {
   std::vector<std::pair<std::string, uint64_t>> suppressed_;  // by category, first seen first
 };
 
+// The listen backlog servers ask for: net.core.somaxconn as /proc/sys/net/core/somaxconn says
+// (the kernel's cap on every accept queue), or SOMAXCONN when unreadable. A connect burst of
+// more clients than this overflows the queue: the kernel drops their SYNs and they retry after
+// 1 s, 3 s, 7 s (the store warns at start when it expects more clients; see
+// TcpStoreServerOptions::expected_clients).
+int listenBacklog();
+
 // A server's default warning budget (the store's options can change its own).
 inline constexpr size_t kWarningsPerInterval = 5;
 inline constexpr std::chrono::milliseconds kWarningInterval{10000};
@@ -85,7 +92,9 @@ struct AcceptHooks {
   std::shared_ptr<WarningLimiter> warnings;
 };
 
-// Accepts on a listening `acceptor` until hooks->stopped(). A failed accept (typically EMFILE:
+// Accepts on a listening `acceptor` until hooks->stopped(); after each completed accept it
+// empties the kernel's accept queue with non-blocking accepts before the loop serves anything
+// else. A failed accept (typically EMFILE:
 // out of descriptors) is retried after 50 ms on `retry_timer` instead of spinning; a connection
 // over the limit is closed at once with a warning naming its peer (both warnings within
 // hooks->warnings' budget). `owner`, the server that owns

@@ -20,6 +20,9 @@ using asio::ip::tcp;
 
 class Connection;
 
+// The loop's one read buffer, shared by every connection (see Connection::read()).
+constexpr size_t kReadBufferBytes = 64 * 1024;
+
 size_t largestSingleKeyRequest(const wire::Limits& limits) {
   return 1 + 3 * 8 + limits.max_key_bytes + 2 * limits.max_value_bytes;
 }
@@ -80,6 +83,8 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
   TcpStoreServerStats stats_;
   // Requests are decoded into this one object, whose buffers are reused.
   wire::Request request_;
+  // Every connection reads into this buffer and decodes what it read before the next read.
+  std::unique_ptr<uint8_t[]> read_buffer_{new uint8_t[kReadBufferBytes]};
 };
 
 // One client connection: reads, decodes, dispatches, and writes replies in order.
@@ -91,14 +96,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
         socket_(std::move(socket)),
         decoder_(server_->options_.limits, server_->options_.no_handshake_dialect) {
     boost::system::error_code ec;
-    peer_ = describeEndpoint(socket_.remote_endpoint(ec));
-    if (ec) peer_ = "unknown peer";
     socket_.set_option(tcp::no_delay(true), ec);
     socket_.non_blocking(true, ec);  // for the direct writes in flush()
   }
 
   ClientId id() const { return id_; }
-  const std::string& peer() const { return peer_; }
+  // "127.0.0.1:41234". Asked for only when a line names the peer (a getpeername() per
+  // accepted connection and a string per connection are not worth it otherwise).
+  std::string peer() const {
+    boost::system::error_code ec;
+    auto endpoint = socket_.remote_endpoint(ec);
+    return ec ? std::string("unknown peer") : describeEndpoint(endpoint);
+  }
 
   void start() { read(); }
 
@@ -201,7 +210,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Empties a reply buffer, freeing it if a large reply grew it: an idle connection that once
   // fetched an 8 MiB value holds no 8 MiB buffer.
   static void clearKeepingLittle(wire::Bytes* bytes) {
-    if (bytes->capacity() > kMaxReadBuffer) {
+    if (bytes->capacity() > kReadBufferBytes) {
       wire::Bytes().swap(*bytes);
     } else {
       bytes->clear();
@@ -217,77 +226,101 @@ class Connection : public std::enable_shared_from_this<Connection> {
            "-byte per-connection request budget";
   }
 
-  // Reads into this connection's buffer. It starts small and uninitialised (an idle client
-  // costs 4 KiB, not 64 KiB of zeroed memory) and doubles, up to 64 KiB, whenever a read fills
-  // it. A buffer shared by all connections would need an epoll_ctl per request (Asio re-arms
-  // readiness waits), which costs more than the memory saved. For the same reason the read is
-  // not an async_wait followed by our own recv(): a wait re-arms with an epoll_ctl every time.
-  // The price of async_read_some is its speculative recv(), which after a reply almost always
-  // fails with EAGAIN (Asio 1.74 keeps trying it until a read returns 0 bytes).
+  // Reads into a small buffer of the connection's own (128 bytes: VALIDATE + PING, ADD, WAIT
+  // and GET of the bootstrap fit; a SET of gloo's 170-byte address takes a second read); when
+  // a read fills it, the rest is read into the loop's one shared buffer (Impl::read_buffer_).
+  // So an idle client costs 128 bytes, not a 4 KiB buffer. The small buffer is what lets the
+  // read stay an async_read_some: Asio cannot read many sockets into one shared buffer (reads
+  // of several sockets complete before their handlers run), and an async_wait + recv() instead
+  // re-arms with an epoll_ctl per request, more calls than async_read_some's speculative recv()
+  // (which fails with EAGAIN only when the client has not sent its next request yet).
   void read() {
     auto self = shared_from_this();
     socket_.async_read_some(
-        asio::buffer(buffer_.get(), buffer_size_),
+        asio::buffer(inline_read_.data(), inline_read_.size()),
         [self](const boost::system::error_code& ec, size_t n) { self->onRead(ec, n); });
   }
 
   void onRead(const boost::system::error_code& ec, size_t n) {
     if (closed_) return;
-    if (ec) {
-      if (ec == asio::error::eof && (writing_ || !pending_.empty())) {
-        // The client finished sending but replies are still on their way: deliver them,
-        // then close. Its pending waits can never be answered usefully, so forget them now.
-        peer_done_ = true;
-        server_->engine_.disconnect(id_);
-        return;
+    if (ec) return onReadError(ec);
+    if (!consume(inline_read_.data(), n)) return;
+    if (n == inline_read_.size() && !readShared()) return;
+    server_->flush();
+    read();
+  }
+
+  // Reads what else the socket holds into the shared buffer: a short read means it is drained
+  // (the next bytes raise a new edge). At most kMaxReadsPerWake full reads, so one client
+  // streaming megabytes cannot hold the loop. False when the connection ended.
+  bool readShared() {
+    for (int i = 0; i < kMaxReadsPerWake; ++i) {
+      boost::system::error_code ec;
+      size_t n =
+          socket_.receive(asio::buffer(server_->read_buffer_.get(), kReadBufferBytes), 0, ec);
+      if (ec == asio::error::would_block || ec == asio::error::try_again) return true;
+      if (ec) {
+        onReadError(ec);
+        return false;
       }
-      server_->connectionFinished(id_);
+      if (!consume(server_->read_buffer_.get(), n)) return false;
+      if (n < kReadBufferBytes) return true;
+    }
+    return true;
+  }
+
+  void onReadError(const boost::system::error_code& ec) {
+    server_->flush();
+    if (closed_) return;
+    if (ec == asio::error::eof && (writing_ || !pending_.empty())) {
+      // The client finished sending but replies are still on their way: deliver them,
+      // then close. Its pending waits can never be answered usefully, so forget them now.
+      peer_done_ = true;
+      server_->engine_.disconnect(id_);
       return;
     }
+    server_->connectionFinished(id_);
+  }
+
+  // Decodes and handles every complete request in `data`; false when the connection was
+  // closed (a bad frame, a refused request, a budget exceeded).
+  bool consume(const uint8_t* data, size_t n) {
     server_->stats_.bytes_received += n;
-    decoder_.feed(buffer_.get(), n);
-    if (n == buffer_size_ && buffer_size_ < kMaxReadBuffer) {
-      buffer_size_ *= 2;
-      buffer_.reset(new uint8_t[buffer_size_]);
-    }
+    decoder_.feed(data, n);
     wire::Request& request = server_->request_;
     std::string error;
     while (true) {
       wire::ParseStatus status = decoder_.next(&request, &error);
       if (status == wire::ParseStatus::kNeedMore) break;
       if (status == wire::ParseStatus::kError) {
-        server_->closeConnection(id_, DropReason::kBadFrame, error);
-        server_->flush();
-        return;
+        return closeFor(DropReason::kBadFrame, error);
       }
       ++server_->stats_.requests;
       if (!server_->engine_.handle(id_, *decoder_.dialect(), request, &error)) {
-        server_->closeConnection(id_, DropReason::kRefused,
-                                 std::string(wire::queryTypeName(request.type)) + ": " + error);
-        server_->flush();
-        return;
+        return closeFor(DropReason::kRefused,
+                        std::string(wire::queryTypeName(request.type)) + ": " + error);
       }
       if (over_budget_) {  // stop answering a client whose replies are over budget
-        server_->closeConnection(id_, DropReason::kReplyBudget, overBudgetReason());
-        server_->flush();
-        return;
+        return closeFor(DropReason::kReplyBudget, overBudgetReason());
       }
     }
     // What is left is one unfinished request: bounded, so that a request announcing a
     // terabyte is cut off at the budget rather than when memory runs out.
     if (decoder_.bufferedBytes() > server_->options_.max_request_bytes) {
-      server_->closeConnection(id_, DropReason::kRequestBudget, requestBudgetReason());
-      server_->flush();
-      return;
+      return closeFor(DropReason::kRequestBudget, requestBudgetReason());
     }
+    return true;
+  }
+
+  bool closeFor(DropReason reason, const std::string& why) {
+    server_->closeConnection(id_, reason, why);
     server_->flush();
-    read();
+    return false;
   }
 
   std::shared_ptr<TcpStoreServer::Impl> server_;
   ClientId id_;
   tcp::socket socket_;
-  std::string peer_;
   wire::RequestDecoder decoder_;
   wire::Bytes pending_;
   wire::Bytes in_flight_;
@@ -296,9 +329,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool peer_done_ = false;    // the client half-closed; close once the replies are written
   bool over_budget_ = false;  // a reply did not fit the output budget; closed at flush()
   size_t refused_reply_bytes_ = 0;
-  static constexpr size_t kMaxReadBuffer = 64 * 1024;
-  size_t buffer_size_ = 4 * 1024;
-  std::unique_ptr<uint8_t[]> buffer_{new uint8_t[4 * 1024]};
+  static constexpr int kMaxReadsPerWake = 4;
+  std::array<uint8_t, 128> inline_read_;  // see read()
   bool closed_ = false;
 };
 
@@ -307,6 +339,15 @@ Status TcpStoreServer::Impl::listen() {
   if (!bound.isOk()) return bound.status();
   bound_host_ = bound.value().host;
   bound_port_ = bound.value().port;
+  int backlog = listenBacklog();
+  if (options_.expected_clients > static_cast<size_t>(backlog)) {
+    CPPRUN_LOG(kWarn) << "store: " << options_.expected_clients
+                      << " clients expected, but the accept queue holds " << backlog
+                      << " (net.core.somaxconn): clients connecting at once beyond that have "
+                         "their SYNs dropped and retry after 1 s, 3 s, 7 s; raise it with "
+                         "sysctl -w net.core.somaxconn="
+                      << options_.expected_clients;
+  }
   return Status::ok();
 }
 

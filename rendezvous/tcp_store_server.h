@@ -8,6 +8,11 @@
 // an unknown query type or a request over the limits closes that one connection; every other
 // client keeps being served.
 //
+// Connections read into a 128-byte buffer of their own and, past it, one buffer shared by the
+// loop; a connection keeps the unfinished request it has sent (in its decoder) and its unsent
+// replies, so an idle client costs no 4 KiB read buffer. Accepting drains the kernel's accept
+// queue in one go (tcp_listen.h).
+//
 // Memory per connection is bounded by two byte budgets: what it may have buffered of a request
 // it has not finished sending (max_request_bytes), and what may be queued of replies it has not
 // read (max_pending_output_bytes, checked before a reply is built, so one MULTI_GET naming an
@@ -84,6 +89,10 @@ struct TcpStoreServerOptions {
   // switching to 2.1 on requests only torch 2.1 sends) or kV21 (torch 2.1 from the first byte,
   // for jobs whose clients are all torch 2.1). See wire::RequestDecoder.
   wire::Dialect no_handshake_dialect = wire::Dialect::kLegacy;
+  // How many clients the job will connect (0: unknown). When more than the accept queue holds
+  // (net.core.somaxconn, listenBacklog()), create() logs one warning naming both numbers: a
+  // connect burst of that many clients overflows the queue and waits on SYN retries.
+  size_t expected_clients = 0;
 };
 
 struct TcpStoreServerStats {
