@@ -14,7 +14,9 @@ connections open while the server is measured:
   cpu       the server process's user + system CPU seconds over that time (/proc/<pid>/stat)
   rss/conn  (VmRSS with N idle connections - VmRSS before) / N, in KiB (store data included)
   peak      VmHWM (peak RSS) of the server, MiB
-  overflows ListenOverflows + the SYN retransmissions (TcpExt) during the run (netns-wide)
+  overflows ListenOverflows and TCPSynRetrans (TcpExt) during the run (netns-wide; gVisor
+            keeps neither), and the connects that took over 1 s, 3 s, 7 s (SYN retries)
+  client    the client driver's CPU seconds (when it nears wall, the client is the limit)
 --idle N adds a run of N connections that only do the handshake (memory per idle connection).
 
 The libuv server is tests/bench/torch_store_server.py --backend libuv --listen ipv4 (an IPv4
@@ -126,7 +128,9 @@ def run_one(kind, n, mode, script, args, timeout_s=120, strace_out=None):
         line = cli.stdout.readline()
         mem1, cpu1, net1 = proc_mem_kib(pid), proc_cpu_s(pid), netstat()
         cli.stdin.close()
-        cli.wait(60)
+        _, _, usage = os.wait4(cli.pid, 0)
+        cli.returncode = 0  # reaped here
+        client_cpu = usage.ru_utime + usage.ru_stime
     finally:
         server.stop()
     fields = dict(kv.split("=") for kv in line.split()[1:])
@@ -134,7 +138,10 @@ def run_one(kind, n, mode, script, args, timeout_s=120, strace_out=None):
         "server": kind, "ranks": n, "mode": mode, "script": script,
         "wall_s": float(fields["wall_s"]), "connected_s": float(fields["connected_s"]),
         "done": int(fields["done"]), "retries": int(fields["connect_retries"]),
-        "cpu_s": cpu1 - cpu0,
+        "cpu_s": cpu1 - cpu0, "client_cpu_s": client_cpu,
+        "connect_over_1s": int(fields["connect_over_1s"]),
+        "connect_over_3s": int(fields["connect_over_3s"]),
+        "connect_over_7s": int(fields["connect_over_7s"]),
         "rss_per_conn_kib": (mem1["VmRSS"] - mem0["VmRSS"]) / n,
         "peak_mib": mem1["VmHWM"] / 1024, "rss0_mib": mem0["VmRSS"] / 1024,
         "overflows": net1["ListenOverflows"] - net0["ListenOverflows"],
@@ -146,8 +153,10 @@ def median_of(rows, key):
     return statistics.median(r[key] for r in rows)
 
 
-FIGURES = [("wall_s", "s"), ("cpu_s", "s"), ("rss_per_conn_kib", "KiB"), ("peak_mib", "MiB"),
-           ("overflows", "count"), ("syn_retrans", "count")]
+FIGURES = [("wall_s", "s"), ("connected_s", "s"), ("cpu_s", "s"), ("client_cpu_s", "s"),
+           ("rss_per_conn_kib", "KiB"), ("peak_mib", "MiB"), ("overflows", "count"),
+           ("syn_retrans", "count"), ("connect_over_1s", "count"), ("connect_over_3s", "count"),
+           ("connect_over_7s", "count")]
 
 
 def report(results, ranks, modes):
