@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
@@ -64,40 +65,53 @@ int startConnect(uint16_t port) {
   return fd;
 }
 
+// One raw client of handshakeAll.
+struct RawClient {
+  int stage = 0;  // 0: connecting, 1: handshake sent, 2: nonce read back
+  std::array<uint8_t, 4> reply{};
+  size_t got = 0;
+};
+
+// Sends the handshake once connected, or reads the reply; false on a failure.
+bool step(int fd, uint32_t nonce, RawClient* c) {
+  if (c->stage == 0) {
+    auto bytes = handshake(nonce);
+    if (send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) != 10) return false;
+    c->stage = 1;
+    return true;
+  }
+  ssize_t n = recv(fd, c->reply.data() + c->got, c->reply.size() - c->got, 0);
+  if (n <= 0) return false;
+  c->got += static_cast<size_t>(n);
+  if (c->got < c->reply.size()) return true;
+  uint32_t echoed = 0;
+  std::memcpy(&echoed, c->reply.data(), 4);
+  c->stage = 2;
+  return echoed == nonce;
+}
+
 // Drives every socket through connect, handshake and the PING reply, all at once (a burst).
 // Returns how many got their nonce back before `deadline`.
 size_t handshakeAll(const std::vector<int>& fds, std::chrono::steady_clock::time_point deadline) {
-  std::vector<int> stage(fds.size(), 0);  // 0: connecting, 1: sent, 2: answered
-  std::vector<uint32_t> got(fds.size(), 0);
-  std::vector<int> got_bytes(fds.size(), 0);
+  std::vector<RawClient> clients(fds.size());
   size_t answered = 0;
+  std::vector<pollfd> pfds;
+  std::vector<size_t> which;
   while (answered < fds.size() && std::chrono::steady_clock::now() < deadline) {
-    std::vector<pollfd> pfds;
-    std::vector<size_t> which;
+    pfds.clear();
+    which.clear();
     for (size_t i = 0; i < fds.size(); ++i) {
-      if (stage[i] == 2) continue;
-      pfds.push_back(pollfd{fds[i], static_cast<short>(stage[i] == 0 ? POLLOUT : POLLIN), 0});
+      if (clients[i].stage == 2) continue;
+      short events = clients[i].stage == 0 ? POLLOUT : POLLIN;
+      pfds.push_back(pollfd{fds[i], events, 0});
       which.push_back(i);
     }
     if (poll(pfds.data(), pfds.size(), 100) <= 0) continue;
     for (size_t k = 0; k < pfds.size(); ++k) {
-      size_t i = which[k];
       if (pfds[k].revents == 0) continue;
-      if (stage[i] == 0) {
-        auto bytes = handshake(static_cast<uint32_t>(i));
-        if (send(fds[i], bytes.data(), bytes.size(), MSG_NOSIGNAL) != 10) return answered;
-        stage[i] = 1;
-        continue;
-      }
-      ssize_t n = recv(fds[i], reinterpret_cast<uint8_t*>(&got[i]) + got_bytes[i],
-                       4 - static_cast<size_t>(got_bytes[i]), 0);
-      if (n <= 0) return answered;
-      got_bytes[i] += static_cast<int>(n);
-      if (got_bytes[i] == 4) {
-        if (got[i] != i) return answered;
-        stage[i] = 2;
-        ++answered;
-      }
+      size_t i = which[k];
+      if (!step(fds[i], static_cast<uint32_t>(i), &clients[i])) return answered;
+      if (clients[i].stage == 2) ++answered;
     }
   }
   return answered;
