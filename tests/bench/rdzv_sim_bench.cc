@@ -532,6 +532,13 @@ void destroyAll(std::vector<std::unique_ptr<SimAgent>>& all) {
   all.clear();
 }
 
+// How many agents were told to stop or lost the store (before the loss: none should be).
+size_t stoppedEarly(const std::vector<std::unique_ptr<SimAgent>>& all) {
+  return static_cast<size_t>(std::count_if(all.begin(), all.end(), [](const auto& a) {
+    return a->events().peer_stop.load() || a->events().lost.load();
+  }));
+}
+
 // The scenario at n agents over `backend`.
 Result<RunResult> runOnce(const Options& opt, Backend& backend, int n) {
   RunResult r;
@@ -570,6 +577,12 @@ Result<RunResult> runOnce(const Options& opt, Backend& backend, int n) {
     r.liveness_s = secondsSince(live_began);
     summarise(c2, c1, &r.live_all, nullptr, nullptr);
     r.server_live = s2 - s1;
+    if (const size_t early = stoppedEarly(all); early > 0) {
+      return Status(StatusCode::kInternal,
+                    std::to_string(early) +
+                        " agents were told to stop (or lost the store) before any member was "
+                        "lost: the keep-alive bound is too short for this machine's load");
+    }
     Status s = lossAndReform(opt, all, victimOf(starts.value()), r);
     if (!s.isOk()) return s;
     auto c3 = snapshots(all);
