@@ -31,6 +31,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <future>
 #include <iostream>
 #include <memory>
@@ -697,6 +698,16 @@ int run(const Options& opt) {
 }  // namespace cpprun::bench
 
 int main(int argc, char** argv) {
+  // An exception that escapes a thread names itself before the abort.
+  std::set_terminate([] {
+    try {
+      if (auto e = std::current_exception()) std::rethrow_exception(e);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rdzv_sim_bench: uncaught exception: %s\n", e.what());
+    } catch (...) {
+    }
+    std::abort();
+  });
   auto opt = cpprun::bench::parseOptions(argc, argv);
   if (!opt.isOk()) {
     std::fprintf(stderr, "rdzv_sim_bench: %s\n", opt.status().message().c_str());
