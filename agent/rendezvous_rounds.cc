@@ -171,13 +171,19 @@ Membership RendezvousRounds::joinStatic(Store& store, MemberLiveness& liveness) 
 // The records written in round r's slots 1..joined, in slot order, one per agent. A slot can
 // be empty (its joiner died, or its reply was lost and it joined again with a new slot) or hold
 // a record already seen (that joiner's earlier slot): both are skipped. `all_written`: the
-// caller saw every slot written, so none needs checking.
+// caller saw every slot written, so none needs checking. Usually every slot is written: one
+// CHECK per 8,192 slots says so, and only then is each slot checked on its own. (Before, one
+// CHECK per slot every time: the store host's last call for survivors re-reads the round at
+// every joiner, so N survivors cost it O(N^2) requests; issue 26's simulation found it.)
 std::vector<RendezvousRounds::SlotRecord> RendezvousRounds::roundRecords(Store& store, int r,
                                                                          int64_t joined,
                                                                          bool all_written) {
+  std::vector<std::string> slots;
+  slots.reserve(static_cast<size_t>(std::max<int64_t>(joined, 0)));
+  for (int64_t i = 1; i <= joined; ++i) slots.push_back(roundKey(r, "agent/" + std::to_string(i)));
+  if (!all_written && !slots.empty()) all_written = checkAll(store, slots);
   std::vector<std::string> present;
-  for (int64_t i = 1; i <= joined; ++i) {
-    const std::string key = roundKey(r, "agent/" + std::to_string(i));
+  for (const std::string& key : slots) {
     if (all_written || store.check({key})) present.push_back(key);
   }
   std::vector<SlotRecord> records;

@@ -18,8 +18,10 @@
 #include "agent/coordinator_waits.h"
 #include "agent/job_keys.h"
 #include "agent/liveness.h"
+#include "agent/rendezvous_rounds.h"
 #include "common/asio.h"
 #include "rendezvous/memory_store.h"
+#include "rendezvous/prefix_store.h"
 
 namespace {
 
@@ -608,4 +610,51 @@ TEST_CASE("coordinator waits: a list of nodes in a log line names at most 8 and 
   CHECK(nodeNames({}, {}) == "");
   CHECK(withThousands(999) == "999");
   CHECK(withThousands(1234567) == "1,234,567");
+}
+
+namespace {
+
+// A connection that counts its CHECK requests.
+class CheckCounter : public StoreView {
+ public:
+  using StoreView::StoreView;
+  bool check(const std::vector<std::string>& keys) override {
+    ++checks;
+    return StoreView::check(keys);
+  }
+  int checks = 0;
+};
+
+class NoWaits : public WaitContext {
+ public:
+  void checkAbandoned() override {}
+  void setWaiting(const std::string&) override {}
+};
+
+}  // namespace
+
+// The store host reads a round at every joiner of its last call for survivors: one CHECK per
+// slot made that O(N^2) requests for N survivors (issue 26's simulation: 835 requests for 256).
+TEST_CASE("rendezvous rounds: reading a round of written slots is one CHECK, not one per slot",
+          "[unit]") {
+  MemoryStore shared;
+  constexpr int kSlots = 500;
+  for (int i = 1; i <= kSlots; ++i) {
+    const AgentInfo a{"h" + std::to_string(i), 1, "agent-" + std::to_string(i), -1};
+    shared.set(kNoneRun + roundKey(0, "agent/" + std::to_string(i)),
+               rendezvous::toBytes(agentRecord(a, -1).dump()));
+    shared.add(kNoneRun + roundKey(0, "joined"), 1);
+  }
+  StoreCoordinatorOptions options;
+  NoWaits waits;
+  RendezvousRounds rounds(options, waits);
+  auto store = std::make_shared<CheckCounter>(shared, std::make_shared<std::atomic<bool>>(), 5s);
+  rendezvous::PrefixStore view(jobNamespace(""), store);
+  CHECK(rounds.waitingIn(view, 0) == kSlots);
+  CHECK(store->checks == 1);
+  // A slot left empty (its joiner died): each slot is then checked, and the empty one skipped.
+  shared.deleteKey(kNoneRun + roundKey(0, "agent/7"));
+  store->checks = 0;
+  CHECK(rounds.waitingIn(view, 0) == kSlots - 1);
+  CHECK(store->checks == 1 + kSlots);
 }
