@@ -121,6 +121,21 @@ class EtcdCluster:
                     raise RuntimeError(f"etcd member at {e} not healthy within {timeout} s")
                 time.sleep(0.05)
 
+    def requests(self):
+        """{grpc method: calls started} summed over the members (etcd's /metrics,
+        grpc_server_started_total: the HTTP gateway calls its own gRPC server, so every
+        /v3/... request counts once; a watch or keep-alive stream counts once per stream)."""
+        counts = {}
+        for e in self.endpoints:
+            with urllib.request.urlopen(f"http://{e}/metrics", timeout=5) as r:
+                for line in r.read().decode().splitlines():
+                    if not line.startswith("grpc_server_started_total{"):
+                        continue
+                    labels, value = line.rsplit(" ", 1)
+                    method = labels.split('grpc_method="', 1)[1].split('"', 1)[0]
+                    counts[method] = counts.get(method, 0) + int(float(value))
+        return counts
+
     def kill(self):
         for p in self.procs:
             if p.poll() is None:
@@ -148,14 +163,17 @@ def agent_command(kind, args, n, endpoint, run_id, run_dir):
                      "--rdzv-id=bench"] + tail
 
 
-def one_run(kind, args, n, etcd_endpoints, rep):
-    """Returns (ready_ms, total_ms) or None when the run failed."""
+def one_run(kind, args, n, cluster, rep):
+    """Returns (ready_ms, total_ms, {etcd method: requests per agent}) or None when the run
+    failed (the requests are counted for the etcd kind only)."""
+    etcd_endpoints = cluster.endpoints
     run_dir = tempfile.mkdtemp(prefix=f"etcd-rdzv-bench-{kind}-")
     endpoint = (f"127.0.0.1:{free_port()}" if kind == "c10d" else ",".join(etcd_endpoints))
     run_id = f"bench-{kind}-{os.getpid()}-{n}-{rep}"
     env = dict(os.environ, OMP_NUM_THREADS="1", NCCL_SOCKET_IFNAME="lo")
     procs = []
     ok = True
+    before = cluster.requests() if kind == "etcd" else {}
     try:
         t0 = time.monotonic_ns()
         for rank in range(n):
@@ -179,7 +197,10 @@ def one_run(kind, args, n, etcd_endpoints, rep):
         if left:
             sys.stderr.write(f"{kind} n={n}: {left} process(es) left behind, killed\n")
             return None
-        return ((max(starts) - t0) / 1e6, (t_end - t0) / 1e6)
+        after = cluster.requests() if kind == "etcd" else {}
+        per_agent = {m: (after[m] - before.get(m, 0)) / n for m in after
+                     if after[m] > before.get(m, 0)}
+        return ((max(starts) - t0) / 1e6, (t_end - t0) / 1e6, per_agent)
     finally:
         for _, pfd in procs:
             os.close(pfd)
@@ -410,7 +431,7 @@ def main() -> int:
                 for kind in order:
                     if kind in given_up:
                         continue
-                    r = one_run(kind, args, n, cluster.endpoints, rep)
+                    r = one_run(kind, args, n, cluster, rep)
                     if r is None:
                         failed = True
                         if kind in TORCH_KINDS:
@@ -426,7 +447,20 @@ def main() -> int:
                 if k in med:
                     m = med[k]
                     line += f"  {k} ready {m[0]:8.1f} ms total {m[1]:8.1f} ms ({m[2]} runs)"
+                    runs = ", ".join(f"{x[0]:.0f}" for x in results[k])
+                    line += f" [ready per run: {runs}]"
             print(line, flush=True)
+            if results.get("etcd"):
+                # etcd requests per agent over the whole run (one job: one rendezvous round),
+                # median per method over the runs
+                methods = sorted({m for x in results["etcd"] for m in x[2]})
+                per = {m: statistics.median(x[2].get(m, 0) for x in results["etcd"])
+                       for m in methods}
+                print(f"       etcd requests per agent (median of {len(results['etcd'])} runs): "
+                      + ", ".join(f"{m} {v:.2f}" for m, v in per.items())
+                      + f"; total {sum(per.values()):.2f}", flush=True)
+                print(f"RESULT etcd_rdzv_requests_per_agent_n{n} {sum(per.values()):.2f} "
+                      f"requests", flush=True)
         print()
         for n, med in rows:
             e, c = med.get("etcd"), med.get("c10d")
