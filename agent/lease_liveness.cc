@@ -181,6 +181,10 @@ struct LeaseLiveness::Shared {
   // one. A malformed one makes the thread read the keys itself.
   void takeSnapshot(const std::string& snapshot_key, const std::string& doc) {
     std::lock_guard<std::mutex> lock(mu);
+    takeSnapshotLocked(snapshot_key, doc);
+  }
+  // REQUIRES: mu held. takeSnapshot().
+  void takeSnapshotLocked(const std::string& snapshot_key, const std::string& doc) {
     if (!pending || awaited != snapshot_key || !members) return;
     int64_t revision = 0;
     std::vector<int> missing;
@@ -422,12 +426,12 @@ std::string LeaseLiveness::snapshotKey(const std::string& prefix, int attempt,
 void LeaseLiveness::watch(int attempt, const Membership& m) {
   const std::string key = snapshotKey(shared_->prefix, attempt, m);
   if (m.group_rank != 0) {
-    {
-      std::lock_guard<std::mutex> lock(shared_->mu);
-      shared_->begin(attempt, m, key);
-    }
-    auto got = shared_->client->get(key);  // usually there already; else the thread waits
-    if (got.isOk() && got.value()) shared_->takeSnapshot(key, got.value()->value);
+    // Read before the thread is told (it would read too): usually node 0 has written it; else
+    // the thread waits for it.
+    auto got = shared_->client->get(key);
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->begin(attempt, m, key);
+    if (got.isOk() && got.value()) shared_->takeSnapshotLocked(key, got.value()->value);
     return;
   }
   int64_t lease = 0;
