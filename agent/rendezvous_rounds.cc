@@ -175,9 +175,13 @@ Membership RendezvousRounds::joinStatic(Store& store, MemberLiveness& liveness) 
 std::vector<RendezvousRounds::SlotRecord> RendezvousRounds::roundRecords(Store& store, int r,
                                                                          int64_t joined,
                                                                          bool all_written) {
+  std::vector<std::string> slots;
+  for (int64_t i = 1; i <= joined; ++i) slots.push_back(roundKey(r, "agent/" + std::to_string(i)));
+  // Usually every slot holds its record: one CHECK of them all (etcd: one txn per 128 keys)
+  // says so; only otherwise is each slot checked on its own.
+  if (!all_written && !slots.empty()) all_written = checkAll(store, slots);
   std::vector<std::string> present;
-  for (int64_t i = 1; i <= joined; ++i) {
-    const std::string key = roundKey(r, "agent/" + std::to_string(i));
+  for (const std::string& key : slots) {
     if (all_written || store.check({key})) present.push_back(key);
   }
   std::vector<SlotRecord> records;
