@@ -1,7 +1,9 @@
 #include "agent/lease_liveness.h"
 
 #include <algorithm>
+#include <charconv>
 #include <condition_variable>
+#include <cstdio>
 #include <optional>
 #include <set>
 #include <thread>
@@ -32,6 +34,44 @@ std::string memberName(const Membership& m, int rank) {
          m.agents[static_cast<size_t>(rank)].host + ")";
 }
 
+// Node 0's snapshot "<revision>[ <rank>,<rank>...]": the revision it read the members' keys at
+// and the ranks whose key was missing. False when it is malformed or names a rank outside
+// 0..world-1.
+bool parseSnapshot(const std::string& doc, int world, int64_t* revision,
+                   std::vector<int>* missing) {
+  const char* p = doc.data();
+  const char* end = doc.data() + doc.size();
+  auto r = std::from_chars(p, end, *revision);
+  if (r.ec != std::errc() || *revision <= 0) return false;
+  p = r.ptr;
+  if (p == end) return true;
+  if (*p++ != ' ') return false;
+  while (true) {
+    int rank = -1;
+    r = std::from_chars(p, end, rank);
+    if (r.ec != std::errc() || rank < 0 || rank >= world) return false;
+    missing->push_back(rank);
+    p = r.ptr;
+    if (p == end) return true;
+    if (*p++ != ',') return false;
+  }
+}
+
+// Names one membership (its ids in rank order; FNV-1a, the same in every build), so that a
+// snapshot is only ever taken over by the agents of the membership it was read for.
+std::string membershipDigest(const Membership& m) {
+  uint64_t h = 14695981039346656037ull;
+  for (const AgentInfo& a : m.agents) {
+    for (unsigned char c : a.id + "\n") {
+      h ^= c;
+      h *= 1099511628211ull;
+    }
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
+  return hex;
+}
+
 }  // namespace
 
 struct LeaseLiveness::Shared {
@@ -50,6 +90,11 @@ struct LeaseLiveness::Shared {
   int64_t floor = 0;                  // guarded by mu; revisions <= floor: seen by watch()
   int64_t cursor = 0;                 // guarded by mu; the next revision to watch from
   bool resnapshot = false;            // guarded by mu; the cursor was compacted away
+  // From watch() until the attempt's snapshot is applied (begin()): true; `awaited` is node 0's
+  // snapshot key when this agent takes that one over (empty: watch() reads the keys itself).
+  bool pending = false;                                   // guarded by mu
+  std::string awaited;                                    // guarded by mu
+  std::chrono::steady_clock::time_point awaited_until{};  // guarded by mu
   // The lease, renewed by the keep-alive thread.
   int64_t lease = 0;     // guarded by mu
   bool expired = false;  // guarded by mu; found expired since renew() last asked
@@ -73,37 +118,124 @@ struct LeaseLiveness::Shared {
     return -1;
   }
 
-  // Reads which liveness keys exist and then, at once under the lock, watches `m` (attempt
-  // `n`; nullopt: the members already watched) from that read's revision on: a member whose key
-  // is missing is lost. Returns false when etcd could not be read; the thread then reads again
-  // before it watches.
-  bool snapshot(std::optional<std::pair<int, Membership>> next, std::string* error) {
-    int64_t revision = 0;
-    auto kvs = client->getPrefix(prefix, &revision);
-    std::lock_guard<std::mutex> lock(mu);
-    if (next) {
-      attempt = next->first;
-      members = std::move(next->second);
-      reported.clear();
-    }
+  // REQUIRES: mu held. Attempt `n` of `m` begins: nothing reported yet and no snapshot yet, so
+  // the watch thread drops what its watch brings until one is applied (it rewinds the cursor).
+  // `awaited`: node 0's snapshot key, which the thread fetches until options.bound from now
+  // (then it reads the keys itself); empty: the caller reads them.
+  void begin(int n, Membership m, std::string awaited_key) {
+    attempt = n;
+    members = std::move(m);
+    reported.clear();
+    pending = true;
+    awaited = std::move(awaited_key);
+    awaited_until = std::chrono::steady_clock::now() + options.bound;
     cv.notify_all();
-    if (!kvs.isOk()) {
-      *error = kvs.status().message();
-      resnapshot = true;
-      return false;
-    }
-    std::set<std::string> present;
-    for (const auto& kv : kvs.value()) present.insert(kv.key.substr(prefix.size()));
-    floor = std::max(floor, revision);
-    cursor = std::max(cursor, revision + 1);
+  }
+
+  // REQUIRES: mu held. The snapshot taken at `revision`: the members in `missing` are lost, and
+  // the watch goes on from revision + 1 (a rewind when node 0 read before this agent's cursor:
+  // the deletions since are seen again, for this attempt's members).
+  void apply(int64_t revision, const std::vector<int>& missing) {
+    floor = revision;
+    cursor = revision + 1;
+    pending = false;
+    awaited.clear();
     resnapshot = false;
-    for (int r = 0; members && r < members->group_world_size; ++r) {
-      if (present.count(members->agents[static_cast<size_t>(r)].id)) continue;
+    for (int r : missing) {
       lose(r, memberName(*members, r) + " was lost: its etcd lease (TTL " +
                   std::to_string(ttl.count()) + " s) had expired when attempt " +
                   std::to_string(attempt) + " began");
     }
-    return true;
+    cv.notify_all();
+  }
+
+  // Reads which liveness keys exist (their names only) and applies that. Returns the snapshot
+  // as node 0 publishes it ("<revision>[ <rank>,<rank>...]"), or nullopt when etcd could not be
+  // read: the thread then reads again before it watches.
+  std::optional<std::string> snapshotOwn(std::string* error) {
+    int64_t revision = 0;
+    auto kvs = client->getPrefix(prefix, &revision, /*keys_only=*/true);
+    std::lock_guard<std::mutex> lock(mu);
+    if (!kvs.isOk()) {
+      *error = kvs.status().message();
+      pending = false;
+      awaited.clear();
+      resnapshot = true;
+      cv.notify_all();
+      return std::nullopt;
+    }
+    std::set<std::string> present;
+    for (const auto& kv : kvs.value()) present.insert(kv.key.substr(prefix.size()));
+    std::vector<int> missing;
+    std::string doc = std::to_string(revision);
+    for (int r = 0; members && r < members->group_world_size; ++r) {
+      if (present.count(members->agents[static_cast<size_t>(r)].id)) continue;
+      doc += (missing.empty() ? " " : ",") + std::to_string(r);
+      missing.push_back(r);
+    }
+    apply(revision, missing);
+    return doc;
+  }
+
+  // Node 0's snapshot `doc`, read from `snapshot_key`: applied when this agent still awaits that
+  // one. A malformed one makes the thread read the keys itself.
+  void takeSnapshot(const std::string& snapshot_key, const std::string& doc) {
+    std::lock_guard<std::mutex> lock(mu);
+    takeSnapshotLocked(snapshot_key, doc);
+  }
+  // REQUIRES: mu held. takeSnapshot().
+  void takeSnapshotLocked(const std::string& snapshot_key, const std::string& doc) {
+    if (!pending || awaited != snapshot_key || !members) return;
+    int64_t revision = 0;
+    std::vector<int> missing;
+    if (!parseSnapshot(doc, members->group_world_size, &revision, &missing)) {
+      CPPRUN_LOG(kWarn) << "liveness: node 0's snapshot '" << doc << "' at " << snapshot_key
+                        << " is malformed; reading the members' keys";
+      pending = false;
+      awaited.clear();
+      resnapshot = true;
+      cv.notify_all();
+      return;
+    }
+    apply(revision, missing);
+  }
+
+  // The watch thread, while it awaits node 0's snapshot at `snapshot_key`: one read, and while it
+  // is missing a watch of the key for at most one interval. Past `until`, the thread reads the
+  // members' keys itself (node 0 was lost before it wrote, or could not write).
+  void awaitSnapshot(const std::string& snapshot_key, std::chrono::steady_clock::time_point until,
+                     std::chrono::milliseconds* pause) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        until - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!pending || awaited != snapshot_key) return;
+      CPPRUN_LOG(kDebug) << "liveness: no snapshot from node 0 at " << snapshot_key
+                         << "; reading the members' keys";
+      pending = false;
+      awaited.clear();
+      resnapshot = true;
+      return;
+    }
+    int64_t revision = 0;
+    auto got = client->get(snapshot_key, &revision);
+    if (!got.isOk()) {
+      backOff(pause);
+      return;
+    }
+    if (got.value()) {
+      takeSnapshot(snapshot_key, got.value()->value);
+      return;
+    }
+    auto events =
+        client->watch(snapshot_key, false, revision + 1, std::min(left, options.interval));
+    if (!events.isOk()) return;  // read again (and check the deadline)
+    for (const EtcdEvent& e : events.value()) {
+      if (e.type == EtcdEvent::Type::kPut) {
+        takeSnapshot(snapshot_key, e.kv.value);
+        return;
+      }
+    }
   }
 
   // The watch thread: deletions under the prefix, from the cursor on.
@@ -112,21 +244,32 @@ struct LeaseLiveness::Shared {
     while (true) {
       int64_t from = 0;
       bool again = false;
+      std::string snapshot_key;
+      std::chrono::steady_clock::time_point until{};
       {
         std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return stopped || members.has_value(); });
+        cv.wait(lock, [&] { return stopped || (members.has_value() && !ownReadPending()); });
         if (stopped) return;
         from = cursor;
         again = resnapshot;
+        if (pending) {
+          snapshot_key = awaited;
+          until = awaited_until;
+        }
+      }
+      if (!snapshot_key.empty()) {
+        awaitSnapshot(snapshot_key, until, &pause);
+        continue;
       }
       if (again || from == 0) {
         std::string error;
-        if (!snapshot(std::nullopt, &error)) backOff(&pause);
+        if (!snapshotOwn(&error)) backOff(&pause);
         continue;
       }
       auto events = client->watch(prefix, true, from, options.interval, {}, true);
       std::unique_lock<std::mutex> lock(mu);
       if (stopped) return;
+      if (pending) continue;  // a new attempt began: its snapshot sets the cursor
       if (!events.isOk()) {
         if (events.status().code() == StatusCode::kNotFound) {
           resnapshot = true;  // compacted: read the keys again
@@ -138,15 +281,23 @@ struct LeaseLiveness::Shared {
         continue;
       }
       pause = std::chrono::milliseconds(50);
-      for (const EtcdEvent& e : events.value()) {
-        if (e.kv.mod_revision <= floor) continue;  // before watch()'s read: it accounted for it
-        cursor = std::max(cursor, e.kv.mod_revision + 1);
-        if (e.type != EtcdEvent::Type::kDelete) continue;
-        const int rank = rankOfKey(e.kv.key);
-        if (rank < 0) continue;
-        lose(rank, memberName(*members, rank) + " was lost: its etcd lease (TTL " +
-                       std::to_string(ttl.count()) + " s) expired");
-      }
+      lostIn(events.value());
+    }
+  }
+
+  // REQUIRES: mu held. watch() reads the keys itself (node 0) and has not applied them yet.
+  bool ownReadPending() const { return pending && awaited.empty(); }
+
+  // REQUIRES: mu held. The deletions among `events` after the snapshot: members lost.
+  void lostIn(const std::vector<EtcdEvent>& events) {
+    for (const EtcdEvent& e : events) {
+      if (e.kv.mod_revision <= floor) continue;  // before the snapshot: it accounted for it
+      cursor = std::max(cursor, e.kv.mod_revision + 1);
+      if (e.type != EtcdEvent::Type::kDelete) continue;
+      const int rank = rankOfKey(e.kv.key);
+      if (rank < 0) continue;
+      lose(rank, memberName(*members, rank) + " was lost: its etcd lease (TTL " +
+                     std::to_string(ttl.count()) + " s) expired");
     }
   }
 
@@ -262,11 +413,46 @@ bool LeaseLiveness::renew(rendezvous::Store& /*store*/) {
   return false;
 }
 
+std::string LeaseLiveness::snapshotKey(const std::string& prefix, int attempt,
+                                       const Membership& m) {
+  const bool slash = !prefix.empty() && prefix.back() == '/';
+  return prefix.substr(0, prefix.size() - (slash ? 1 : 0)) + ".snapshot/" +
+         std::to_string(attempt) + "/" + membershipDigest(m);
+}
+
+// Node 0 reads which members' keys exist and publishes what it read under its lease; every
+// other member takes that over (one read, or the watch thread waits for it), so the job reads
+// its N keys once per attempt, not once per agent.
 void LeaseLiveness::watch(int attempt, const Membership& m) {
+  const std::string key = snapshotKey(shared_->prefix, attempt, m);
+  if (m.group_rank != 0) {
+    // Read before the thread is told (it would read too): usually node 0 has written it; else
+    // the thread waits for it.
+    auto got = shared_->client->get(key);
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->begin(attempt, m, key);
+    if (got.isOk() && got.value()) shared_->takeSnapshotLocked(key, got.value()->value);
+    return;
+  }
+  int64_t lease = 0;
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->begin(attempt, m, "");
+    lease = shared_->lease;
+  }
   std::string error;
-  if (!shared_->snapshot(std::make_pair(attempt, m), &error)) {
+  auto doc = shared_->snapshotOwn(&error);
+  if (!doc) {
     // The thread reads again before it watches; renew() says when etcd is gone for good.
+    // The others read the keys themselves once they waited for this snapshot in vain.
     CPPRUN_LOG(kWarn) << "liveness: cannot read the members' leases yet: " << error;
+    return;
+  }
+  if (m.group_world_size < 2) return;
+  auto put = shared_->client->put(key, *doc, lease);
+  if (!put.isOk()) {
+    CPPRUN_LOG(kWarn) << "liveness: cannot publish the members' leases to the other nodes ("
+                      << put.status().message() << "); they read them themselves";
   }
 }
 

@@ -11,16 +11,22 @@
 // for etcd lost: the keep-alive bound per endpoint, as for its store requests; an election
 // after the leader's loss takes a second or two, and etcd expires no lease meanwhile).
 //
-// watch(attempt, m) reads which members' keys exist (a member whose key is gone is lost at once)
-// and from that read's revision on one thread of this object follows a watch of the prefix
-// that carries only deletions (etcd's NOPUT filter): a member's lease expiring reaches every
-// agent within etcd's expiry check, without anyone polling anyone. Losses go to
-// LivenessOptions::on_lost with the attempt they belong to.
+// watch(attempt, m) takes a snapshot of which members' keys exist (a member whose key is gone
+// is lost at once) and from that snapshot's revision on one thread of this object follows a
+// watch of the prefix that carries only deletions (etcd's NOPUT filter): a member's lease
+// expiring reaches every agent within etcd's expiry check, without anyone polling anyone.
+// The snapshot is read once per attempt, by node 0 (keys only), which publishes it, under its
+// lease, at "<prefix without its '/'>.snapshot/<attempt>/<digest of the members' ids>" as
+// "<revision>[ <missing rank>,...]"; every other member takes it over (one read, or its thread
+// waits for the key) and watches from that revision + 1, which sees every deletion since. So an
+// attempt of N agents costs one read of N keys, not N reads of N keys. A member that has no
+// snapshot from node 0 within the keep-alive bound (node 0 was lost first, or could not write)
+// reads the keys itself. Losses go to LivenessOptions::on_lost with the attempt they belong to.
 //
 // Failure: a watch that etcd cannot serve is re-armed from the last revision seen (a compacted
-// revision: re-read, as at watch()). Give the client a request timeout of about one keep-alive
-// interval: a renewal stuck on a member that went silent must fail over to the next one well
-// within the TTL.
+// revision, node 0's included: the member reads the keys itself). Give the client a request timeout
+// of about one keep-alive interval: a renewal stuck on a member that went silent must fail over to
+// the next one well within the TTL.
 //
 // Thread safety: renew() from any thread; watch() from one thread (the coordinator's control
 // thread); poll() returns nothing. The threads are detached on destruction and end at their
@@ -54,6 +60,10 @@ class LeaseLiveness : public MemberLiveness {
   bool renew(rendezvous::Store& store) override;
   void watch(int attempt, const Membership& m) override;
   std::vector<LostMember> poll(rendezvous::Store& /*store*/) override { return {}; }
+
+  // Where node 0 publishes its snapshot of attempt `attempt` of `m` (`prefix` as given to the
+  // constructor).
+  static std::string snapshotKey(const std::string& prefix, int attempt, const Membership& m);
 
   // The lease's TTL as granted (whole seconds, at least 1).
   std::chrono::seconds ttl() const { return ttl_; }

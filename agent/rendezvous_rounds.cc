@@ -181,6 +181,8 @@ std::vector<RendezvousRounds::SlotRecord> RendezvousRounds::roundRecords(Store& 
   std::vector<std::string> slots;
   slots.reserve(static_cast<size_t>(std::max<int64_t>(joined, 0)));
   for (int64_t i = 1; i <= joined; ++i) slots.push_back(roundKey(r, "agent/" + std::to_string(i)));
+  // Usually every slot holds its record: one CHECK of them all (etcd: one txn per 128 keys)
+  // says so; only otherwise is each slot checked on its own.
   if (!all_written && !slots.empty()) all_written = checkAll(store, slots);
   std::vector<std::string> present;
   for (const std::string& key : slots) {
@@ -347,6 +349,47 @@ void RendezvousRounds::lastCallForSurvivors(Store& store, int r) {
   }
 }
 
+// The members document of round r from its candidates: the previous round's survivors first, at
+// most max_nodes (this agent always among them: it closes the round), in a stable order.
+json RendezvousRounds::membersOf(std::vector<SlotRecord> candidates, int r,
+                                 int next_attempt) const {
+  // The previous round's survivors first (a spare takes a lost node's place, never a live
+  // one's), then the first to join, and always this agent (it closes the round).
+  std::stable_partition(candidates.begin(), candidates.end(), [&](const SlotRecord& c) {
+    return previous_ids_.count(c.record.value("id", "")) > 0;
+  });
+  if (static_cast<int>(candidates.size()) > opts_.max_nodes) {
+    auto mine = std::find_if(candidates.begin(), candidates.end(), [&](const SlotRecord& c) {
+      return c.record.value("id", "") == opts_.self.id;
+    });
+    if (mine != candidates.end() && mine - candidates.begin() >= opts_.max_nodes) {
+      std::swap(*mine, candidates[static_cast<size_t>(opts_.max_nodes - 1)]);
+    }
+    candidates.resize(static_cast<size_t>(opts_.max_nodes));
+  }
+  // Stable order: the scheduler's rank, else the previous round's rank, else join order.
+  auto order_key = [](const SlotRecord& c) {
+    const int sched = c.record.value("scheduler_rank", -1);
+    const int previous = c.record.value("previous_rank", -1);
+    return std::make_tuple(sched >= 0 ? sched : INT_MAX, previous >= 0 ? previous : INT_MAX,
+                           c.index);
+  };
+  std::stable_sort(
+      candidates.begin(), candidates.end(),
+      [&](const SlotRecord& a, const SlotRecord& b) { return order_key(a) < order_key(b); });
+  // An agent that never ran an attempt (a spare closing the round, etcd) knows the job's
+  // attempt number from the previous round only: the next one comes after that round's.
+  json members = {{"attempt", std::max(next_attempt, previous_attempt_ + 1)},
+                  {"round", r},
+                  {"members", json::array()}};
+  for (const SlotRecord& c : candidates) {
+    json m = c.record;
+    m["index"] = c.index;
+    members["members"].push_back(m);
+  }
+  return members;
+}
+
 // Host: closes round r once max_nodes joined, or last_call_timeout after min_nodes did (the
 // whole wait bounded by join_timeout), and publishes its members in rank order. Returns the
 // members document.
@@ -402,7 +445,10 @@ json RendezvousRounds::closeRound(Store& store, int r, int64_t my_slot, int next
     }
     return members;
   }
-  if (closedAlready()) {
+  // host_per_round: the agent in slot min_nodes closes the round; the others wait for its
+  // members below, which reads them at once when they are there (no check of its own first).
+  const bool closer = !opts_.host_per_round || my_slot == opts_.min_nodes;
+  if (closer && closedAlready()) {
     return json::parse(toString(store.get(roundKey(r, "members"))), nullptr, false);
   }
   // host_per_round: the agent in slot min_nodes closes the round (it takes the last call); the
@@ -450,41 +496,7 @@ json RendezvousRounds::closeRound(Store& store, int r, int64_t my_slot, int next
     }
   }
   std::vector<SlotRecord> candidates = roundRecords(store, r, joined, all_written);
-  // The previous round's survivors first (a spare takes a lost node's place, never a live
-  // one's), then the first to join, and always this agent (it closes the round).
-  std::stable_partition(candidates.begin(), candidates.end(), [&](const SlotRecord& c) {
-    return previous_ids_.count(c.record.value("id", "")) > 0;
-  });
-  if (static_cast<int>(candidates.size()) > opts_.max_nodes) {
-    auto mine = std::find_if(candidates.begin(), candidates.end(), [&](const SlotRecord& c) {
-      return c.record.value("id", "") == opts_.self.id;
-    });
-    if (mine != candidates.end() && mine - candidates.begin() >= opts_.max_nodes) {
-      std::swap(*mine, candidates[static_cast<size_t>(opts_.max_nodes - 1)]);
-    }
-    candidates.resize(static_cast<size_t>(opts_.max_nodes));
-  }
-  // Stable order: the scheduler's rank, else the previous round's rank, else join order.
-  auto order_key = [](const SlotRecord& c) {
-    const int sched = c.record.value("scheduler_rank", -1);
-    const int previous = c.record.value("previous_rank", -1);
-    return std::make_tuple(sched >= 0 ? sched : INT_MAX, previous >= 0 ? previous : INT_MAX,
-                           c.index);
-  };
-  std::stable_sort(
-      candidates.begin(), candidates.end(),
-      [&](const SlotRecord& a, const SlotRecord& b) { return order_key(a) < order_key(b); });
-  // An agent that never ran an attempt (a spare closing the round, etcd) knows the job's
-  // attempt number from the previous round only: the next one comes after that round's.
-  json members = {{"attempt", std::max(next_attempt, previous_attempt_ + 1)},
-                  {"round", r},
-                  {"members", json::array()}};
-  for (const SlotRecord& c : candidates) {
-    json m = c.record;
-    m["index"] = c.index;
-    members["members"].push_back(m);
-  }
-  return publish(members);
+  return publish(membersOf(std::move(candidates), r, next_attempt));
 }
 
 // Takes a slot in round r and writes this agent's record there; returns the slot. A request

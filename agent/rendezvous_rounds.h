@@ -72,6 +72,7 @@ class RendezvousRounds {
   std::vector<SlotRecord> roundRecords(rendezvous::Store& store, int r, int64_t joined,
                                        bool all_written = false);
   nlohmann::json closeRound(rendezvous::Store& store, int r, int64_t my_slot, int next_attempt);
+  nlohmann::json membersOf(std::vector<SlotRecord> candidates, int r, int next_attempt) const;
   int64_t takeSlot(rendezvous::Store& store, int r, const std::string& record);
   void started(int round);
   void completed(int round, const Membership& m);

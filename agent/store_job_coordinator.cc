@@ -491,7 +491,8 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
               return "attempt " + std::to_string(attempt) + ": waiting for " + deciderName() +
                      "'s go (every node ready)";
             });
-        if (control_client_->check({attemptKey(attempt, "go")}) || !deciderLostBeforeGo()) break;
+        // The store is asked only when node 0 is lost (one request less per agent otherwise).
+        if (!deciderLostBeforeGo() || control_client_->check({attemptKey(attempt, "go")})) break;
         // Node 0 closed the round and was lost before it started the attempt: nobody got the
         // go, so every member meets again in the next round (no restart used).
         CPPRUN_LOG(kWarn) << "attempt " << attempt << ": " << lostReason(0)

@@ -9,6 +9,7 @@
 // clang-format on
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -158,10 +159,12 @@ int64_t headerRevision(const json& j) {
   return it == j.end() ? 0 : int64Field(*it, "revision");
 }
 
-json rangeRequest(const std::string& key, bool prefix, bool count_only = false) {
+json rangeRequest(const std::string& key, bool prefix, bool count_only = false,
+                  bool keys_only = false) {
   json r = {{"key", base64Encode(key)}};
   if (prefix) r["range_end"] = base64Encode(prefixEnd(key));
   if (count_only) r["count_only"] = true;
+  if (keys_only) r["keys_only"] = true;
   return r;
 }
 
@@ -728,6 +731,7 @@ class EtcdClient::Impl {
 
   // One request with failover. `idempotent`: may be sent again after its reply was lost.
   Result<json> call(const std::string& target, const json& body, bool idempotent) {
+    requests_.fetch_add(1, std::memory_order_relaxed);
     std::lock_guard<std::mutex> lock(mutex_);
     const std::string payload = body.dump();
     const auto start = Clock::now();
@@ -801,6 +805,7 @@ class EtcdClient::Impl {
   Result<std::vector<EtcdEvent>> watch(const std::string& key, bool prefix, int64_t from_revision,
                                        std::chrono::milliseconds timeout,
                                        const std::function<void()>& on_created, bool deletes_only) {
+    requests_.fetch_add(1, std::memory_order_relaxed);
     bool created_reported = false;
     const auto start = Clock::now();
     const auto deadline = start + timeout;
@@ -924,6 +929,7 @@ class EtcdClient::Impl {
   }
 
   const EtcdClientOptions& options() const { return options_; }
+  uint64_t requestsMade() const { return requests_.load(std::memory_order_relaxed); }
 
  private:
   // One request on the current endpoint, connecting first when needed. REQUIRES: mutex_ held.
@@ -985,6 +991,7 @@ class EtcdClient::Impl {
   EtcdClientOptions options_;
   std::vector<Endpoint> endpoints_;
   std::optional<ssl::context> ssl_;
+  std::atomic<uint64_t> requests_{0};  // calls and watches made (requestsMade())
   std::mutex mutex_;
   size_t current_ = 0;                // REQUIRES: mutex_
   std::unique_ptr<Connection> conn_;  // REQUIRES: mutex_
@@ -1008,6 +1015,7 @@ EtcdClient::~EtcdClient() = default;
 
 std::string EtcdClient::currentEndpoint() const { return impl_->currentEndpoint(); }
 const EtcdClientOptions& EtcdClient::options() const { return impl_->options(); }
+uint64_t EtcdClient::requestsMade() const { return impl_->requestsMade(); }
 
 Result<std::optional<EtcdKeyValue>> EtcdClient::get(const std::string& key, int64_t* revision) {
   auto r = impl_->call("/v3/kv/range", rangeRequest(key, false), true);
@@ -1019,8 +1027,8 @@ Result<std::optional<EtcdKeyValue>> EtcdClient::get(const std::string& key, int6
 }
 
 Result<std::vector<EtcdKeyValue>> EtcdClient::getPrefix(const std::string& prefix,
-                                                        int64_t* revision) {
-  auto r = impl_->call("/v3/kv/range", rangeRequest(prefix, true), true);
+                                                        int64_t* revision, bool keys_only) {
+  auto r = impl_->call("/v3/kv/range", rangeRequest(prefix, true, false, keys_only), true);
   if (!r.isOk()) return r.status();
   if (revision != nullptr) *revision = headerRevision(r.value());
   return kvsFrom(r.value());

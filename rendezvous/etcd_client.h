@@ -125,9 +125,11 @@ class EtcdClient {
   // The key's entry, or nullopt when absent. *revision (optional) gets the store's revision at
   // the read: a watch from revision + 1 sees every later change.
   Result<std::optional<EtcdKeyValue>> get(const std::string& key, int64_t* revision = nullptr);
-  // Every entry whose key starts with `prefix`, in key order.
+  // Every entry whose key starts with `prefix`, in key order. `keys_only`: etcd leaves the
+  // values out (each entry's value is empty), so reading many keys to learn which exist costs
+  // their names only.
   Result<std::vector<EtcdKeyValue>> getPrefix(const std::string& prefix,
-                                              int64_t* revision = nullptr);
+                                              int64_t* revision = nullptr, bool keys_only = false);
   // How many keys start with `prefix` (without reading their values).
   Result<int64_t> countPrefix(const std::string& prefix);
   // Returns the store's revision after the put. lease 0: no lease.
@@ -155,6 +157,11 @@ class EtcdClient {
                                        std::chrono::milliseconds timeout,
                                        const std::function<void()>& on_created = {},
                                        bool deletes_only = false);
+
+  // How many requests this client has made: each call (get, put, txn, lease, ...) counts once
+  // however many endpoints it tried, and each watch() once. For tests and benchmarks that count
+  // round trips.
+  uint64_t requestsMade() const;
 
   // The endpoint the next request goes to ("host:port").
   std::string currentEndpoint() const;

@@ -73,25 +73,37 @@ std::string EtcdStore::update(
   }
 }
 
+// One txn per call: the comparison, the put on success, and a read of the key on failure, so a
+// mismatch hands back the value it lost to without a second request. A non-empty `expected` is
+// compared by value (etcd fails a value comparison on an absent key: then `expected` comes back,
+// as c10d's). An empty one is compared by version 0 (absent), since etcd cannot compare an
+// absent key's value; only a key that exists holding "" (expected "" matches it) takes a second
+// txn, on that read's mod_revision.
 Bytes EtcdStore::compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) {
   const std::string k = full(key);
   const std::string want = str(expected);
+  EtcdCompare compare =
+      expected.empty() ? EtcdCompare::versionIs(k, 0) : EtcdCompare::valueIs(k, want);
   while (true) {
-    auto current = client_->get(k);
-    if (!current.isOk()) fail("compareSet", key, current.status());
     EtcdTxn txn;
-    if (!current.value()) {
-      // c10d: a missing key with a non-empty `expected` stays missing, and `expected` comes back.
-      if (!expected.empty()) return expected;
-      txn.compare.push_back(EtcdCompare::versionIs(k, 0));
-    } else {
-      if (current.value()->value != want) return bytes(current.value()->value);
-      txn.compare.push_back(EtcdCompare::modRevisionIs(k, current.value()->mod_revision));
-    }
+    txn.compare.push_back(compare);
     txn.success.push_back(EtcdOp::put(k, str(desired)));
+    txn.failure.push_back(EtcdOp::range(k));
     auto r = client_->txn(txn);
     if (!r.isOk()) fail("compareSet", key, r.status());
     if (r.value().succeeded) return desired;
+    const auto& responses = r.value().responses;
+    if (responses.empty() || responses.front().kvs.empty()) {
+      // Absent: only a non-empty `expected` fails on an absent key; c10d returns it, storing
+      // nothing. (An empty one failed because the key was there and is gone again: retry.)
+      if (!expected.empty()) return expected;
+      compare = EtcdCompare::versionIs(k, 0);
+      continue;
+    }
+    const EtcdKeyValue& current = responses.front().kvs.front();
+    if (current.value != want) return bytes(current.value);
+    // The key holds "" and `expected` is "": a match, which version 0 could not express.
+    compare = EtcdCompare::modRevisionIs(k, current.mod_revision);
   }
 }
 
@@ -213,22 +225,38 @@ int64_t EtcdStore::numKeys() {
   return r.value();
 }
 
+// Keys that exist already cost one txn per kMaxTxnOps of them (not one read each); only those
+// still missing are waited for one by one.
 void EtcdStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   auto deadline = Clock::now() + timeout;
-  for (const auto& k : keys) waitFor(full(k), deadline, timeout);
+  if (keys.size() == 1) {
+    waitFor(full(keys.front()), deadline, timeout);
+    return;
+  }
+  const auto present = readAll(keys, "wait");
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!present[i]) waitFor(full(keys[i]), deadline, timeout);
+  }
 }
 
+// Reads first (one txn per kMaxTxnOps keys); only when some are missing, waits for them and
+// reads again.
 std::vector<Bytes> EtcdStore::multiGet(const std::vector<std::string>& keys) {
   auto timeout = this->timeout();
   auto deadline = Clock::now() + timeout;
   while (true) {
-    for (const auto& k : keys) waitFor(full(k), deadline, timeout);
+    const auto read = readAll(keys, "multiGet");
     std::vector<Bytes> values;
-    for (const auto& v : readAll(keys, "multiGet")) {
-      if (!v) break;  // deleted since the wait: wait again
-      values.push_back(bytes(*v));
+    std::vector<std::string> missing;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (read[i]) {
+        values.push_back(bytes(*read[i]));
+      } else {
+        missing.push_back(keys[i]);
+      }
     }
-    if (values.size() == keys.size()) return values;
+    if (missing.empty()) return values;
+    for (const auto& k : missing) waitFor(full(k), deadline, timeout);
   }
 }
 

@@ -7,9 +7,12 @@
 // append -> a compare-and-swap txn on mod_revision (create when absent), retried on conflict
 // after a random pause that doubles per conflict (the lost txn reads the winner's value back);
 // add(key, 0) on an existing key is one read;
-// compareSet with c10d's semantics (store.h); multiGet reads all keys in one txn, multiSet
-// writes them in one txn (up to 128 keys, etcd's default --max-txn-ops; more go in several,
-// so only that many are atomic together); numKeys counts the keys under the prefix (not the whole
+// compareSet with c10d's semantics (store.h) in one txn: compare (value, or version 0 for an
+// empty `expected`), put on success, and a read of the key on failure, which hands the current
+// value back without a second request; wait and multiGet of several keys read them all first
+// (up to 128 keys per txn, etcd's default --max-txn-ops) and wait only for those missing;
+// multiSet writes them in one txn (up to 128 keys; more go in several, so only that many are
+// atomic together); numKeys counts the keys under the prefix (not the whole
 // etcd). Values are bytes. Client errors (Result/Status) become StoreError here, and only here.
 // Ownership: shares the client. Thread safety: every method may be called from several
 // threads (the client serialises requests; each waiting get holds its own watch connection).

@@ -133,3 +133,91 @@ TEST_CASE("lease liveness: a member whose key is gone when its attempt is watche
   CHECK_THAT(a0.reported().front().lost.reason,
              Catch::Contains("had expired when attempt 3 began"));
 }
+
+namespace {
+
+std::shared_ptr<rendezvous::EtcdClient> rawClient(const cpprun::testing::EtcdCluster& cluster) {
+  rendezvous::EtcdClientOptions o;
+  o.endpoints = cluster.endpoints();
+  auto client = rendezvous::EtcdClient::connect(o);
+  REQUIRE(client.isOk());
+  return std::shared_ptr<rendezvous::EtcdClient>(std::move(client).value());
+}
+
+const std::string kPrefix = "/cpprun/lease-test/" + std::string(kAliveKeyPrefix);
+
+}  // namespace
+
+// Node 0 reads the members' keys once per attempt and publishes what it read; the others take
+// that over instead of each reading every key: a member node 0 saw lost is lost for them too,
+// even though they never read its key themselves.
+TEST_CASE("lease liveness: the other members take node 0's snapshot over", "[etcd]") {
+  cpprun::testing::EtcdCluster cluster;
+  rendezvous::MemoryStore unused;
+  Member a0(cluster, "a0");
+  Member a1(cluster, "a1");
+  REQUIRE(a0.liveness().renew(unused));
+  REQUIRE(a1.liveness().renew(unused));
+  const auto agents = agentsOf({"a0", "a1", "ghost"});
+  a0.liveness().watch(4, membershipOf(agents, 0));
+  REQUIRE(a0.reported().size() == 1);
+  CHECK(a0.reported().front().lost.rank == 2);
+  auto raw = rawClient(cluster);
+  const std::string key = LeaseLiveness::snapshotKey(kPrefix, 4, membershipOf(agents, 0));
+  auto published = raw->get(key);
+  REQUIRE(published.isOk());
+  REQUIRE(published.value());
+  CHECK(published.value()->value.substr(published.value()->value.find(' ')) == " 2");
+
+  // A snapshot that names a1's live peer a0 as missing: taken over as it is, so a1 did not read
+  // the keys (it would have found a0's).
+  const std::string fake = LeaseLiveness::snapshotKey(kPrefix, 5, membershipOf(agents, 1));
+  REQUIRE(raw->put(fake, std::to_string(published.value()->mod_revision) + " 0,2").isOk());
+  a1.liveness().watch(5, membershipOf(agents, 1));
+  REQUIRE(eventually([&] { return a1.reported().size() == 2; }, 2s));
+  for (const Reported& r : a1.reported()) {
+    CHECK(r.attempt == 5);
+    CHECK((r.lost.rank == 0 || r.lost.rank == 2));
+    CHECK_THAT(r.lost.reason, Catch::Contains("had expired when attempt 5 began"));
+  }
+}
+
+// Node 0's snapshot may be older than the moment a member takes it over: the member watches from
+// the snapshot's revision on, so a member lost in between is still reported.
+TEST_CASE("lease liveness: a member lost after node 0's snapshot is seen by those who take it over",
+          "[etcd]") {
+  cpprun::testing::EtcdCluster cluster;
+  rendezvous::MemoryStore unused;
+  Member a0(cluster, "a0");
+  Member a1(cluster, "a1");
+  Member a2(cluster, "a2");
+  for (Member* m : {&a0, &a1, &a2}) REQUIRE(m->liveness().renew(unused));
+  const auto agents = agentsOf({"a0", "a1", "a2"});
+  a0.liveness().watch(0, membershipOf(agents, 0));
+  CHECK(a0.reported().empty());
+  a2.stop();  // its lease expires within the TTL (1 s), after node 0's snapshot
+  auto raw = rawClient(cluster);
+  REQUIRE(eventually([&] { return !raw->get(kPrefix + "a2").value().has_value(); }, 5s));
+  a1.liveness().watch(0, membershipOf(agents, 1));  // takes over the snapshot that saw a2
+  REQUIRE(eventually([&] { return !a1.reported().empty(); }, 3s));
+  CHECK(a1.reported().front().lost.rank == 2);
+  CHECK_THAT(a1.reported().front().lost.reason, Catch::Contains("expired"));
+  CHECK(a1.reported().size() == 1);
+}
+
+// Node 0 lost before it published: the others read the keys themselves after the keep-alive
+// bound (900 ms here) and find it gone.
+TEST_CASE("lease liveness: without node 0's snapshot a member reads the keys itself", "[etcd]") {
+  cpprun::testing::EtcdCluster cluster;
+  rendezvous::MemoryStore unused;
+  Member a1(cluster, "a1");
+  REQUIRE(a1.liveness().renew(unused));
+  const auto start = Clock::now();
+  a1.liveness().watch(2, membershipOf(agentsOf({"ghost", "a1"}), 1));
+  REQUIRE(eventually([&] { return !a1.reported().empty(); }, 5s));
+  const Reported got = a1.reported().front();
+  CHECK(got.lost.rank == 0);
+  CHECK_THAT(got.lost.reason, Catch::Contains("had expired when attempt 2 began"));
+  CHECK(got.at - start >= 900ms);
+  CHECK(got.at - start < 900ms + 2s);
+}

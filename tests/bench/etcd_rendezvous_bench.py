@@ -6,7 +6,7 @@ torchrun 2.x's own etcd backends on the same etcd cluster, side by side in one r
 
     /usr/bin/python3 tests/bench/etcd_rendezvous_bench.py --cpprun build/cpprun \\
         --worker build/tests/bench/cpprun_bench_worker [--agents 1,8,64,256] [--runs 3] \\
-        [--timeout 180] [--etcd /usr/bin/etcd] [--members 3] \\
+        [--timeout 180] [--etcd /usr/bin/etcd] [--members 3] [--baseline OLD_CPPRUN] \\
         [--torch-agents 1,8,32] [--torch-backends etcd-v2,etcd] [--torch-timeout 120] \\
         [--torchrun /opt/cpprun/torch2/bin/torchrun] \\
         [--lost-runs 0] [--keep-alive-interval 1] [--keep-alive-max-attempt 3] [--lost-timeout 30]
@@ -29,7 +29,16 @@ The etcd members run with --heartbeat-interval 50 --election-timeout 500 (as the
 EtcdCluster), --enable-v2=true (torchrun's backends speak etcd's v2 API; cpprun only v3) and
 fsync as usual: every etcd write is a raft commit to disk.
 
-Figures per N, median of --runs (the two variants alternate within each repetition):
+--baseline OLD_CPPRUN: a second cpprun build on the same etcd cluster at every N (kind
+etcd-baseline, same command line), alternating with the others: a before/after comparison in
+one invocation (RESULT etcd_rdzv_<figure>_n<N>_baseline <new ms> ms peer=<old ms>
+ratio=<new/old>).
+Requests: for each etcd run the benchmark reads every member's /metrics
+(grpc_server_started_total, by gRPC method: the HTTP gateway calls etcd's own gRPC server, so
+each /v3 request counts once, a watch or keep-alive stream once per stream) before and after,
+and prints the difference per agent (median per method of the runs) and
+RESULT etcd_rdzv_requests_per_agent_n<N>[_baseline] <requests> requests.
+Figures per N, median of --runs (the variants alternate within each repetition):
   ready  from the first agent's spawn to the last worker's start (the slowest agent ready)
   total  from the first agent's spawn until every agent has exited
 One line per figure: RESULT etcd_rdzv_<figure>_n<N> <etcd ms> ms peer=<c10d ms>
@@ -121,6 +130,21 @@ class EtcdCluster:
                     raise RuntimeError(f"etcd member at {e} not healthy within {timeout} s")
                 time.sleep(0.05)
 
+    def requests(self):
+        """{grpc method: calls started} summed over the members (etcd's /metrics,
+        grpc_server_started_total: the HTTP gateway calls its own gRPC server, so every
+        /v3/... request counts once; a watch or keep-alive stream counts once per stream)."""
+        counts = {}
+        for e in self.endpoints:
+            with urllib.request.urlopen(f"http://{e}/metrics", timeout=5) as r:
+                for line in r.read().decode().splitlines():
+                    if not line.startswith("grpc_server_started_total{"):
+                        continue
+                    labels, value = line.rsplit(" ", 1)
+                    method = labels.split('grpc_method="', 1)[1].split('"', 1)[0]
+                    counts[method] = counts.get(method, 0) + int(float(value))
+        return counts
+
     def kill(self):
         for p in self.procs:
             if p.poll() is None:
@@ -140,22 +164,27 @@ def agent_command(kind, args, n, endpoint, run_id, run_dir):
         return [args.torchrun, f"--nnodes={n}", "--nproc-per-node=1",
                 f"--rdzv-backend={TORCH_KINDS[kind]}",
                 f"--rdzv-endpoint={endpoint.split(',')[0]}", f"--rdzv-id={run_id}"] + tail
-    common = [args.cpprun, f"--nnodes={n}", "--nproc-per-node=1"]
-    if kind == "etcd":
+    binary = args.baseline if kind == "etcd-baseline" else args.cpprun
+    common = [binary, f"--nnodes={n}", "--nproc-per-node=1"]
+    if kind in ("etcd", "etcd-baseline"):
         return common + ["--rdzv-backend=etcd-v2", f"--rdzv-endpoint={endpoint}",
                          f"--rdzv-id={run_id}"] + tail
     return common + ["--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
                      "--rdzv-id=bench"] + tail
 
 
-def one_run(kind, args, n, etcd_endpoints, rep):
-    """Returns (ready_ms, total_ms) or None when the run failed."""
+def one_run(kind, args, n, cluster, rep):
+    """Returns (ready_ms, total_ms, {etcd method: requests per agent}) or None when the run
+    failed (the requests are counted for the etcd kind only)."""
+    etcd_endpoints = cluster.endpoints
     run_dir = tempfile.mkdtemp(prefix=f"etcd-rdzv-bench-{kind}-")
     endpoint = (f"127.0.0.1:{free_port()}" if kind == "c10d" else ",".join(etcd_endpoints))
     run_id = f"bench-{kind}-{os.getpid()}-{n}-{rep}"
     env = dict(os.environ, OMP_NUM_THREADS="1", NCCL_SOCKET_IFNAME="lo")
     procs = []
     ok = True
+    counted = kind in ("etcd", "etcd-baseline")
+    before = cluster.requests() if counted else {}
     try:
         t0 = time.monotonic_ns()
         for rank in range(n):
@@ -179,7 +208,10 @@ def one_run(kind, args, n, etcd_endpoints, rep):
         if left:
             sys.stderr.write(f"{kind} n={n}: {left} process(es) left behind, killed\n")
             return None
-        return ((max(starts) - t0) / 1e6, (t_end - t0) / 1e6)
+        after = cluster.requests() if counted else {}
+        per_agent = {m: (after[m] - before.get(m, 0)) / n for m in after
+                     if after[m] > before.get(m, 0)}
+        return ((max(starts) - t0) / 1e6, (t_end - t0) / 1e6, per_agent)
     finally:
         for _, pfd in procs:
             os.close(pfd)
@@ -361,6 +393,9 @@ def lost_agent_bench(args, cluster):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cpprun", required=True)
+    parser.add_argument("--baseline", default="",
+                        help="a second cpprun build run on etcd beside --cpprun at every N, "
+                        "alternating (RESULT ..._baseline lines, ratio new/old)")
     parser.add_argument("--worker", required=True)
     parser.add_argument("--etcd", default="/usr/bin/etcd")
     parser.add_argument("--members", type=int, default=3)
@@ -402,7 +437,8 @@ def main() -> int:
     given_up = set()  # torch kinds that failed or ran out of time at a smaller N
     try:
         for n in sorted(agents | torch_agents):
-            kinds = (["etcd", "c10d"] if n in agents else []) + \
+            kinds = (["etcd"] + (["etcd-baseline"] if args.baseline else []) + ["c10d"]
+                     if n in agents else []) + \
                 [k for k in torch_kinds if n in torch_agents and k not in given_up]
             results = {k: [] for k in kinds}
             for rep in range(args.runs):
@@ -410,7 +446,7 @@ def main() -> int:
                 for kind in order:
                     if kind in given_up:
                         continue
-                    r = one_run(kind, args, n, cluster.endpoints, rep)
+                    r = one_run(kind, args, n, cluster, rep)
                     if r is None:
                         failed = True
                         if kind in TORCH_KINDS:
@@ -426,7 +462,22 @@ def main() -> int:
                 if k in med:
                     m = med[k]
                     line += f"  {k} ready {m[0]:8.1f} ms total {m[1]:8.1f} ms ({m[2]} runs)"
+                    runs = ", ".join(f"{x[0]:.0f}" for x in results[k])
+                    line += f" [ready per run: {runs}]"
             print(line, flush=True)
+            for k in ("etcd", "etcd-baseline"):
+                if not results.get(k):
+                    continue
+                # etcd requests per agent over the whole run (one job: one rendezvous round),
+                # median per method over the runs
+                methods = sorted({m for x in results[k] for m in x[2]})
+                per = {m: statistics.median(x[2].get(m, 0) for x in results[k]) for m in methods}
+                print(f"       {k} requests per agent (median of {len(results[k])} runs): "
+                      + ", ".join(f"{m} {v:.2f}" for m, v in per.items())
+                      + f"; total {sum(per.values()):.2f}", flush=True)
+                suffix = "_baseline" if k == "etcd-baseline" else ""
+                print(f"RESULT etcd_rdzv_requests_per_agent_n{n}{suffix} "
+                      f"{sum(per.values()):.2f} requests", flush=True)
         print()
         for n, med in rows:
             e, c = med.get("etcd"), med.get("c10d")
@@ -436,6 +487,10 @@ def main() -> int:
                           f"ratio={e[i] / c[i]:.1f}")
                 elif e:
                     print(f"RESULT etcd_rdzv_{name}_n{n} {e[i]:.1f} ms")
+                old = med.get("etcd-baseline")
+                if e and old:
+                    print(f"RESULT etcd_rdzv_{name}_n{n}_baseline {e[i]:.1f} ms peer={old[i]:.1f} "
+                          f"ratio={e[i] / old[i]:.2f}")
                 # torchrun's etcd backends on the same cluster: the peer; ratio torch/cpprun
                 for k in torch_kinds:
                     t = med.get(k)

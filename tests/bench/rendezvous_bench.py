@@ -63,6 +63,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def zombie(pid) -> bool:
+    """Whether pid has exited and waits to be reaped (state Z in /proc/PID/stat)."""
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2:].startswith("Z")
+
+
 def reap_leftovers(keep=frozenset()) -> int:
     """Kills and reaps every process that was re-parented to us, except the pids in `keep` (our
     own long-lived children, such as etcd members); returns how many there were."""
@@ -73,6 +82,14 @@ def reap_leftovers(keep=frozenset()) -> int:
         children = []
     for pid in map(int, children):
         if pid in keep:
+            continue
+        if zombie(pid):
+            # An exited process re-parented to us on purpose: cpprun's job sentinel is forked
+            # twice (nobody's child in cpprun's tree) and ends as the job does; only reaped.
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
             continue
         count += 1
         try:

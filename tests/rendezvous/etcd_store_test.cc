@@ -181,3 +181,81 @@ TEST_CASE("etcd store blocking get survives the member of its watch going silent
   WARN("get woke " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
                    << " ms after it started, its watch's member paused meanwhile");
 }
+
+// compareSet is one etcd txn: the comparison, the put, and on failure a read of the key, so a
+// mismatch still hands back the value now stored (c10d's semantics) without a second request.
+TEST_CASE("etcd store compareSet is one txn and returns the current value on a mismatch",
+          "[etcd]") {
+  EtcdCluster cluster(clusterOptions(1, false));
+  auto c = client(cluster.endpoints());
+  EtcdStore s(c, "/cpprun/cas/");
+  s.set("k", std::string("a"));
+  const auto requests = [&] { return c->requestsMade(); };
+
+  auto before = requests();
+  CHECK(toString(s.compareSet("k", toBytes("b"), toBytes("c"))) == "a");  // mismatch
+  CHECK(requests() - before == 1);
+  CHECK(toString(s.get("k")) == "a");  // untouched
+
+  before = requests();
+  CHECK(toString(s.compareSet("k", toBytes("a"), toBytes("c"))) == "c");  // match
+  CHECK(requests() - before == 1);
+  CHECK(toString(s.get("k")) == "c");
+
+  before = requests();
+  CHECK(toString(s.compareSet("k", {}, toBytes("d"))) == "c");  // "absent" expected, it exists
+  CHECK(requests() - before == 1);
+
+  before = requests();  // absent with a non-empty `expected`: that comes back, nothing stored
+  CHECK(toString(s.compareSet("missing", toBytes("x"), toBytes("y"))) == "x");
+  CHECK(requests() - before == 1);
+  CHECK_FALSE(s.check({"missing"}));
+
+  before = requests();  // absent with an empty `expected`: created
+  CHECK(toString(s.compareSet("fresh", {}, toBytes("y"))) == "y");
+  CHECK(requests() - before == 1);
+  CHECK(toString(s.get("fresh")) == "y");
+
+  // A key holding "" matches an empty `expected` (etcd cannot say "absent or empty" in one
+  // comparison: a second txn on the read's revision).
+  s.set("empty", std::string());
+  CHECK(toString(s.compareSet("empty", {}, toBytes("z"))) == "z");
+  CHECK(toString(s.get("empty")) == "z");
+}
+
+// Keys that exist cost one txn per 128 of them: wait and multiGet read them all before they
+// wait for any one, and a missing one is still waited for.
+TEST_CASE("etcd store wait and multiGet read present keys in one txn per 128 keys", "[etcd]") {
+  EtcdCluster cluster(clusterOptions(1, false));
+  auto c = client(cluster.endpoints());
+  EtcdStore s(c, "/cpprun/batched/");
+  s.setTimeout(10s);
+  std::vector<std::string> keys;
+  std::vector<Bytes> values;
+  for (int i = 0; i < 200; ++i) {
+    keys.push_back("k" + std::to_string(i));
+    values.push_back(toBytes("v" + std::to_string(i)));
+  }
+  s.multiSet(keys, values);
+  auto before = c->requestsMade();
+  s.wait(keys, 10s);
+  CHECK(c->requestsMade() - before == 2);  // 128 + 72 keys
+  before = c->requestsMade();
+  auto got = s.multiGet(keys);
+  CHECK(c->requestsMade() - before == 2);
+  REQUIRE(got.size() == 200);
+  CHECK(toString(got[199]) == "v199");
+
+  keys.push_back("late");
+  EtcdStore writer(client(cluster.endpoints()), "/cpprun/batched/");
+  std::thread setter([&] {
+    writer.wait({"reader-started"}, 10s);
+    writer.set("late", std::string("here"));
+  });
+  s.set("reader-started", std::string("1"));
+  got = s.multiGet(keys);
+  setter.join();
+  REQUIRE(got.size() == 201);
+  CHECK(toString(got[200]) == "here");
+  CHECK(toString(got[0]) == "v0");
+}
