@@ -23,6 +23,7 @@
 #include "agent/job_decision.h"
 #include "agent/job_keys.h"
 #include "agent/liveness.h"
+#include "agent/nccl_id_groups.h"
 #include "agent/node_exclusion.h"
 #include "agent/rendezvous_rounds.h"
 #include "common/asio.h"
@@ -513,7 +514,28 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
       for (const auto& [rank, reason] : lost_agents_) lost_before_start->push_back(reason);
     }
     cv_.notify_all();
-    return AttemptStart{attempt, currentMembership(), go};
+    return AttemptStart{attempt, currentMembership(), go, scalableNcclIds(attempt, go)};
+  }
+
+  // The attempt's ids for ncclCommInitRankScalable (nccl_id_groups.h), "" at or below the
+  // threshold, without NCCL on node 0 (no single id in the go: none anywhere), or when a node
+  // could not make its ids or they did not all come (every node then falls back to the single
+  // id: a failing node publishes its error in place of its ids, so all see it).
+  std::string scalableNcclIds(int attempt, const std::string& go) {
+    if (go.empty() || !opts_.make_nccl_id) return "";
+    const Membership m = currentMembership();
+    const int nid = ncclIdCount(m.world_size, opts_.nccl_ranks_per_id);
+    if (nid <= 1) return "";
+    std::vector<int> node_ranks;
+    for (const auto& a : m.agents) node_ranks.push_back(a.nproc);
+    auto ids = exchangeNcclIds(*control_client_, attemptKey(attempt, "nccl_ids/"), node_ranks,
+                               m.group_rank, nid, opts_.make_nccl_id, opts_.join_timeout);
+    if (!ids.isOk()) {
+      CPPRUN_LOG(kWarn) << "attempt " << attempt << ": " << ids.status().message()
+                        << "; CPPRUN_NCCL_UNIQUE_IDS is not set (the workers use the single id)";
+      return "";
+    }
+    return joinNcclIds(ids.value());
   }
 
   std::string runOnLoop(std::function<std::string()> f) {
