@@ -561,8 +561,8 @@ class GpuEngine : public TrainingEngine {
     int nccl_version = 0;
     ncclGetVersion(&nccl_version);
     return "GPU " + std::to_string(options_.device) + " (" + device_name_ + "), cuBLAS " +
-           (options_.bf16 ? "bf16" : "fp32") + ", NCCL " + std::to_string(nccl_version) +
-           " (" + nccl_init_ + "), dataset on the device";
+           (options_.bf16 ? "bf16" : "fp32") + ", NCCL " + std::to_string(nccl_version) + " (" +
+           nccl_init_ + "), dataset on the device";
   }
   size_t parameterCount() const override { return params_.size(); }
   std::vector<float> parameters() override { return params_.download(stream()); }
