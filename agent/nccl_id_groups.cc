@@ -92,7 +92,7 @@ Result<std::vector<std::string>> splitNcclIds(const std::string& text) {
 Result<std::vector<std::string>> exchangeNcclIds(
     rendezvous::Store& store, const std::string& prefix, const std::vector<int>& node_ranks,
     int node, int nid, const std::function<Result<std::string>()>& make_id,
-    std::chrono::milliseconds timeout) {
+    std::chrono::milliseconds timeout, const WaitForKeys& wait) {
   const std::vector<int> owners = ncclIdOwners(node_ranks, nid);
   std::vector<std::string> keys;
   keys.reserve(static_cast<size_t>(nid));
@@ -110,7 +110,11 @@ Result<std::vector<std::string>> exchangeNcclIds(
     store.set(keys[static_cast<size_t>(i)], rendezvous::toBytes(id.value()));
   }
   try {
-    store.wait(keys, timeout);
+    if (wait) {
+      wait(keys);
+    } else {
+      store.wait(keys, timeout);
+    }
   } catch (const rendezvous::StoreTimeout&) {
     return timeoutError("the " + std::to_string(nid) + " NCCL ids under " + prefix +
                         " were not all made within " + std::to_string(timeout.count()) + " ms");
