@@ -84,6 +84,9 @@ struct AttemptStart {
   int attempt = 0;  // the job's attempt number (an agent joining late starts at a later one)
   Membership membership;
   std::string nccl_unique_id_hex;  // the host's, the same on every node; empty without NCCL
+  // Above nccl_ranks_per_id ranks: the comma-joined ids for ncclCommInitRankScalable, each made
+  // by the node of its ranks (nccl_id_groups.h), the same list on every node; else empty.
+  std::string nccl_unique_ids_hex = {};
 };
 
 // How this agent's workers ended in one attempt.
@@ -243,6 +246,11 @@ struct StoreCoordinatorOptions {
   // notices; empty: nodes are named by rank.
   std::vector<std::string> expected_hosts;
   EventLog* event_log = nullptr;  // may be null; must outlive the coordinator
+  // NCCL bootstrap at scale (nccl_id_groups.h): above nccl_ranks_per_id ranks (0: never) every
+  // node makes the ids of its ranks with make_nccl_id (filled in by the agent; called on the
+  // coordinator's thread) and all read all of them through the store, within join_timeout.
+  int nccl_ranks_per_id = 0;
+  std::function<Result<std::string>()> make_nccl_id;
 };
 
 // REQUIRES: `io` outlives the coordinator, and runs while any request is pending.

@@ -121,6 +121,24 @@ class NcclIds {
     return id.value();
   }
 
+  // `count` fresh ids, comma-joined (ncclCommInitRankScalable's); empty when there is no NCCL
+  // or one call fails (said, and the workers keep the single id).
+  std::string nextIds(int count) {
+    finishLoad();
+    if (!provider_) return "";
+    std::vector<std::string> ids;
+    for (int i = 0; i < count; ++i) {
+      Result<std::string> id = provider_->next();
+      if (!id.isOk()) {
+        CPPRUN_LOG(kWarn) << "ncclGetUniqueId failed for id " << i << " of " << count << ": "
+                          << id.status().message() << "; CPPRUN_NCCL_UNIQUE_IDS is not set";
+        return "";
+      }
+      ids.push_back(std::move(id).value());
+    }
+    return joinNcclIds(ids);
+  }
+
  private:
   void finishLoad() {
     if (!loading_.valid()) return;
@@ -139,6 +157,33 @@ class NcclIds {
   bool makes_ids_ = false;
   std::unique_ptr<NcclUniqueIdProvider> provider_;
   std::optional<Result<std::string>> first_id_;
+};
+
+// The ids a node makes for the scalable init in a multi-node job (StoreCoordinatorOptions::
+// make_nccl_id): NCCL loaded on the first call only, so a job at or below the threshold never
+// loads it on the nodes other than 0.
+// Thread safety: next() from any thread (the coordinator's).
+class LazyNcclIds {
+ public:
+  explicit LazyNcclIds(std::string library) : library_(std::move(library)) {}
+  Result<std::string> next() {
+    std::call_once(loaded_, [this] {
+      auto made = NcclUniqueIdProvider::create(library_);
+      if (made.isOk()) {
+        provider_ = std::move(made).value();
+      } else {
+        load_error_ = made.status();
+      }
+    });
+    if (!provider_) return load_error_;
+    return provider_->next();
+  }
+
+ private:
+  std::string library_;
+  std::once_flag loaded_;
+  std::unique_ptr<NcclUniqueIdProvider> provider_;
+  Status load_error_;
 };
 
 namespace asio = boost::asio;
@@ -357,6 +402,11 @@ void LocalAgent::makeCoordinatorAndSupervisor() {
       co.self.store_endpoint = hostPort(store_.host, store_.port);
     }
     co.max_restarts = options_.supervisor.max_restarts;
+    if (options_.use_nccl) {
+      co.nccl_ranks_per_id = options_.nccl_ranks_per_id;
+      auto ids = std::make_shared<LazyNcclIds>(options_.nccl_library);
+      co.make_nccl_id = [ids] { return ids->next(); };
+    }
     coordinator_ = makeStoreCoordinator(
         io_, co, [this](int restart_count) { return prepareHostAttempt(restart_count); },
         [this](int n, const std::string& reason, int signal) {
@@ -529,12 +579,23 @@ Result<AttemptSpec> LocalAgent::prepareAttempt(int restart_count) {
     if (gate_ && !gate_->failure().isOk()) return gate_->failure();
     context.membership = start->membership;
     context.nccl_unique_id_hex = start->nccl_unique_id_hex;
+    context.nccl_unique_ids_hex = start->nccl_unique_ids_hex;
+    if (!context.nccl_unique_ids_hex.empty() && store_.server) {
+      store_.server->set(kNcclUniqueIdsKey, context.nccl_unique_ids_hex);
+    }
     useRoundStore(start->membership, context);
     return make_attempt_(context);
   }
   // One node: this agent is the host.
   single_node_->begin();
   context.nccl_unique_id_hex = prepareHostAttempt(restart_count);
+  const int nid = ncclIdCount(options_.nproc, options_.nccl_ranks_per_id);
+  if (nid > 1 && !context.nccl_unique_id_hex.empty()) {
+    context.nccl_unique_ids_hex = nccl_ids_.nextIds(nid);
+    if (!context.nccl_unique_ids_hex.empty() && store_.server) {
+      store_.server->set(kNcclUniqueIdsKey, context.nccl_unique_ids_hex);
+    }
+  }
   auto attempt = make_attempt_(context);
   if (attempt.isOk()) single_node_->complete(static_cast<int>(attempt.value().workers.size()));
   return attempt;

@@ -5,8 +5,9 @@
 //
 // Per attempt, before its workers start: every store key outside "cpprun/" is erased (so no
 // key of an earlier attempt is visible, whichever prefix the workers' torch uses), a fresh NCCL
-// unique id is made when NCCL is loadable and stored as "cpprun/nccl_unique_id", and the
-// caller's MakeAttempt turns the context into workers.
+// unique id is made when NCCL is loadable and stored as "cpprun/nccl_unique_id" (above
+// nccl_ranks_per_id ranks also one id per that many ranks, "cpprun/nccl_unique_ids",
+// nccl_id_groups.h), and the caller's MakeAttempt turns the context into workers.
 //
 // Observability: --event-log (event_log.h) records what happens, --metrics-port serves
 // /healthz, /metrics and /status over HTTP on a thread of its own, from snapshots this loop
@@ -39,6 +40,7 @@
 #include <vector>
 
 #include "agent/health_check.h"
+#include "agent/nccl_id_groups.h"
 #include "agent/stdin_forwarder.h"
 #include "agent/supervisor.h"
 #include "common/status.h"
@@ -68,6 +70,10 @@ struct LocalAgentOptions {
   std::vector<int> signals_to_handle;
   bool use_nccl = true;
   std::string nccl_library = "libnccl.so.2";
+  // NCCL bootstrap at scale (nccl_id_groups.h): above this many ranks in the job the workers get
+  // CPPRUN_NCCL_UNIQUE_IDS too (0: never). One node: its `nproc` workers are the job.
+  int nccl_ranks_per_id = kDefaultNcclRanksPerId;
+  int nproc = 0;
   SupervisorOptions supervisor;
   std::string host_name;           // this node's name in events and /status
   std::string run_id;              // the job's id in /status
@@ -93,6 +99,8 @@ struct AttemptContext {
   std::string store_host;  // where the workers' store is (the agent's, when it serves one)
   int store_port = 0;
   std::string nccl_unique_id_hex;  // empty without NCCL
+  // Comma-joined ids for ncclCommInitRankScalable: only above nccl_ranks_per_id ranks.
+  std::string nccl_unique_ids_hex;
 };
 
 using MakeAttempt = std::function<Result<AttemptSpec>(const AttemptContext&)>;

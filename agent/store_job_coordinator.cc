@@ -23,6 +23,7 @@
 #include "agent/job_decision.h"
 #include "agent/job_keys.h"
 #include "agent/liveness.h"
+#include "agent/nccl_id_groups.h"
 #include "agent/node_exclusion.h"
 #include "agent/rendezvous_rounds.h"
 #include "common/asio.h"
@@ -508,13 +509,47 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
       if (go.empty()) go = toString(control_client_->get(attemptKey(attempt, "go")));
       if (!go.empty() && go[0] == '!') throw Abandoned{unavailable(go.substr(1))};
     }
+    // Before the attempt is watched: a node lost meanwhile ends the wait as in the go's.
+    const std::string nccl_ids = scalableNcclIds(attempt, go);
     {
       std::lock_guard<std::mutex> lock(mu_);
       watch_attempt_ = attempt;
       for (const auto& [rank, reason] : lost_agents_) lost_before_start->push_back(reason);
     }
     cv_.notify_all();
-    return AttemptStart{attempt, currentMembership(), go};
+    return AttemptStart{attempt, currentMembership(), go, nccl_ids};
+  }
+
+  // The attempt's ids for ncclCommInitRankScalable (nccl_id_groups.h), "" at or below the
+  // threshold, without NCCL on node 0 (no single id in the go: none anywhere), or when a node
+  // could not make its ids or they did not all come (every node then falls back to the single
+  // id: a failing node publishes its error in place of its ids, so all see it). A node lost
+  // while the others wait for its ids, or ids missing after join_timeout: Abandoned, as in the
+  // wait for the go.
+  std::string scalableNcclIds(int attempt, const std::string& go) {
+    if (go.empty() || !opts_.make_nccl_id) return "";
+    const Membership m = currentMembership();
+    const int nid = ncclIdCount(m.world_size, opts_.nccl_ranks_per_id);
+    if (nid <= 1) return "";
+    std::vector<int> node_ranks;
+    for (const auto& a : m.agents) node_ranks.push_back(a.nproc);
+    auto wait = [&](const std::vector<std::string>& keys) {
+      waitKeys(keys, opts_.join_timeout,
+               "attempt " + std::to_string(attempt) + ": waiting for the " + std::to_string(nid) +
+                   " NCCL ids",
+               [&] {
+                 throwIfAgentLost();
+                 return false;
+               });
+    };
+    auto ids = exchangeNcclIds(*control_client_, attemptKey(attempt, "nccl_ids/"), node_ranks,
+                               m.group_rank, nid, opts_.make_nccl_id, opts_.join_timeout, wait);
+    if (!ids.isOk()) {
+      CPPRUN_LOG(kWarn) << "attempt " << attempt << ": " << ids.status().message()
+                        << "; CPPRUN_NCCL_UNIQUE_IDS is not set (the workers use the single id)";
+      return "";
+    }
+    return joinNcclIds(ids.value());
   }
 
   std::string runOnLoop(std::function<std::string()> f) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "agent/etcd_connector.h"
+#include "agent/nccl_id_groups.h"
 #include "agent/nccl_unique_id.h"
 #include "common/environment.h"
 #include "launcher/node_health.h"
@@ -117,6 +118,11 @@ agent::LocalAgentOptions makeAgentOptions(const AgentOptionsInputs& in) {
   // NCCL needs a GPU: workers that see none cannot use an NCCL id, so the agent does not load
   // the library (~200 MB; with its first ncclGetUniqueId ~3 ms of a job's start here).
   options.use_nccl = !in.node.gpus.empty();
+  // Checked before (resolveJob): a bad value never gets here; the default if it does.
+  const auto ranks_per_id = agent::ncclRanksPerId(in.env);
+  options.nccl_ranks_per_id =
+      ranks_per_id.isOk() ? ranks_per_id.value() : agent::kDefaultNcclRanksPerId;
+  options.nproc = in.nproc;
   options.host_name = agentName(config, in.node);
   options.run_id = config.rdzv_id;
   options.event_log_path = config.event_log;

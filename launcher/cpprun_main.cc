@@ -23,6 +23,7 @@
 #include "agent/failure_report.h"
 #include "agent/guardian.h"
 #include "agent/local_agent.h"
+#include "agent/nccl_id_groups.h"
 #include "agent/nccl_unique_id.h"
 #include "agent/signal_policy.h"
 #include "common/clip.h"
@@ -203,6 +204,10 @@ Result<Job> resolveJob(LaunchConfig config, std::map<std::string, std::string> e
     return invalidArgument(
         "--worker-hosts-store is for one node: the agents of a multi-node job meet in the store "
         "the agent of node 0 serves");
+  }
+  // A bad CPPRUN_NCCL_RANKS_PER_ID stops the job before anything starts (exit 2, named).
+  if (auto ranks_per_id = agent::ncclRanksPerId(job.env); !ranks_per_id.isOk()) {
+    return ranks_per_id.status();
   }
   job.node = discoverNodeResources(job.env);
   job.nproc = resolveNproc(config, job.node);

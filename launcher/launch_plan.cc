@@ -243,6 +243,7 @@ Result<LaunchPlan> makeLaunchPlan(const LaunchConfig& config, const NodeResource
                                       : joinList(node.gpus);
     }
     if (!rdzv.nccl_unique_id_hex.empty()) e["CPPRUN_NCCL_UNIQUE_ID"] = rdzv.nccl_unique_id_hex;
+    if (!rdzv.nccl_unique_ids_hex.empty()) e["CPPRUN_NCCL_UNIQUE_IDS"] = rdzv.nccl_unique_ids_hex;
     if (timer_file) e["TORCHELASTIC_TIMER_FILE"] = *timer_file;
     rewriteSchedulerTaskVariables(agent_env, rdzv, plan.nproc, local_rank, w.rank, e);
     plan.workers.push_back(std::move(w));
@@ -268,6 +269,7 @@ RendezvousOutcome rendezvousOutcome(const std::string& run_id, int nproc,
   rdzv.run_id = run_id;
   rdzv.restart_count = context.restart_count;
   rdzv.nccl_unique_id_hex = context.nccl_unique_id_hex;
+  rdzv.nccl_unique_ids_hex = context.nccl_unique_ids_hex;
   return rdzv;
 }
 

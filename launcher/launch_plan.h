@@ -36,6 +36,8 @@ struct RendezvousOutcome {
   std::string run_id;
   int restart_count = 0;           // attempt number, 0 first
   std::string nccl_unique_id_hex;  // empty when NCCL is not available
+  // Comma-joined ids for ncclCommInitRankScalable, above CPPRUN_NCCL_RANKS_PER_ID ranks only.
+  std::string nccl_unique_ids_hex;
 };
 
 // What the rendezvous decided for the attempt the agent prepares (`context`): the nodes'

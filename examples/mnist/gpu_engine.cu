@@ -11,6 +11,8 @@
 // sizes come from there, so a network the CPU engine runs runs here too (max-pool 2x2 only).
 // Every kernel goes through launchKernel (gpu_runtime.h) and uses no shared memory, so this
 // same file also compiles against the host emulation and runs in CI on a CPU (docs/mnist.md).
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -395,6 +397,64 @@ ncclUniqueId ncclIdFor(Communicator& comm) {
   return id;
 }
 
+// CPPRUN_NCCL_UNIQUE_IDS (the agent's ids for ncclCommInitRankScalable, comma-joined, when the
+// job is above CPPRUN_NCCL_RANKS_PER_ID ranks); empty when unset.
+std::vector<ncclUniqueId> ncclIdsFromEnv() {
+  std::vector<ncclUniqueId> ids;
+  const char* text = std::getenv("CPPRUN_NCCL_UNIQUE_IDS");
+  if (text == nullptr || *text == '\0') return ids;
+  std::string list = text;
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t comma = std::min(list.find(',', start), list.size());
+    std::vector<uint8_t> bytes = hexToBytes(list.substr(start, comma - start));
+    ncclUniqueId id;
+    if (bytes.size() != sizeof(id.internal)) {
+      throw GpuError("CPPRUN_NCCL_UNIQUE_IDS: id " + std::to_string(ids.size()) + " holds " +
+                     std::to_string(bytes.size()) + " bytes, NCCL's id has " +
+                     std::to_string(sizeof(id.internal)));
+    }
+    std::memcpy(id.internal, bytes.data(), bytes.size());
+    ids.push_back(id);
+    start = comma + 1;
+  }
+  return ids;
+}
+
+// ncclCommInitRankScalable, resolved at run time: the trainer may run with a libnccl.so.2 older
+// than the nccl.h it was built with (or built with one older than 2.23), so neither the header's
+// NCCL_VERSION_CODE nor a link-time reference can say whether the call exists. dlsym finds it in
+// the NCCL the process loaded; ncclGetVersion >= 2.23 (where NCCL added it) guards against a
+// library that exports the name as an unsupported stub. Null when either fails. `config` is
+// NCCL's ncclConfig_t*, passed as null (NCCL's defaults).
+using InitRankScalableFn = ncclResult_t (*)(ncclComm_t*, int, int, int, ncclUniqueId*, void*);
+InitRankScalableFn findInitRankScalable() {
+  constexpr int kScalableSince = 22300;  // NCCL_VERSION(2, 23, 0)
+  int version = 0;
+  if (ncclGetVersion(&version) != ncclSuccess || version < kScalableSince) return nullptr;
+  return reinterpret_cast<InitRankScalableFn>(::dlsym(RTLD_DEFAULT, "ncclCommInitRankScalable"));
+}
+
+// Makes `*comm`: with the agent's ids through ncclCommInitRankScalable when there are several
+// and the NCCL has the call, else ncclCommInitRank with the single id (ncclIdFor). Returns how,
+// for describe().
+std::string initNccl(ncclComm_t* comm, Communicator& world) {
+  const std::vector<ncclUniqueId> ids = ncclIdsFromEnv();
+  if (ids.size() > 1) {
+    if (InitRankScalableFn scalable = findInitRankScalable()) {
+      std::vector<ncclUniqueId> mutable_ids = ids;
+      check(scalable(comm, world.worldSize(), world.rank(), static_cast<int>(ids.size()),
+                     mutable_ids.data(), nullptr),
+            "ncclCommInitRankScalable");
+      return "ncclCommInitRankScalable with " + std::to_string(ids.size()) + " ids";
+    }
+  }
+  ncclUniqueId id = ncclIdFor(world);
+  check(ncclCommInitRank(comm, world.worldSize(), id, world.rank()), "ncclCommInitRank");
+  return ids.size() > 1 ? "ncclCommInitRank (this NCCL has no ncclCommInitRankScalable)"
+                        : "ncclCommInitRank";
+}
+
 // ---- the engine --------------------------------------------------------------------------------
 
 // Owns one CUDA, cuBLAS or NCCL handle and releases it with `Release` (a failure to release at
@@ -494,16 +554,15 @@ class GpuEngine : public TrainingEngine {
     check(cudaGetLastError(), "copyLabels");
     check(cudaStreamSynchronize(stream()), "upload");
 
-    ncclUniqueId id = ncclIdFor(comm);
-    check(ncclCommInitRank(nccl_.receive(), comm.worldSize(), id, comm.rank()), "ncclCommInitRank");
+    nccl_init_ = initNccl(nccl_.receive(), comm);
   }
 
   std::string describe() const override {
     int nccl_version = 0;
     ncclGetVersion(&nccl_version);
     return "GPU " + std::to_string(options_.device) + " (" + device_name_ + "), cuBLAS " +
-           (options_.bf16 ? "bf16" : "fp32") + ", NCCL " + std::to_string(nccl_version) +
-           ", dataset on the device";
+           (options_.bf16 ? "bf16" : "fp32") + ", NCCL " + std::to_string(nccl_version) + " (" +
+           nccl_init_ + "), dataset on the device";
   }
   size_t parameterCount() const override { return params_.size(); }
   std::vector<float> parameters() override { return params_.download(stream()); }
@@ -879,6 +938,7 @@ class GpuEngine : public TrainingEngine {
   OwnedEvent grads_reduced_;
   OwnedBlas blas_;
   OwnedNccl nccl_;
+  std::string nccl_init_;  // how the communicator was made (describe())
   std::unique_ptr<Network> host_net_;
   std::vector<std::unique_ptr<Step>> steps_plan_;
   std::vector<const float*> step_inputs_;  // of the last forward pass, per step

@@ -9,7 +9,9 @@
 //   the fully connected layers' bucket starts, ordered by an event, as soon as their backward
 //   pass is done and runs while the convolutions' backward continues on the compute stream.
 // - NCCL's communicator comes from CPPRUN_NCCL_UNIQUE_ID (the id cpprun's agent made for this
-//   attempt); without it rank 0 makes one and shares it through the store.
+//   attempt); without it rank 0 makes one and shares it through the store. Above
+//   CPPRUN_NCCL_RANKS_PER_ID ranks the agents' CPPRUN_NCCL_UNIQUE_IDS go to
+//   ncclCommInitRankScalable when the loaded NCCL has it (dlsym, >= 2.23).
 // Built only when CMake finds nvcc and NCCL (CPPRUN_HAVE_CUDA); otherwise makeGpuEngine returns
 // an error saying so. Thread safety: as TrainingEngine.
 #pragma once

@@ -8,8 +8,12 @@
 #include <stdlib.h>
 
 #include <catch2/catch.hpp>
+#include <fstream>
+#include <iterator>
 #include <string>
+#include <vector>
 
+#include "agent/nccl_id_groups.h"
 #include "tests/support/test_support.h"
 
 using cpprun::agent::NcclUniqueIdProvider;
@@ -102,4 +106,42 @@ TEST_CASE("with NCCL every id is fresh and 256 hex digits", "[unit][nccl]") {
   CHECK(a.value().size() == 256);
   CHECK(a.value().find_first_not_of("0123456789abcdef") == std::string::npos);
   CHECK(a.value() != b.value());
+}
+
+TEST_CASE(
+    "the stand-in NCCL exports ncclCommInitRankScalable: dlsym finds it and it receives the "
+    "provider's ids",
+    "[unit]") {
+  const std::string library = kStandIns + "/nccl/libnccl.so.2";
+  auto p = NcclUniqueIdProvider::create(library);
+  REQUIRE(p.isOk());
+  auto ids_text =
+      cpprun::agent::splitNcclIds(p.value()->next().value() + "," + p.value()->next().value());
+  REQUIRE(ids_text.isOk());
+  std::vector<unsigned char> ids;
+  for (const auto& hex : ids_text.value()) {
+    const cpprun::testing::Bytes bytes = cpprun::testing::fromHex(hex);
+    ids.insert(ids.end(), bytes.begin(), bytes.end());
+  }
+  void* handle = ::dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+  REQUIRE(handle != nullptr);
+  using Scalable = int (*)(void**, int, int, int, void*, void*);
+  auto scalable = reinterpret_cast<Scalable>(::dlsym(handle, "ncclCommInitRankScalable"));
+  REQUIRE(scalable != nullptr);
+  cpprun::testing::TempDir dir;
+  const std::string record = dir.path() + "/record";
+  ::setenv("CPPRUN_STAND_IN_NCCL_RECORD", record.c_str(), 1);
+  void* comm = &comm;
+  const int bad = scalable(&comm, 4, 1, 5, ids.data(), nullptr);  // more ids than ranks
+  const int rc = scalable(&comm, 4, 1, 2, ids.data(), nullptr);
+  ::unsetenv("CPPRUN_STAND_IN_NCCL_RECORD");
+  ::dlclose(handle);
+  CHECK(bad == 4);  // ncclInvalidArgument
+  CHECK(rc == 5);   // ncclInvalidUsage: no GPU, no communicator
+  CHECK(comm == nullptr);
+  std::ifstream in(record);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK_THAT(text, Catch::StartsWith("4 1 2\ncpprun-stand-in-nccl-id "));
+  CHECK(textOf(ids_text.value()[1]).substr(0, 26) ==
+        text.substr(text.rfind("cpprun-stand-in"), 26));
 }

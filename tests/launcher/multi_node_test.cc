@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <map>
 #include <memory>
 #include <set>
+#include <string>
 
 #include "agent/process_launcher.h"
 #include "rendezvous/tcp_store_client.h"
@@ -660,4 +662,50 @@ TEST_CASE("elastic: an agent of another run id on the endpoint refuses the job t
   }
   CHECK(readFile(d + "/b-0.json").empty());
   CHECK(readFile(d + "/b-1.json").empty());
+}
+
+TEST_CASE(
+    "NCCL bootstrap at scale: above CPPRUN_NCCL_RANKS_PER_ID each id is made by the agent of "
+    "its first rank's node and every rank of every node gets the same list",
+    "[integration][multinode][nccl]") {
+  TempDir dir;
+  const std::string d = dir.path();
+  const std::string stand_ins = CPPRUN_STAND_IN_DIR;
+  auto node_env = [&](int devices) {
+    return std::map<std::string, std::string>{
+        {"LD_LIBRARY_PATH", stand_ins + "/driver"},
+        {"CPPRUN_STAND_IN_CUDA_DEVICES", std::to_string(devices)},
+        {"CPPRUN_NCCL_LIBRARY", stand_ins + "/nccl/libnccl.so.2"},
+        {"NCCL_SOCKET_IFNAME", "lo"},
+        {"CPPRUN_NCCL_RANKS_PER_ID", "2"}};
+  };
+  const std::vector<std::string> env_json = {"env-json", d + "/env-{rank}.json"};
+  // 2 + 1 + 3 ranks, 2 per id: nId 3, blocks starting at ranks 0, 2 and 4: nodes 0, 1 and 2.
+  auto agents = startJob(
+      freeTcpPort(),
+      {{0, 2, env_json, node_env(2)}, {1, 1, env_json, node_env(1)}, {2, 3, env_json, node_env(3)}},
+      {"--rdzv-id=scalable"});
+  for (auto& a : agents) {
+    INFO(a->output());
+    CHECK(waitExit(*a) == 0);
+  }
+  const Json e0 = readJson(d + "/env-0.json");
+  const std::string ids = e0["CPPRUN_NCCL_UNIQUE_IDS"];
+  REQUIRE(ids.size() == 3 * 256 + 2);
+  // "cpprun-stand-in-nccl-id <call> <pid>": the pid is the agent that made the id.
+  auto maker = [](const std::string& hex) {
+    const Bytes bytes = fromHex(hex);
+    const std::string text(bytes.begin(), bytes.end());
+    REQUIRE_THAT(text, Catch::StartsWith("cpprun-stand-in-nccl-id "));
+    const std::string until_nul(text.c_str());
+    return until_nul.substr(until_nul.rfind(' ') + 1);
+  };
+  std::set<std::string> makers;
+  for (int i = 0; i < 3; ++i) makers.insert(maker(ids.substr(static_cast<size_t>(i) * 257, 256)));
+  CHECK(makers.size() == 3);  // one root per node, not all on node 0
+  CHECK(maker(ids.substr(0, 256)) == maker(e0["CPPRUN_NCCL_UNIQUE_ID"]));  // node 0's agent
+  for (int r = 1; r < 6; ++r) {
+    INFO("rank " << r);
+    CHECK(readJson(d + "/env-" + std::to_string(r) + ".json")["CPPRUN_NCCL_UNIQUE_IDS"] == ids);
+  }
 }

@@ -396,3 +396,48 @@ TEST_CASE("cpprun --dry-run shows the stand-in driver's GPUs, whether NCCL loads
     CHECK_THAT(run.output, !Catch::Contains("CUDA_VISIBLE_DEVICES="));
   }
 }
+
+TEST_CASE(
+    "above CPPRUN_NCCL_RANKS_PER_ID the workers get CPPRUN_NCCL_UNIQUE_IDS: nId fresh stand-in "
+    "ids, the same on every rank and in the store; at or below it nothing changes",
+    "[integration][gpu-stand-in][nccl]") {
+  TempDir dir;
+  const std::string d = dir.path();
+  // 4 workers, 1 rank per id: nId 4.
+  Finished run = runCpprun(
+      {"--nproc-per-node=4", "--no-python", kWorker, "store-get", "cpprun/nccl_unique_ids",
+       d + "/stored-{rank}", "env-json", d + "/env-{rank}.json"},
+      with(standIns(4), {{"CPPRUN_NCCL_RANKS_PER_ID", "1"}}));
+  INFO(run.output);
+  REQUIRE(run.code == 0);
+  const Json e0 = readJson(d + "/env-0.json");
+  const std::string ids = e0["CPPRUN_NCCL_UNIQUE_IDS"];
+  REQUIRE(ids.size() == 4 * 256 + 3);
+  // The agent's calls 1 to 4 to the stand-in (call 0 made the single id, which stays).
+  CHECK_THAT(textOfHex(e0["CPPRUN_NCCL_UNIQUE_ID"]),
+             Catch::StartsWith("cpprun-stand-in-nccl-id 0 "));
+  for (int i = 0; i < 4; ++i) {
+    CHECK_THAT(textOfHex(ids.substr(static_cast<size_t>(i) * 257, 256)),
+               Catch::StartsWith("cpprun-stand-in-nccl-id " + std::to_string(i + 1) + " "));
+  }
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string r = std::to_string(rank);
+    CHECK(readJson(d + "/env-" + r + ".json")["CPPRUN_NCCL_UNIQUE_IDS"] == ids);
+    CHECK(readFile(d + "/stored-" + r) == ids);
+  }
+  // At the threshold (4 ranks, 4 per id): the single id only.
+  std::vector<Json> at = workerEnvironments({"--nproc-per-node=4"}, 4,
+                                            with(standIns(4), {{"CPPRUN_NCCL_RANKS_PER_ID", "4"}}));
+  for (const Json& e : at) {
+    CHECK(e.contains("CPPRUN_NCCL_UNIQUE_ID"));
+    CHECK_FALSE(e.contains("CPPRUN_NCCL_UNIQUE_IDS"));
+  }
+}
+
+TEST_CASE("a CPPRUN_NCCL_RANKS_PER_ID that is not a number of ranks exits 2 naming it",
+          "[integration][gpu-stand-in][nccl]") {
+  Finished run = runCpprun({"--nproc-per-node=1", "--no-python", kWorker, "exit", "0"},
+                           with(standIns(1), {{"CPPRUN_NCCL_RANKS_PER_ID", "-3"}}));
+  CHECK(run.code == 2);
+  CHECK_THAT(run.output, Catch::Contains("CPPRUN_NCCL_RANKS_PER_ID=-3"));
+}

@@ -215,6 +215,11 @@ std::optional<std::string> allowedBecause(const std::string& key, const Value& t
       std::regex_match(*cpprun, std::regex("[0-9a-f]{256}"))) {
     return "cpprun only, when libnccl.so.2 loads on the agent: the attempt's ncclUniqueId";
   }
+  if (key == "CPPRUN_NCCL_UNIQUE_IDS" && !torchrun && cpprun &&
+      std::regex_match(*cpprun, std::regex("[0-9a-f]{256}(,[0-9a-f]{256})+"))) {
+    return "cpprun only, above CPPRUN_NCCL_RANKS_PER_ID ranks: the ids for "
+           "ncclCommInitRankScalable";
+  }
   if (key == "OMP_NUM_THREADS" && !inherited("OMP_NUM_THREADS") &&
       torchrun == (f.nproc > 1 ? Value("1") : Value()) &&
       cpprun == std::to_string(std::max(1, usableCpus() / f.nproc))) {

@@ -8,7 +8,9 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -357,5 +359,124 @@ TEST_CASE("emulated GPU engine: a checkpoint written by either engine resumes in
   REQUIRE(cpu_epoch2.optimizer_buffers.size() == reference.optimizer_buffers.size());
   for (size_t b = 0; b < reference.optimizer_buffers.size(); ++b) {
     CHECK(relativeDistance(cpu_epoch2.optimizer_buffers[b], reference.optimizer_buffers[b]) < 1e-4);
+  }
+}
+
+// ---- NCCL bootstrap at scale (issue 26): the agent's ids reach ncclCommInitRankScalable -------
+
+namespace {
+
+// What each rank's emulated NCCL init recorded (CPPRUN_EMULATED_NCCL_RECORD): "key value" lines.
+std::map<std::string, std::string> initRecord(const std::string& dir, int rank) {
+  std::map<std::string, std::string> fields;
+  std::istringstream lines(
+      cpprun::testing::readFile(dir + "/init-" + std::to_string(rank) + ".txt"));
+  std::string line;
+  while (std::getline(lines, line)) {
+    const size_t space = line.find(' ');
+    if (space != std::string::npos) fields[line.substr(0, space)] = line.substr(space + 1);
+  }
+  return fields;
+}
+
+std::string textOfHex(const std::string& hex) {
+  const cpprun::testing::Bytes bytes = cpprun::testing::fromHex(hex);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+// Four emulated ranks under the real cpprun on a node whose driver is the stand-in (4 devices),
+// whose agent loads the stand-in NCCL (its ids are recognisable text), `more` added to the
+// environment; each rank records its NCCL init in `record`. REQUIREs the job succeeds.
+void runFourRanks(const std::string& record, const std::map<std::string, std::string>& more) {
+  TempDir checkpoints;
+  const std::string stand_ins = CPPRUN_STAND_IN_DIR;
+  std::map<std::string, std::string> env = {
+      {"LD_LIBRARY_PATH", stand_ins + "/driver"},
+      {"CPPRUN_STAND_IN_CUDA_DEVICES", "4"},
+      {"CPPRUN_NCCL_LIBRARY", stand_ins + "/nccl/libnccl.so.2"},
+      {"NCCL_SOCKET_IFNAME", "lo"},
+      {"CPPRUN_EMULATED_NCCL_RECORD", record}};
+  for (const auto& [name, value] : more) env[name] = value;
+  ChildProcess run({"/usr/bin/env",
+                    "-u",
+                    "CUDA_VISIBLE_DEVICES",
+                    CPPRUN_BINARY,
+                    "--nproc-per-node=4",
+                    "--virtual-local-rank",
+                    kEmulatedTrainer,
+                    "--device",
+                    "cuda",
+                    "--max-steps",
+                    "1",
+                    "--epochs",
+                    "1",
+                    "--quiet",
+                    "--threads",
+                    "1",
+                    "--batch-size",
+                    "8",
+                    "--test-batch-size",
+                    "500",
+                    "--checkpoint-dir",
+                    checkpoints.path()},
+                   env);
+  auto status = run.wait(300s);
+  INFO(run.output());
+  REQUIRE(status.has_value());
+  REQUIRE(cpprun::testing::exitCodeOf(*status) == 0);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "above CPPRUN_NCCL_RANKS_PER_ID the trainer calls ncclCommInitRankScalable with the agent's "
+    "ids, the same on every rank",
+    "[integration][mnist][gpu-emulation][nccl]") {
+  TempDir record;
+  // 4 ranks, 2 per id: nId 2.
+  runFourRanks(record.path(), {{"CPPRUN_NCCL_RANKS_PER_ID", "2"}});
+  const auto rank0 = initRecord(record.path(), 0);
+  CHECK(rank0.at("call") == "ncclCommInitRankScalable");
+  CHECK(rank0.at("nranks") == "4");
+  CHECK(rank0.at("nid") == "2");
+  const std::string ids = rank0.at("ids");
+  REQUIRE(ids.size() == 2 * 256 + 1);
+  // Made by the agent through the stand-in NCCL (its text), two fresh calls: not the same id.
+  const std::string first = textOfHex(ids.substr(0, 256));
+  const std::string second = textOfHex(ids.substr(257));
+  // The agent's calls 1 and 2 to the stand-in: call 0 made the single id.
+  CHECK_THAT(first, Catch::StartsWith("cpprun-stand-in-nccl-id 1 "));
+  CHECK_THAT(second, Catch::StartsWith("cpprun-stand-in-nccl-id 2 "));
+  for (int rank = 1; rank < 4; ++rank) {
+    const auto r = initRecord(record.path(), rank);
+    CHECK(r.at("call") == "ncclCommInitRankScalable");
+    CHECK(r.at("rank") == std::to_string(rank));
+    CHECK(r.at("ids") == ids);  // every rank agrees
+  }
+}
+
+TEST_CASE(
+    "at or below the threshold, or with an NCCL older than 2.23, the trainer keeps "
+    "ncclCommInitRank and the single id",
+    "[integration][mnist][gpu-emulation][nccl]") {
+  SECTION("the default threshold (256 ranks per id): 4 ranks get the single id only") {
+    TempDir record;
+    runFourRanks(record.path(), {});
+    for (int rank = 0; rank < 4; ++rank) {
+      const auto r = initRecord(record.path(), rank);
+      CHECK(r.at("call") == "ncclCommInitRank");
+      CHECK(r.at("nid") == "1");
+      CHECK_THAT(textOfHex(r.at("ids")), Catch::StartsWith("cpprun-stand-in-nccl-id 0 "));
+    }
+  }
+  SECTION("NCCL 2.22 (no ncclCommInitRankScalable): the ids are there, the single id is used") {
+    TempDir record;
+    runFourRanks(record.path(),
+                 {{"CPPRUN_NCCL_RANKS_PER_ID", "2"}, {"CPPRUN_EMULATED_NCCL_VERSION", "22203"}});
+    for (int rank = 0; rank < 4; ++rank) {
+      const auto r = initRecord(record.path(), rank);
+      CHECK(r.at("call") == "ncclCommInitRank");
+      CHECK_THAT(textOfHex(r.at("ids")), Catch::StartsWith("cpprun-stand-in-nccl-id 0 "));
+    }
   }
 }

@@ -9,6 +9,11 @@
 //   CPPRUN_STAND_IN_NCCL_UNIQUE_ID_ERROR ncclResult_t ncclGetUniqueId returns (default 0)
 // Each id is 128 bytes: "cpprun-stand-in-nccl-id " then the call's number (from 0) in decimal,
 // the process id, and zeros — fresh per call, recognisable in hex.
+// ncclCommInitRankScalable (NCCL >= 2.23's many-root init) is exported too, so a program that
+// resolves it with dlsym finds it: it checks its arguments as NCCL does (nId in 1..nranks, rank
+// in 0..nranks-1, ids given) and, without a GPU, makes no communicator: it returns
+// ncclInvalidUsage after writing "nranks rank nId" and each id's text (up to its first zero
+// byte), one per line, to $CPPRUN_STAND_IN_NCCL_RECORD when that names a file.
 // Thread safety: ncclGetUniqueId's counter is not locked; the agent serialises its calls.
 #include <unistd.h>
 
@@ -18,7 +23,7 @@
 
 #define STAND_IN_EXPORT extern "C" __attribute__((visibility("default")))
 
-enum { ncclSuccess = 0, ncclSystemError = 2, ncclInvalidArgument = 4 };
+enum { ncclSuccess = 0, ncclSystemError = 2, ncclInvalidArgument = 4, ncclInvalidUsage = 5 };
 
 static unsigned long calls = 0;
 
@@ -46,6 +51,30 @@ STAND_IN_EXPORT int ncclGetUniqueId(void* id) {
   return ncclSuccess;
 }
 
+STAND_IN_EXPORT int ncclCommInitRankScalable(void** comm, int nranks, int rank, int nid, void* ids,
+                                             void* /*config*/) {
+  if (comm == nullptr || ids == nullptr || nranks < 1 || rank < 0 || rank >= nranks || nid < 1 ||
+      nid > nranks) {
+    return ncclInvalidArgument;
+  }
+  *comm = nullptr;
+  const char* record = getenv("CPPRUN_STAND_IN_NCCL_RECORD");
+  if (record != nullptr && *record != '\0') {
+    FILE* out = fopen(record, "w");
+    if (out != nullptr) {
+      fprintf(out, "%d %d %d\n", nranks, rank, nid);
+      for (int i = 0; i < nid; ++i) {
+        char text[129];
+        memcpy(text, static_cast<const char*>(ids) + 128 * i, 128);
+        text[128] = '\0';
+        fprintf(out, "%s\n", text);
+      }
+      fclose(out);
+    }
+  }
+  return ncclInvalidUsage;  // no GPU: no communicator
+}
+
 STAND_IN_EXPORT const char* ncclGetErrorString(int result) {
   switch (result) {
     case ncclSuccess:
@@ -54,6 +83,8 @@ STAND_IN_EXPORT const char* ncclGetErrorString(int result) {
       return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
     case ncclInvalidArgument:
       return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+    case ncclInvalidUsage:
+      return "invalid usage (run with NCCL_DEBUG=WARN for details)";
     default:
       return "unknown result code";
   }

@@ -303,6 +303,7 @@ const char* ncclGetErrorString(ncclResult_t result);
 // The message of the last failure on `comm` (or of the last failed ncclCommInitRank when comm
 // is null); "" when none.
 const char* ncclGetLastError(ncclComm_t comm);
+// NCCL_VERSION_CODE, or $CPPRUN_EMULATED_NCCL_VERSION when set (to emulate an older NCCL).
 ncclResult_t ncclGetVersion(int* version);
 // 128 random bytes.
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id);
@@ -312,6 +313,12 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id);
 // ignored from then on when it was at its default (a peer gone is an error, as in NCCL, not a
 // signal: gloo writes without MSG_NOSIGNAL).
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank);
+// NCCL >= 2.23's many-root init, with C linkage as NCCL's (the trainer finds it with dlsym, so
+// the emulated binary exports its symbols). nId in 1..nranks ids; the ranks meet under the first
+// id, then check that every rank gave the same nId ids (an all-reduce of their digest): a rank
+// that did not fails with ncclInvalidUsage. `config` is not read (NCCL's ncclConfig_t*).
+extern "C" ncclResult_t ncclCommInitRankScalable(ncclComm_t* comm, int nranks, int rank, int nId,
+                                                 ncclUniqueId* ids, void* config);
 // Runs the work still queued (on every stream), then a barrier with the other ranks, then frees.
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclCommCount(ncclComm_t comm, int* count);

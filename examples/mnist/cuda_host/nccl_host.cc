@@ -2,12 +2,16 @@
 // rank, gloo through the agent's store for more), and ncclAllReduce is its allreduceSum queued on
 // the stream and run at the call (a synchronisation point), divided by the ranks for ncclAvg.
 #include <csignal>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "examples/mnist/communicator.h"
 #include "examples/mnist/cuda_host/cuda_host.h"
@@ -40,6 +44,9 @@ std::string prefixFor(const ncclUniqueId& id) {
   }
   return prefix + "/";
 }
+
+ncclResult_t initThrough(ncclComm_t* comm, int nranks, int rank, const std::string& prefix);
+void recordInit(const char* call, int nranks, int rank, int nid, const ncclUniqueId* ids);
 
 template <typename T>
 void reduceInPlace(ncclComm* comm, const void* send, void* recv, size_t count, ncclRedOp_t op) {
@@ -83,7 +90,8 @@ const char* ncclGetLastError(ncclComm_t comm) {
 
 ncclResult_t ncclGetVersion(int* version) {
   if (version == nullptr) return ncclInvalidArgument;
-  *version = NCCL_VERSION_CODE;
+  const char* forced = std::getenv("CPPRUN_EMULATED_NCCL_VERSION");
+  *version = forced != nullptr && *forced != '\0' ? std::atoi(forced) : NCCL_VERSION_CODE;
   return ncclSuccess;
 }
 
@@ -98,6 +106,13 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
 }
 
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+  recordInit("ncclCommInitRank", nranks, rank, 1, &id);
+  return initThrough(comm, nranks, rank, prefixFor(id));
+}
+
+namespace {
+
+ncclResult_t initThrough(ncclComm_t* comm, int nranks, int rank, const std::string& prefix) {
   if (comm == nullptr) return ncclInvalidArgument;
   *comm = nullptr;
   if (nranks < 1 || rank < 0 || rank >= nranks) {
@@ -119,8 +134,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
       std::signal(SIGPIPE, SIG_IGN);
     }
     try {
-      auto gloo =
-          cpprun::mnist::makeGlooCommunicatorThroughMasterStore(rank, nranks, prefixFor(id));
+      auto gloo = cpprun::mnist::makeGlooCommunicatorThroughMasterStore(rank, nranks, prefix);
       if (!gloo.isOk()) {
         setInitError("ncclCommInitRank: " + gloo.status().message());
         return ncclInvalidArgument;
@@ -132,6 +146,76 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
     }
   }
   *comm = created.release();
+  return ncclSuccess;
+}
+
+// The digest of nId ids (FNV-1a, 64 bits), as 4 chunks of 16 bits and their squares: summed over
+// the ranks, sum(x) == n*x and sum(x*x) == n*x*x for every chunk only when every rank's x is the
+// same (exact in doubles).
+std::vector<double> digestTerms(const ncclUniqueId* ids, int nid) {
+  uint64_t h = 1469598103934665603ull;
+  for (int i = 0; i < nid; ++i) {
+    for (char c : ids[i].internal) {
+      h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+    }
+  }
+  std::vector<double> terms;
+  for (int chunk = 0; chunk < 4; ++chunk) {
+    const double x = static_cast<double>((h >> (16 * chunk)) & 0xffff);
+    terms.push_back(x);
+    terms.push_back(x * x);
+  }
+  return terms;
+}
+
+// With CPPRUN_EMULATED_NCCL_RECORD=DIR, each init writes DIR/init-<rank>.txt: the call, nranks,
+// rank, nId and the ids in hex, comma-joined (what a test compares with the agent's ids).
+void recordInit(const char* call, int nranks, int rank, int nid, const ncclUniqueId* ids) {
+  const char* dir = std::getenv("CPPRUN_EMULATED_NCCL_RECORD");
+  if (dir == nullptr || *dir == '\0') return;
+  std::ofstream out(std::string(dir) + "/init-" + std::to_string(rank) + ".txt");
+  out << "call " << call << "\nnranks " << nranks << "\nrank " << rank << "\nnid " << nid
+      << "\nids ";
+  for (int i = 0; i < nid; ++i) {
+    const std::string prefix = prefixFor(ids[i]);  // "emulated-nccl/<hex>/"
+    out << (i > 0 ? "," : "") << prefix.substr(14, prefix.size() - 15);
+  }
+  out << "\n";
+}
+
+}  // namespace
+
+ncclResult_t ncclCommInitRankScalable(ncclComm_t* comm, int nranks, int rank, int nId,
+                                      ncclUniqueId* ids, void* /*config*/) {
+  if (comm == nullptr) return ncclInvalidArgument;
+  *comm = nullptr;
+  if (ids == nullptr || nId < 1 || nId > nranks) {
+    setInitError("ncclCommInitRankScalable: " + std::to_string(nId) + " ids for " +
+                 std::to_string(nranks) + " ranks");
+    return ncclInvalidArgument;
+  }
+  recordInit("ncclCommInitRankScalable", nranks, rank, nId, ids);
+  const ncclResult_t made = initThrough(comm, nranks, rank, prefixFor(ids[0]));
+  if (made != ncclSuccess || nranks == 1) return made;
+  const std::vector<double> mine = digestTerms(ids, nId);
+  std::vector<double> sums = mine;
+  try {
+    (*comm)->communicator->allreduceSum(sums.data(), sums.size());
+  } catch (const std::exception& e) {
+    setInitError(std::string("ncclCommInitRankScalable: ") + e.what());
+    delete *comm;
+    *comm = nullptr;
+    return ncclSystemError;
+  }
+  for (size_t i = 0; i < mine.size(); ++i) {
+    if (sums[i] != mine[i] * nranks) {
+      setInitError("ncclCommInitRankScalable: the ranks gave different lists of " +
+                   std::to_string(nId) + " ncclUniqueIds");
+      delete *comm;
+      *comm = nullptr;
+      return ncclInvalidUsage;
+    }
+  }
   return ncclSuccess;
 }
 
