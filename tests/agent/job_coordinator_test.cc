@@ -22,6 +22,7 @@
 #include "common/asio.h"
 #include "rendezvous/memory_store.h"
 #include "rendezvous/prefix_store.h"
+#include "tests/support/coordinator_futures.h"
 
 namespace {
 
@@ -174,22 +175,11 @@ class Agent {
   }
 
   std::future<Result<AttemptStart>> begin(int n) {
-    auto promise = std::make_shared<std::promise<Result<AttemptStart>>>();
-    auto future = promise->get_future();
-    boost::asio::post(io_, [this, n, promise] {
-      coordinator_->beginAttempt(n, [promise](Result<AttemptStart> r) { promise->set_value(r); });
-    });
-    return future;
+    return testing::beginAttemptFuture(io_, *coordinator_, n);
   }
 
   std::future<Result<JobDecision>> end(int n, AttemptReport report) {
-    auto promise = std::make_shared<std::promise<Result<JobDecision>>>();
-    auto future = promise->get_future();
-    boost::asio::post(io_, [this, n, report, promise] {
-      coordinator_->endAttempt(n, report,
-                               [promise](Result<JobDecision> r) { promise->set_value(r); });
-    });
-    return future;
+    return testing::endAttemptFuture(io_, *coordinator_, n, std::move(report));
   }
 
   void announceStop(int n, const std::string& reason, int signal = 0) {

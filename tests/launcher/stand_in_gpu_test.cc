@@ -399,7 +399,7 @@ TEST_CASE("cpprun --dry-run shows the stand-in driver's GPUs, whether NCCL loads
 
 TEST_CASE(
     "above CPPRUN_NCCL_RANKS_PER_ID the workers get CPPRUN_NCCL_UNIQUE_IDS: nId fresh stand-in "
-    "ids, the same on every rank and in the store; at or below it nothing changes",
+    "ids, the same on every rank and in the store, and at or below it nothing changes",
     "[integration][gpu-stand-in][nccl]") {
   TempDir dir;
   const std::string d = dir.path();
