@@ -13,6 +13,7 @@
 #include <charconv>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 namespace cpprun::rendezvous {
@@ -918,7 +919,12 @@ class EtcdClient::Impl {
         return out;
       }
     }
-    if (tried.empty()) return std::vector<EtcdEvent>{};
+    // The deadline came before every member was asked (a stream that broke as the deadline
+    // came, e.g. its member was killed): nothing is known to be unavailable yet, so this is
+    // the deadline's empty answer and the caller's next watch asks the next member.
+    if (std::set<std::string>(tried.begin(), tried.end()).size() < endpoints_.size()) {
+      return std::vector<EtcdEvent>{};
+    }
     return unavailable("etcd /v3/watch failed on " + joinNames(tried) + " (" + tlsNote() +
                        "); last error: " + last_error);
   }
