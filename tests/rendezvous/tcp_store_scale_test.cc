@@ -117,6 +117,22 @@ size_t handshakeAll(const std::vector<int>& fds, std::chrono::steady_clock::time
   return answered;
 }
 
+// How much resident memory a byte of the program's own costs: ThreadSanitizer's shadow and
+// metadata multiply it (an idle connection measured 6.1 KiB under TSan against 0.95 KiB
+// without); ASan's 1/8 shadow stays inside the bound. Under TSan the bound is 6 times larger,
+// as the measure is: the old 4 KiB read buffer per connection (5 KiB in all) fails either bound.
+#if defined(__SANITIZE_THREAD__)
+constexpr double kResidentPerByte = 6.0;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+constexpr double kResidentPerByte = 6.0;
+#else
+constexpr double kResidentPerByte = 1.0;
+#endif
+#else
+constexpr double kResidentPerByte = 1.0;
+#endif
+
 }  // namespace
 
 TEST_CASE("an idle connection costs the store server under 2 KiB", "[integration]") {
@@ -148,7 +164,7 @@ TEST_CASE("an idle connection costs the store server under 2 KiB", "[integration
     fds.insert(fds.end(), batch_fds.begin(), batch_fds.end());
   }
   INFO(per_connection_kib << " KiB per idle connection");
-  CHECK(per_connection_kib < 2.0);
+  CHECK(per_connection_kib < 2.0 * kResidentPerByte);
   for (int fd : fds) close(fd);
 }
 
