@@ -47,7 +47,13 @@
 #include <string>
 #include <vector>
 
+#include "common/command_line.h"
+
 namespace {
+
+using cpprun::OptionCursor;
+using cpprun::parseUnsigned;
+using cpprun::Result;
 
 using Clock = std::chrono::steady_clock;
 using Bytes = std::vector<uint8_t>;
@@ -363,28 +369,38 @@ int Driver::run() {
   std::exit(2);
 }
 
+// A numeric flag's value, or usage() naming the flag and the text.
+int unsignedValue(const std::string& flag, const std::string& text, uint64_t max) {
+  Result<uint64_t> n = parseUnsigned(flag, text, max);
+  if (!n.isOk()) usage(n.status().message().c_str());
+  return static_cast<int>(n.value());
+}
+
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string flag = argv[i];
-    if (i + 1 >= argc) usage(("missing value for " + flag).c_str());
-    std::string v = argv[++i];
+  OptionCursor args(argc, argv);
+  while (args.next()) {
+    const std::string flag = args.name();
+    if (!args.isOption()) usage(("unexpected argument " + flag).c_str());
+    Result<std::string> value = args.value();
+    if (!value.isOk()) usage(value.status().message().c_str());
+    const std::string& v = value.value();
     if (flag == "--port") {
-      o.port = static_cast<uint16_t>(std::atoi(v.c_str()));
+      o.port = static_cast<uint16_t>(unsignedValue(flag, v, 65535));
     } else if (flag == "--ranks") {
-      o.ranks = std::atoi(v.c_str());
+      o.ranks = unsignedValue(flag, v, 1'000'000);
     } else if (flag == "--mode") {
       if (v != "paced" && v != "burst") usage("--mode is paced or burst");
       o.burst = v == "burst";
     } else if (flag == "--window") {
-      o.window = std::atoi(v.c_str());
+      o.window = unsignedValue(flag, v, 1'000'000);
     } else if (flag == "--sources") {
-      o.sources = std::atoi(v.c_str());
+      o.sources = unsignedValue(flag, v, 254);
     } else if (flag == "--script") {
       if (v != "bootstrap" && v != "connect") usage("--script is bootstrap or connect");
       o.connect_only = v == "connect";
     } else if (flag == "--timeout-s") {
-      o.timeout_s = std::atof(v.c_str());
+      o.timeout_s = unsignedValue(flag, v, 86'400);
     } else {
       usage(("unknown flag " + flag).c_str());
     }
