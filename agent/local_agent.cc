@@ -209,6 +209,15 @@ Result<StoreEndpoint> openStore(asio::io_context& io, const LocalAgentOptions& o
   so.host = options.store_bind_host.empty() ? options.store_host : options.store_bind_host;
   so.port = static_cast<uint16_t>(options.store_port);
   so.no_handshake_dialect = options.store_no_handshake_dialect;
+  // Every worker of the job connects (and every agent): with more than one accept queue holds,
+  // the store listens on several sockets so a job's start is not left to SYN retries.
+  size_t nodes = 1;
+  if (options.multi_node) {
+    nodes = static_cast<size_t>(std::max(1, options.multi_node->elastic
+                                                ? options.multi_node->max_nodes
+                                                : options.multi_node->group_world_size));
+  }
+  so.expected_clients = nodes * static_cast<size_t>(std::max(1, options.nproc)) + nodes;
   // Elastic agents all try to host the store on the endpoint; the first wins. Two binds with
   // SO_REUSEADDR at the same instant can both succeed and then both listens fail, leaving no
   // host at all (seen under ctest -j2). So "in use" counts only when something accepts there;

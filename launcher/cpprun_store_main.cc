@@ -38,8 +38,9 @@ Options:
                            interface
   --port N                 port to bind (default 29500); 0 picks a free port
   --max-connections N      connections beyond N are refused with a warning (default 65536)
-  --expected-clients N     how many clients the job connects; warns at start when that is
-                           more than the accept queue (net.core.somaxconn) holds
+  --expected-clients N     how many clients the job connects; more than one accept queue
+                           (net.core.somaxconn) holds: listen on several sockets sharing the
+                           port (SO_REUSEPORT), and warn if even they hold too few
   --max-key-bytes N        longest key accepted (default 8192)
   --max-value-bytes N      largest value accepted (default 8388608)
   --max-keys-per-request N most keys in one CHECK/WAIT/MULTI_* request (default 131072)

@@ -1,8 +1,12 @@
 #include "rendezvous/tcp_listen.h"
 
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 
 #include "common/logging.h"
 
@@ -58,6 +62,71 @@ Result<BoundAddress> listenTcp(tcp::acceptor& acceptor, const std::string& host,
   auto local = acceptor.local_endpoint(ec);
   if (ec) return unavailable("local address of " + where + ": " + ec.message());
   return BoundAddress{local.address().to_string(), local.port()};
+}
+
+size_t listenersFor(size_t expected_clients, int backlog) {
+  size_t queue = backlog > 0 ? static_cast<size_t>(backlog) : 1;
+  if (expected_clients <= queue) return 1;
+  return std::min(kMaxListeners, (2 * expected_clients + queue - 1) / queue);
+}
+
+namespace {
+
+bool setReusePort(int fd, bool on, std::string* why_not) {
+  int value = on ? 1 : 0;
+  if (::setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &value, sizeof(value)) == 0) return true;
+  *why_not = std::string("setsockopt(SO_REUSEPORT): ") + std::strerror(errno);
+  return false;
+}
+
+}  // namespace
+
+std::vector<std::unique_ptr<tcp::acceptor>> addReusePortListeners(tcp::acceptor& first,
+                                                                  size_t count,
+                                                                  std::string* why_not) {
+  std::vector<std::unique_ptr<tcp::acceptor>> more;
+  if (count == 0) return more;
+  boost::system::error_code ec;
+  tcp::endpoint local = first.local_endpoint(ec);
+  if (ec) {
+    *why_not = "local address: " + ec.message();
+    return more;
+  }
+  if (!setReusePort(first.native_handle(), true, why_not)) return more;
+  bool dual_stack = false;
+  if (local.address().is_v6()) {
+    asio::ip::v6_only v6_only;
+    first.get_option(v6_only, ec);
+    dual_stack = !ec && !v6_only.value();
+  }
+  int backlog = listenBacklog();
+  for (size_t i = 0; i < count; ++i) {
+    auto acceptor = std::make_unique<tcp::acceptor>(first.get_executor());
+    acceptor->open(local.protocol(), ec);
+    if (ec) {
+      *why_not = "socket: " + ec.message();
+      break;
+    }
+    acceptor->set_option(tcp::acceptor::reuse_address(true), ec);
+    if (dual_stack) acceptor->set_option(asio::ip::v6_only(false), ec);
+    if (!setReusePort(acceptor->native_handle(), true, why_not)) break;
+    acceptor->bind(local, ec);
+    if (ec) {
+      *why_not = "bind " + describeEndpoint(local) + " with SO_REUSEPORT: " + ec.message();
+      break;
+    }
+    acceptor->listen(backlog, ec);
+    if (ec) {
+      *why_not = "listen on " + describeEndpoint(local) + " with SO_REUSEPORT: " + ec.message();
+      break;
+    }
+    more.push_back(std::move(acceptor));
+  }
+  if (more.empty()) {
+    std::string ignored;
+    setReusePort(first.native_handle(), false, &ignored);  // back to holding the port alone
+  }
+  return more;
 }
 
 WarningLimiter::WarningLimiter(asio::io_context& io, std::string what, size_t per_interval,

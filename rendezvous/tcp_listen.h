@@ -76,6 +76,30 @@ class WarningLimiter {
 // TcpStoreServerOptions::expected_clients).
 int listenBacklog();
 
+// How many listening sockets a server expecting `expected_clients` at once opens on its port:
+// one while they fit one accept queue of `backlog` entries, otherwise enough queues for twice
+// the clients (the kernel spreads connections over the sockets by a hash of their addresses, so
+// the queues do not fill evenly), at most kMaxListeners. 0 clients (unknown): one.
+inline constexpr size_t kMaxListeners = 32;
+size_t listenersFor(size_t expected_clients, int backlog);
+
+// Opens up to `count` more listening sockets on the address `first` listens on, sharing its
+// port through SO_REUSEPORT: the kernel then spreads incoming connections over count + 1 accept
+// queues of listenBacklog() entries each, so a connect burst of more clients than one queue
+// holds is not left to SYN retries (1 s, 3 s, 7 s).
+//
+// `first` must be bound and listening through listenTcp(), without SO_REUSEPORT: so a port that
+// another program (or another cpprun server) holds is reported as in use exactly as before, and
+// another cpprun server trying this port later still gets kAlreadyExists (its first socket has
+// no SO_REUSEPORT, which conflicts with ours). Only after that does `first` get SO_REUSEPORT and
+// the others join it. What SO_REUSEPORT still allows: a program of the same user that itself
+// sets SO_REUSEPORT could bind the port beside us and take a share of the connections.
+//
+// Returns the sockets opened, listening; fewer (none) when the kernel refused one, and then
+// `why_not` says why (the server serves with what it has: one socket is today's behaviour).
+std::vector<std::unique_ptr<boost::asio::ip::tcp::acceptor>> addReusePortListeners(
+    boost::asio::ip::tcp::acceptor& first, size_t count, std::string* why_not);
+
 // A server's default warning budget (the store's options can change its own).
 inline constexpr size_t kWarningsPerInterval = 5;
 inline constexpr std::chrono::milliseconds kWarningInterval{10000};

@@ -70,6 +70,9 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
   TcpStoreServerOptions options_;
   tcp::acceptor acceptor_;
   asio::steady_timer retry_timer_;
+  // The sockets that share acceptor_'s port (SO_REUSEPORT; see listen()), each with its timer.
+  std::vector<std::unique_ptr<tcp::acceptor>> more_acceptors_;
+  std::vector<std::unique_ptr<asio::steady_timer>> more_retry_timers_;
   StoreEngine engine_;
   // The budget of every connection warning (drops, refusals, failed accepts; tcp_listen.h).
   std::shared_ptr<WarningLimiter> warnings_;
@@ -340,13 +343,32 @@ Status TcpStoreServer::Impl::listen() {
   bound_host_ = bound.value().host;
   bound_port_ = bound.value().port;
   int backlog = listenBacklog();
-  if (options_.expected_clients > static_cast<size_t>(backlog)) {
+  size_t wanted = options_.listen_sockets > 0 ? std::min(options_.listen_sockets, kMaxListeners)
+                                              : listenersFor(options_.expected_clients, backlog);
+  if (wanted > 1) {
+    std::string why_not;
+    more_acceptors_ = addReusePortListeners(acceptor_, wanted - 1, &why_not);
+    if (more_acceptors_.size() + 1 < wanted) {
+      CPPRUN_LOG(kWarn) << "store: listening on " << more_acceptors_.size() + 1 << " of " << wanted
+                        << " sockets on port " << bound_port_ << ": " << why_not;
+    } else {
+      CPPRUN_LOG(kDebug) << "store: " << wanted << " sockets listen on port " << bound_port_
+                         << " (SO_REUSEPORT), each with an accept queue of " << backlog;
+    }
+    for (size_t i = 0; i < more_acceptors_.size(); ++i) {
+      more_retry_timers_.push_back(std::make_unique<asio::steady_timer>(io_));
+    }
+  }
+  size_t sockets = more_acceptors_.size() + 1;
+  size_t queued = sockets * static_cast<size_t>(backlog);
+  if (options_.expected_clients > queued) {
     CPPRUN_LOG(kWarn) << "store: " << options_.expected_clients
-                      << " clients expected, but the accept queue holds " << backlog
-                      << " (net.core.somaxconn): clients connecting at once beyond that have "
+                      << " clients expected, but the accept queues hold " << queued << " ("
+                      << sockets << " x net.core.somaxconn " << backlog
+                      << "): clients connecting at once beyond that have "
                          "their SYNs dropped and retry after 1 s, 3 s, 7 s; raise it with "
                          "sysctl -w net.core.somaxconn="
-                      << options_.expected_clients;
+                      << (options_.expected_clients + sockets - 1) / sockets;
   }
   return Status::ok();
 }
@@ -366,6 +388,9 @@ void TcpStoreServer::Impl::startAccepting() {
   };
   hooks->refused = [this] { ++stats_.connections_rejected; };
   hooks->warnings = warnings_;
+  for (size_t i = 0; i < more_acceptors_.size(); ++i) {
+    acceptConnections(shared_from_this(), *more_acceptors_[i], *more_retry_timers_[i], hooks);
+  }
   acceptConnections(shared_from_this(), acceptor_, retry_timer_, std::move(hooks));
 }
 
@@ -417,6 +442,8 @@ void TcpStoreServer::Impl::stop() {
   boost::system::error_code ec;
   acceptor_.close(ec);
   retry_timer_.cancel();
+  for (auto& acceptor : more_acceptors_) acceptor->close(ec);
+  for (auto& timer : more_retry_timers_) timer->cancel();
   auto conns = std::move(connections_);
   connections_.clear();
   for (auto& kv : conns) kv.second->close();
@@ -461,6 +488,7 @@ TcpStoreServerStats TcpStoreServer::stats() const {
   s.connections_open = impl_->connections_.size();
   s.keys = impl_->engine_.numKeys();
   s.pending_waits = impl_->engine_.pendingWaits();
+  s.listen_sockets = impl_->stopped_ ? 0 : 1 + impl_->more_acceptors_.size();
   return s;
 }
 

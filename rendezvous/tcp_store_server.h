@@ -11,7 +11,8 @@
 // Connections read into a 128-byte buffer of their own and, past it, one buffer shared by the
 // loop; a connection keeps the unfinished request it has sent (in its decoder) and its unsent
 // replies, so an idle client costs no 4 KiB read buffer. Accepting drains the kernel's accept
-// queue in one go (tcp_listen.h).
+// queue in one go (tcp_listen.h); a server expecting more clients than one accept queue holds
+// listens on several sockets sharing the port (SO_REUSEPORT, TcpStoreServerOptions).
 //
 // Memory per connection is bounded by two byte budgets: what it may have buffered of a request
 // it has not finished sending (max_request_bytes), and what may be queued of replies it has not
@@ -89,10 +90,15 @@ struct TcpStoreServerOptions {
   // switching to 2.1 on requests only torch 2.1 sends) or kV21 (torch 2.1 from the first byte,
   // for jobs whose clients are all torch 2.1). See wire::RequestDecoder.
   wire::Dialect no_handshake_dialect = wire::Dialect::kLegacy;
-  // How many clients the job will connect (0: unknown). When more than the accept queue holds
-  // (net.core.somaxconn, listenBacklog()), create() logs one warning naming both numbers: a
-  // connect burst of that many clients overflows the queue and waits on SYN retries.
+  // How many clients the job will connect (0: unknown). When more than one accept queue holds
+  // (net.core.somaxconn, listenBacklog()), the server listens on several sockets sharing the
+  // port (SO_REUSEPORT, each with a queue of its own; listenersFor() in tcp_listen.h), so a
+  // connect burst of that many clients does not overflow the queue and wait on SYN retries; if
+  // even those queues are too few, create() logs one warning naming the numbers.
   size_t expected_clients = 0;
+  // Listening sockets on the port: 0 picks them from expected_clients (one when it is unknown
+  // or fits one queue). The first is bound alone, so a port in use is reported as before.
+  size_t listen_sockets = 0;
 };
 
 struct TcpStoreServerStats {
@@ -109,6 +115,7 @@ struct TcpStoreServerStats {
   uint64_t bytes_sent = 0;
   uint64_t keys = 0;
   uint64_t pending_waits = 0;
+  uint64_t listen_sockets = 0;  // sockets listening on the port (SO_REUSEPORT when above 1)
 
   uint64_t dropped(DropReason reason) const {
     return dropped_by_reason[static_cast<size_t>(reason)];

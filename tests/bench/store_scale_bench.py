@@ -48,9 +48,10 @@ PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
 
 
 def proc_cpu_s(pid):
+    """(user, system) CPU seconds of the process."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK  # utime, stime
 
 
 def proc_mem_kib(pid):
@@ -76,12 +77,14 @@ def netstat():
 class Server:
     """One store server process, started fresh; ended by its PID."""
 
-    def __init__(self, kind, build, strace_out=None):
+    def __init__(self, kind, build, strace_out=None, expected_clients=0):
         self.kind = kind
         env = dict(os.environ)
         if kind == "cpprun":
             cmd = [f"{build}/cpprun-store", "--host", "127.0.0.1", "--port", "0",
                    "--log-level", "warn"]
+            if expected_clients:  # as the agent passes its world size
+                cmd += ["--expected-clients", str(expected_clients)]
         else:
             cmd = [TORCH2_PYTHON, f"{HERE}/torch_store_server.py", "--backend", "libuv"]
             if kind == "libuv":
@@ -117,7 +120,7 @@ class Server:
 
 
 def run_one(kind, n, mode, script, args, timeout_s=120, strace_out=None):
-    server = Server(kind, args.build, strace_out)
+    server = Server(kind, args.build, strace_out, expected_clients=n)
     try:
         pid = server.proc.pid
         mem0, cpu0, net0 = proc_mem_kib(pid), proc_cpu_s(pid), netstat()
@@ -138,7 +141,8 @@ def run_one(kind, n, mode, script, args, timeout_s=120, strace_out=None):
         "server": kind, "ranks": n, "mode": mode, "script": script,
         "wall_s": float(fields["wall_s"]), "connected_s": float(fields["connected_s"]),
         "done": int(fields["done"]), "retries": int(fields["connect_retries"]),
-        "cpu_s": cpu1 - cpu0, "client_cpu_s": client_cpu,
+        "cpu_s": sum(cpu1) - sum(cpu0), "cpu_user_s": cpu1[0] - cpu0[0],
+        "cpu_sys_s": cpu1[1] - cpu0[1], "client_cpu_s": client_cpu,
         "connect_over_1s": int(fields["connect_over_1s"]),
         "connect_over_3s": int(fields["connect_over_3s"]),
         "connect_over_7s": int(fields["connect_over_7s"]),
@@ -153,7 +157,8 @@ def median_of(rows, key):
     return statistics.median(r[key] for r in rows)
 
 
-FIGURES = [("wall_s", "s"), ("connected_s", "s"), ("cpu_s", "s"), ("client_cpu_s", "s"),
+FIGURES = [("wall_s", "s"), ("connected_s", "s"), ("cpu_s", "s"), ("cpu_user_s", "s"),
+           ("cpu_sys_s", "s"), ("client_cpu_s", "s"),
            ("rss_per_conn_kib", "KiB"), ("peak_mib", "MiB"), ("overflows", "count"),
            ("syn_retrans", "count"), ("connect_over_1s", "count"), ("connect_over_3s", "count"),
            ("connect_over_7s", "count")]

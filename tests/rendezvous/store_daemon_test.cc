@@ -141,6 +141,32 @@ TEST_CASE("cpprun-store reports a port in use and exits 1", "[integration]") {
   CHECK_THAT(second.output(), Catch::Contains("in use"));
 }
 
+TEST_CASE(
+    "cpprun-store expecting more clients than one accept queue holds shares its port "
+    "with no other store",
+    "[integration]") {
+  // 16,000,000 clients: more than 32 queues hold (of any backlog up to 1M), so 32 sockets.
+  ChildProcess first({CPPRUN_STORE_BINARY, "--port", "0", "--expected-clients", "16000000",
+                      "--log-level", "debug"});
+  auto line = first.waitForLine("cpprun-store listening on ", 10s);
+  REQUIRE(line.has_value());
+  REQUIRE(first.waitForText("store: 32 sockets listen on port", 10s));
+  std::string port = std::to_string(portFromLine(*line));
+  for (const char* expected : {"1", "16000000"}) {
+    ChildProcess second({CPPRUN_STORE_BINARY, "--port", port, "--expected-clients", expected});
+    auto status = second.wait(10s);
+    REQUIRE(status.has_value());
+    CHECK(exitCodeOf(*status) == 1);
+    CHECK_THAT(second.output(), Catch::Contains("in use"));
+  }
+  TcpStoreClientOptions o;
+  o.port = static_cast<uint16_t>(std::stoi(port));
+  o.timeout = 5s;
+  TcpStoreClient client(o);
+  client.set("/k", std::string("v"));
+  CHECK(toString(client.get("/k")) == "v");
+}
+
 TEST_CASE("cpprun-store --help and --version", "[integration]") {
   ChildProcess help({CPPRUN_STORE_BINARY, "--help"});
   REQUIRE(help.wait(10s).has_value());

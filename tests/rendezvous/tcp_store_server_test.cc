@@ -278,3 +278,72 @@ TEST_CASE("replies to requests sent just before a half-close are still delivered
         "0100000000000000");
   CHECK(c.closedByPeer(5s));
 }
+
+TEST_CASE("several listening sockets share the port and every client is served", "[integration]") {
+  TcpStoreServerOptions options;
+  options.listen_sockets = 4;
+  auto server = BackgroundTcpStoreServer::start(options);
+  REQUIRE(server.isOk());
+  CHECK(server.value()->stats().listen_sockets == 4);
+  // The kernel hashes each connection to one of the four queues: with 64 connections every
+  // queue gets some (all four missing none has probability ~4e-8), and a queue that nobody
+  // accepted from would leave its clients hanging until their timeout.
+  constexpr int kClients = 64;
+  std::vector<std::unique_ptr<TcpStoreClient>> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.push_back(std::make_unique<TcpStoreClient>(clientOptions(server.value()->port())));
+    clients.back()->set("/k" + std::to_string(i), std::to_string(i));
+  }
+  for (int i = 0; i < kClients; ++i) {  // each key read back over another connection
+    auto value = clients[static_cast<size_t>((i + 1) % kClients)]->get("/k" + std::to_string(i));
+    CHECK(std::string(value.begin(), value.end()) == std::to_string(i));
+  }
+  auto stats = server.value()->stats();
+  CHECK(stats.connections_accepted == kClients);
+  CHECK(stats.connections_open == kClients);
+}
+
+TEST_CASE("more expected clients than one accept queue holds open more listening sockets",
+          "[integration]") {
+  TcpStoreServerOptions options;
+  auto one = BackgroundTcpStoreServer::start(options);
+  REQUIRE(one.isOk());
+  CHECK(one.value()->stats().listen_sockets == 1);  // unknown: one socket, as before
+  options.expected_clients = 1u << 30;              // more than 32 queues of any backlog
+  auto many = BackgroundTcpStoreServer::start(options);
+  REQUIRE(many.isOk());
+  CHECK(many.value()->stats().listen_sockets == 32);  // capped
+  TcpStoreClient client(clientOptions(many.value()->port()));
+  client.set("/x", std::string("1"));
+  CHECK(client.check({"/x"}));
+}
+
+TEST_CASE("a port held by a server with several sockets is still in use for the next one",
+          "[integration]") {
+  TcpStoreServerOptions options;
+  options.listen_sockets = 4;
+  auto first = BackgroundTcpStoreServer::start(options);
+  REQUIRE(first.isOk());
+  options.port = first.value()->port();
+  for (size_t sockets : {size_t{1}, size_t{4}}) {
+    options.listen_sockets = sockets;
+    auto second = BackgroundTcpStoreServer::start(options);
+    REQUIRE_FALSE(second.isOk());
+    CHECK(second.status().code() == cpprun::StatusCode::kAlreadyExists);
+    CHECK_THAT(second.status().message(), Catch::Contains("in use"));
+  }
+}
+
+TEST_CASE("a port another program holds is in use for a server with several sockets",
+          "[integration]") {
+  // A listening socket of our own stands for the other program (no SO_REUSEPORT).
+  auto holder = BackgroundTcpStoreServer::start({});
+  REQUIRE(holder.isOk());
+  TcpStoreServerOptions options;
+  options.port = holder.value()->port();
+  options.listen_sockets = 4;
+  auto second = BackgroundTcpStoreServer::start(options);
+  REQUIRE_FALSE(second.isOk());
+  CHECK(second.status().code() == cpprun::StatusCode::kAlreadyExists);
+  CHECK_THAT(second.status().message(), Catch::Contains("in use"));
+}
