@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "common/check.h"
+#include "rendezvous/store_semantics.h"
 #include "rendezvous/wire.h"
 
 namespace cpprun::rendezvous {
@@ -94,14 +95,20 @@ Bytes EtcdStore::compareSet(const std::string& key, const Bytes& expected, const
     if (r.value().succeeded) return desired;
     const auto& responses = r.value().responses;
     if (responses.empty() || responses.front().kvs.empty()) {
-      // Absent: only a non-empty `expected` fails on an absent key; c10d returns it, storing
-      // nothing. (An empty one failed because the key was there and is gone again: retry.)
-      if (!expected.empty()) return expected;
+      // Absent (the store's rule, store_semantics.h): a non-empty `expected` comes back and
+      // nothing is stored. An empty one failed because the key was there and is gone again:
+      // retry.
+      if (compareSetAction(nullptr, expected) == CompareSetAction::kAnswerExpected) {
+        return expected;
+      }
       compare = EtcdCompare::versionIs(k, 0);
       continue;
     }
     const EtcdKeyValue& current = responses.front().kvs.front();
-    if (current.value != want) return bytes(current.value);
+    Bytes current_value = bytes(current.value);
+    if (compareSetAction(&current_value, expected) == CompareSetAction::kAnswerCurrent) {
+      return current_value;
+    }
     // The key holds "" and `expected` is "": a match, which version 0 could not express.
     compare = EtcdCompare::modRevisionIs(k, current.mod_revision);
   }
@@ -142,22 +149,19 @@ int64_t EtcdStore::add(const std::string& key, int64_t delta) {
   if (delta == 0) {  // a read (c10d's way to read a counter): no write unless it must create it
     auto current = client_->get(full(key));
     if (!current.isOk()) fail("add", key, current.status());
-    int64_t value = 0;
     if (current.value()) {
-      if (!wire::parseCounter(bytes(current.value()->value), &value)) {
-        throw StoreError("etcd store add on key '" + key +
-                         "' whose value is not a decimal integer");
-      }
-      return value;
+      const Bytes value = bytes(current.value()->value);
+      const std::optional<int64_t> counter = addToCounter(&value, 0);
+      if (!counter) throw StoreError("etcd store " + notACounterError("add", key));
+      return *counter;
     }
   }
   int64_t result = 0;
   update(key, "add", [&](const std::optional<std::string>& value) {
-    int64_t current = 0;
-    if (value && !wire::parseCounter(bytes(*value), &current)) {
-      throw StoreError("etcd store add on key '" + key + "' whose value is not a decimal integer");
-    }
-    result = static_cast<int64_t>(static_cast<uint64_t>(current) + static_cast<uint64_t>(delta));
+    const Bytes current = value ? bytes(*value) : Bytes{};
+    const std::optional<int64_t> sum = addToCounter(value ? &current : nullptr, delta);
+    if (!sum) throw StoreError("etcd store " + notACounterError("add", key));
+    result = *sum;
     return str(wire::formatCounter(result));
   });
   return result;

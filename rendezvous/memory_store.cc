@@ -1,31 +1,23 @@
 #include "rendezvous/memory_store.h"
 
-#include "rendezvous/wire.h"
-
 namespace cpprun::rendezvous {
 
 void MemoryStore::set(const std::string& key, const Bytes& value) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    data_[key] = value;
+    data_.set(key, value);
   }
   changed_.notify_all();
 }
 
 Bytes MemoryStore::compareSet(const std::string& key, const Bytes& expected, const Bytes& desired) {
   std::unique_lock<std::mutex> lock(mutex_);
-  auto it = data_.find(key);
-  if (it == data_.end()) {
-    if (!expected.empty()) return expected;
-    data_.emplace(key, desired);
-  } else if (it->second == expected) {
-    it->second = desired;
-  } else {
-    return it->second;
-  }
+  const Bytes* answer = nullptr;
+  const bool stored = data_.compareSet(key, expected, desired, &answer);
+  Bytes result = *answer;
   lock.unlock();
-  changed_.notify_all();
-  return desired;
+  if (stored) changed_.notify_all();
+  return result;
 }
 
 void MemoryStore::waitLocked(std::unique_lock<std::mutex>& lock,
@@ -33,7 +25,7 @@ void MemoryStore::waitLocked(std::unique_lock<std::mutex>& lock,
                              std::chrono::milliseconds timeout) {
   auto ready = [&] {
     for (const auto& k : keys) {
-      if (data_.count(k) == 0) return false;
+      if (!data_.contains(k)) return false;
     }
     return true;
   };
@@ -46,36 +38,29 @@ void MemoryStore::waitLocked(std::unique_lock<std::mutex>& lock,
 Bytes MemoryStore::get(const std::string& key) {
   std::unique_lock<std::mutex> lock(mutex_);
   waitLocked(lock, {key}, timeout());
-  return data_.at(key);
+  return *data_.find(key);
 }
 
 int64_t MemoryStore::add(const std::string& key, int64_t delta) {
-  int64_t value = delta;
+  std::optional<int64_t> value;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = data_.find(key);
-    if (it != data_.end()) {
-      int64_t current = 0;
-      if (!wire::parseCounter(it->second, &current)) {
-        throw StoreError("add on key '" + key + "' whose value is not a decimal integer");
-      }
-      value = static_cast<int64_t>(static_cast<uint64_t>(current) + static_cast<uint64_t>(delta));
-    }
-    data_[key] = wire::formatCounter(value);
+    value = data_.add(key, delta);
   }
+  if (!value) throw StoreError(notACounterError("add", key));
   changed_.notify_all();
-  return value;
+  return *value;
 }
 
 bool MemoryStore::deleteKey(const std::string& key) {
   std::lock_guard<std::mutex> lock(mutex_);
-  return data_.erase(key) != 0;
+  return data_.erase(key);
 }
 
 bool MemoryStore::check(const std::vector<std::string>& keys) {
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& k : keys) {
-    if (data_.count(k) == 0) return false;
+    if (!data_.contains(k)) return false;
   }
   return true;
 }
@@ -95,7 +80,7 @@ std::vector<Bytes> MemoryStore::multiGet(const std::vector<std::string>& keys) {
   waitLocked(lock, keys, timeout());
   std::vector<Bytes> values;
   values.reserve(keys.size());
-  for (const auto& k : keys) values.push_back(data_.at(k));
+  for (const auto& k : keys) values.push_back(*data_.find(k));
   return values;
 }
 
@@ -106,7 +91,7 @@ void MemoryStore::multiSet(const std::vector<std::string>& keys, const std::vect
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (size_t i = 0; i < keys.size(); ++i) data_[keys[i]] = values[i];
+    for (size_t i = 0; i < keys.size(); ++i) data_.set(keys[i], values[i]);
   }
   changed_.notify_all();
 }
@@ -114,8 +99,7 @@ void MemoryStore::multiSet(const std::vector<std::string>& keys, const std::vect
 void MemoryStore::append(const std::string& key, const Bytes& value) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto& v = data_[key];
-    v.insert(v.end(), value.begin(), value.end());
+    data_.append(key, value);
   }
   changed_.notify_all();
 }

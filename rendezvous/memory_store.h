@@ -1,13 +1,14 @@
 // MemoryStore: a Store inside one process, for tests and for components that share a process.
-// Same semantics as the TCP store (decimal ADD counters, c10d compareSet).
+// Same semantics as the TCP store: the key map and the rules of ADD, compareSet and append are
+// KeyValueMap's (store_semantics.h), which the TCP server's StoreEngine uses too.
 // Thread safety: all methods may be called concurrently; waits block on a condition variable.
 #pragma once
 
 #include <condition_variable>
-#include <map>
 #include <mutex>
 
 #include "rendezvous/store.h"
+#include "rendezvous/store_semantics.h"
 
 namespace cpprun::rendezvous {
 
@@ -35,7 +36,7 @@ class MemoryStore : public Store {
 
   std::mutex mutex_;
   std::condition_variable changed_;
-  std::map<std::string, Bytes> data_;
+  KeyValueMap data_;
 };
 
 }  // namespace cpprun::rendezvous

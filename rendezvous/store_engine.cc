@@ -1,7 +1,6 @@
 #include "rendezvous/store_engine.h"
 
 #include <algorithm>
-#include <type_traits>
 #include <utility>
 
 namespace cpprun::rendezvous {
@@ -20,52 +19,291 @@ void eraseValue(std::vector<T>* v, const T& value) {
 
 }  // namespace
 
+bool StoreEngine::handle(ClientId client, Dialect dialect, const Request& r, std::string* error) {
+  ++counters_.requests;
+  const Call c{client, dialect, r, error};
+  // clang-format off
+  switch (r.type) {
+    case QueryType::VALIDATE: return onValidate(c);
+    case QueryType::PING: return onPing(c);
+    case QueryType::SET: return onSet(c);
+    case QueryType::MULTI_SET: return onMultiSet(c);
+    case QueryType::APPEND: return onAppend(c);
+    case QueryType::COMPARE_SET: return onCompareSet(c);
+    case QueryType::GET: return onGet(c);
+    case QueryType::MULTI_GET: return onMultiGet(c);
+    case QueryType::ADD: return onAdd(c);
+    case QueryType::CHECK: return onCheck(c);
+    case QueryType::WAIT: return onWait(c);
+    case QueryType::CANCEL_WAIT: return onCancelWait(c);
+    case QueryType::GETNUMKEYS: return onGetNumKeys(c);
+    case QueryType::DELETE_KEY: return onDeleteKey(c);
+    case QueryType::WATCH_KEY: return onWatchKey(c);
+    case QueryType::QUEUE_PUSH: return onQueuePush(c);
+    case QueryType::QUEUE_POP: return onQueuePop(c);
+    case QueryType::QUEUE_LEN: return onQueueLen(c);
+    case QueryType::LIST_KEYS: return onListKeys(c);
+    case QueryType::BARRIER: return onBarrier(c);
+  }
+  // clang-format on
+  *error = "unhandled query type";
+  return false;
+}
+
+// --- the operations ----------------------------------------------------------------------------
+
+bool StoreEngine::onValidate(const Call& c) {
+  if (c.r.u32 == wire::kValidationMagic) return true;
+  *c.error = "VALIDATE with wrong magic";
+  return false;
+}
+
+bool StoreEngine::onPing(const Call& c) {
+  replyU32(c.client, c.r.u32);
+  return true;
+}
+
+bool StoreEngine::onSet(const Call& c) {
+  store(c.r.keys[0], c.r.values[0]);
+  return true;
+}
+
+bool StoreEngine::onMultiSet(const Call& c) {
+  for (size_t i = 0; i < c.r.keys.size(); ++i) store(c.r.keys[i], c.r.values[i]);
+  return true;
+}
+
+bool StoreEngine::onAppend(const Call& c) {
+  const std::string& key = c.r.keys[0];
+  const Prior prior = beforeWrite(key);
+  data_.append(key, c.r.values[0]);  // in place: the old value is not copied
+  afterWrite(key, prior);
+  return true;
+}
+
+bool StoreEngine::onCompareSet(const Call& c) {
+  const std::string& key = c.r.keys[0];
+  const Bytes& expected = c.r.values[0];
+  const Bytes& desired = c.r.values[1];
+  const Bytes* current = data_.find(key);
+  if (compareSetAction(current, expected) == CompareSetAction::kStore) {
+    store(key, desired);
+    replyValue(c.client, desired);
+  } else {
+    replyValue(c.client, current == nullptr ? expected : *current);
+  }
+  return true;
+}
+
+bool StoreEngine::onGet(const Call& c) {
+  const Bytes* value = data_.find(c.r.keys[0]);
+  if (value == nullptr && c.dialect != Dialect::kV2) {
+    *c.error = "GET of missing key";  // torch 1.13 and 2.1 servers throw: map::at
+    return false;
+  }
+  if (value == nullptr) {
+    replyI64(c.client, 0);  // an empty value
+  } else {
+    replyValue(c.client, *value);
+  }
+  return true;
+}
+
+bool StoreEngine::onMultiGet(const Call& c) {
+  // One request may name an 8 MiB value 131,072 times: size the reply before building it.
+  size_t size = 0;
+  for (const auto& k : c.r.keys) {
+    const Bytes* value = data_.find(k);
+    size += 8 + (value == nullptr ? 0 : value->size());
+  }
+  if (!outbox_->roomFor(c.client, size)) return true;
+  Bytes& out = scratch_;
+  out.clear();
+  for (const auto& k : c.r.keys) {
+    const Bytes* value = data_.find(k);
+    if (value == nullptr) {
+      wire::appendU64(&out, 0);
+    } else {
+      wire::appendBytes(&out, *value);
+    }
+  }
+  reply(c.client, out);
+  return true;
+}
+
+bool StoreEngine::onAdd(const Call& c) {
+  const std::string& key = c.r.keys[0];
+  const Prior prior = beforeWrite(key);
+  const std::optional<int64_t> value = data_.add(key, c.r.integer);
+  if (!value) {
+    *c.error = notACounterError("ADD", key);
+    return false;
+  }
+  afterWrite(key, prior);
+  replyI64(c.client, *value);
+  return true;
+}
+
+bool StoreEngine::onCheck(const Call& c) {
+  const bool all = std::all_of(c.r.keys.begin(), c.r.keys.end(),
+                               [&](const std::string& k) { return exists(k); });
+  replyByte(c.client, all ? wire::kCheckReady : wire::kCheckNotReady);
+  return true;
+}
+
+bool StoreEngine::onWait(const Call& c) {
+  registerWait(c.client, c.r.keys, wire::kWaitStopWaiting);
+  return true;
+}
+
+bool StoreEngine::onCancelWait(const Call& c) {
+  cancelWaits(c.client);
+  replyByte(c.client, wire::kWaitCanceled);
+  return true;
+}
+
+bool StoreEngine::onGetNumKeys(const Call& c) {
+  replyI64(c.client, static_cast<int64_t>(data_.size()));
+  return true;
+}
+
+bool StoreEngine::onDeleteKey(const Call& c) {
+  const std::string& key = c.r.keys[0];
+  const Bytes* value = data_.find(key);
+  if (value != nullptr) notifyWatchers(key, wire::kWatchKeyDeleted, *value, {});
+  replyI64(c.client, data_.erase(key) ? 1 : 0);
+  return true;
+}
+
+bool StoreEngine::onWatchKey(const Call& c) {
+  watchers_by_key_[c.r.keys[0]].push_back(c.client);
+  watches_by_client_[c.client].push_back(c.r.keys[0]);
+  replyByte(c.client, wire::kWatchCallbackRegistered);
+  return true;
+}
+
+bool StoreEngine::onQueuePush(const Call& c) {
+  queues_[c.r.keys[0]].push_back(c.r.values[0]);
+  wake(c.r.keys[0], /*one_only=*/true);
+  return true;
+}
+
+bool StoreEngine::onQueuePop(const Call& c) {
+  // Reply: i64 length, then the head when the queue was not empty.
+  auto it = queues_.find(c.r.keys[0]);
+  const int64_t len = it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size());
+  Bytes& out = scratch_;
+  out.clear();
+  wire::appendI64(&out, len);
+  if (len > 0) {
+    wire::appendBytes(&out, it->second.front());
+    it->second.pop_front();
+    if (it->second.empty()) queues_.erase(it);
+  }
+  reply(c.client, out);
+  return true;
+}
+
+bool StoreEngine::onQueueLen(const Call& c) {
+  auto it = queues_.find(c.r.keys[0]);
+  replyI64(c.client, it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size()));
+  return true;
+}
+
+bool StoreEngine::onListKeys(const Call& c) {
+  size_t size = 8;
+  for (const auto& kv : data_.entries()) size += 8 + kv.first.size();
+  if (!outbox_->roomFor(c.client, size)) return true;
+  Bytes& out = scratch_;
+  out.clear();
+  wire::appendU64(&out, data_.size());
+  for (const auto& kv : data_.entries()) wire::appendString(&out, kv.first);
+  reply(c.client, out);
+  return true;
+}
+
+bool StoreEngine::onBarrier(const Call& c) {
+  const std::string& key = c.r.keys[0];
+  const Prior prior = beforeWrite(key);
+  const std::optional<int64_t> count = data_.add(key, 1);
+  if (!count) {
+    *c.error = notACounterError("BARRIER", key);
+    return false;
+  }
+  afterWrite(key, prior);
+  if (*count < c.r.integer) {
+    barrier_waiters_[key].push_back(c.client);
+    return true;
+  }
+  replyByte(c.client, wire::kWaitStopWaiting);
+  auto w = barrier_waiters_.find(key);
+  if (w != barrier_waiters_.end()) {
+    for (ClientId waiter : w->second) replyByte(waiter, wire::kWaitStopWaiting);
+    barrier_waiters_.erase(w);
+  }
+  return true;
+}
+
+// --- replies -----------------------------------------------------------------------------------
+
+void StoreEngine::replyU32(ClientId client, uint32_t v) {
+  scratch_.clear();
+  wire::appendU32(&scratch_, v);
+  reply(client, scratch_);
+}
+
+void StoreEngine::replyI64(ClientId client, int64_t v) {
+  scratch_.clear();
+  wire::appendI64(&scratch_, v);
+  reply(client, scratch_);
+}
+
+void StoreEngine::replyValue(ClientId client, const Bytes& value) {
+  scratch_.clear();
+  wire::appendBytes(&scratch_, value);
+  reply(client, scratch_);
+}
+
+// --- keys, waits and watches -------------------------------------------------------------------
+
 bool StoreEngine::exists(const std::string& key) const {
-  if (data_.count(key) != 0) return true;
+  if (data_.contains(key)) return true;
   auto q = queues_.find(key);
   return q != queues_.end() && !q->second.empty();
 }
 
-template <typename V>
-void StoreEngine::storeImpl(const std::string& key, V&& value) {
-  auto it = data_.find(key);
-  if (!watchers_by_key_.empty()) {
-    if (it == data_.end()) {
-      notifyWatchers(key, wire::kWatchKeyCreated, {}, value);
-    } else {
-      notifyWatchers(key, wire::kWatchKeyUpdated, it->second, value);
-    }
-  }
-  if (it == data_.end()) {
-    data_.emplace(key, std::forward<V>(value));
-  } else if constexpr (std::is_lvalue_reference_v<V>) {
-    // A request's value is copied into the old value's storage: an overwrite of a key with a
-    // value no longer than before allocates nothing.
-    it->second.assign(value.begin(), value.end());
-  } else {
-    it->second = std::move(value);
+StoreEngine::Prior StoreEngine::beforeWrite(const std::string& key) const {
+  Prior prior;
+  if (watchers_by_key_.empty() || watchers_by_key_.count(key) == 0) return prior;
+  prior.watched = true;
+  const Bytes* value = data_.find(key);
+  prior.existed = value != nullptr;
+  if (value != nullptr) prior.value = *value;
+  return prior;
+}
+
+void StoreEngine::afterWrite(const std::string& key, const Prior& prior) {
+  if (prior.watched) {
+    notifyWatchers(key, prior.existed ? wire::kWatchKeyUpdated : wire::kWatchKeyCreated,
+                   prior.value, *data_.find(key));
   }
   wake(key);
 }
 
-void StoreEngine::store(const std::string& key, Bytes&& value) { storeImpl(key, std::move(value)); }
-void StoreEngine::store(const std::string& key, const Bytes& value) { storeImpl(key, value); }
+template <typename V>
+void StoreEngine::store(const std::string& key, V&& value) {
+  const Prior prior = beforeWrite(key);
+  data_.set(key, std::forward<V>(value));
+  afterWrite(key, prior);
+}
+
+void StoreEngine::localSet(const std::string& key, Bytes value) { store(key, std::move(value)); }
 
 size_t StoreEngine::eraseKeysExcept(const std::string& keep_prefix) {
-  size_t erased = 0;
-  for (auto it = data_.begin(); it != data_.end();) {
-    if (it->first.compare(0, keep_prefix.size(), keep_prefix) == 0) {
-      ++it;
-    } else {
-      it = data_.erase(it);
-      ++erased;
-    }
-  }
-  erased += queues_.size();
+  size_t erased = data_.eraseExcept(keep_prefix) + queues_.size();
   queues_.clear();
   return erased;
 }
-
 void StoreEngine::wake(const std::string& key, bool one_only) {
   auto it = waiters_by_key_.find(key);
   if (it == waiters_by_key_.end()) return;
@@ -172,224 +410,6 @@ void StoreEngine::disconnect(ClientId client) {
     }
     watches_by_client_.erase(w);
   }
-}
-
-bool StoreEngine::handle(ClientId client, Dialect dialect, const Request& r, std::string* error) {
-  ++counters_.requests;
-  Bytes& out = scratch_;
-  out.clear();
-  switch (r.type) {
-    case QueryType::VALIDATE:
-      if (r.u32 != wire::kValidationMagic) {
-        *error = "VALIDATE with wrong magic";
-        return false;
-      }
-      return true;
-
-    case QueryType::PING:
-      wire::appendU32(&out, r.u32);
-      reply(client, out);
-      return true;
-
-    case QueryType::SET:
-      store(r.keys[0], r.values[0]);
-      return true;
-
-    case QueryType::MULTI_SET:
-      for (size_t i = 0; i < r.keys.size(); ++i) store(r.keys[i], r.values[i]);
-      return true;
-
-    case QueryType::APPEND: {
-      auto it = data_.find(r.keys[0]);
-      if (it == data_.end()) {
-        store(r.keys[0], r.values[0]);
-      } else {
-        Bytes updated = it->second;
-        updated.insert(updated.end(), r.values[0].begin(), r.values[0].end());
-        store(r.keys[0], std::move(updated));
-      }
-      return true;
-    }
-
-    case QueryType::COMPARE_SET: {
-      const std::string& key = r.keys[0];
-      const Bytes& expected = r.values[0];
-      const Bytes& desired = r.values[1];
-      auto it = data_.find(key);
-      if (it == data_.end()) {
-        if (expected.empty()) {
-          store(key, desired);
-          wire::appendBytes(&out, desired);
-        } else {
-          wire::appendBytes(&out, expected);  // torch's documented "lie"
-        }
-      } else if (it->second == expected) {
-        store(key, desired);
-        wire::appendBytes(&out, desired);
-      } else {
-        wire::appendBytes(&out, it->second);
-      }
-      reply(client, out);
-      return true;
-    }
-
-    case QueryType::GET: {
-      auto it = data_.find(r.keys[0]);
-      if (it == data_.end()) {
-        if (dialect != Dialect::kV2) {  // torch 1.13 and 2.1 servers throw: map::at
-          *error = "GET of missing key";
-          return false;
-        }
-        wire::appendU64(&out, 0);
-      } else {
-        wire::appendBytes(&out, it->second);
-      }
-      reply(client, out);
-      return true;
-    }
-
-    case QueryType::MULTI_GET: {
-      // One request may name an 8 MiB value 131,072 times: size the reply before building it.
-      size_t size = 0;
-      for (const auto& k : r.keys) {
-        auto it = data_.find(k);
-        size += 8 + (it == data_.end() ? 0 : it->second.size());
-      }
-      if (!outbox_->roomFor(client, size)) return true;
-      for (const auto& k : r.keys) {
-        auto it = data_.find(k);
-        if (it == data_.end()) {
-          wire::appendU64(&out, 0);
-        } else {
-          wire::appendBytes(&out, it->second);
-        }
-      }
-      reply(client, out);
-      return true;
-    }
-
-    case QueryType::ADD: {
-      const std::string& key = r.keys[0];
-      int64_t value = r.integer;
-      auto it = data_.find(key);
-      if (it != data_.end()) {
-        int64_t current = 0;
-        if (!wire::parseCounter(it->second, &current)) {
-          *error = "ADD on a value that is not a decimal integer";
-          return false;
-        }
-        value =
-            static_cast<int64_t>(static_cast<uint64_t>(current) + static_cast<uint64_t>(r.integer));
-      }
-      store(key, wire::formatCounter(value));
-      wire::appendI64(&out, value);
-      reply(client, out);
-      return true;
-    }
-
-    case QueryType::CHECK: {
-      bool all = std::all_of(r.keys.begin(), r.keys.end(),
-                             [&](const std::string& k) { return exists(k); });
-      replyByte(client, all ? wire::kCheckReady : wire::kCheckNotReady);
-      return true;
-    }
-
-    case QueryType::WAIT:
-      registerWait(client, r.keys, wire::kWaitStopWaiting);
-      return true;
-
-    case QueryType::CANCEL_WAIT:
-      cancelWaits(client);
-      replyByte(client, wire::kWaitCanceled);
-      return true;
-
-    case QueryType::GETNUMKEYS:
-      wire::appendI64(&out, static_cast<int64_t>(data_.size()));
-      reply(client, out);
-      return true;
-
-    case QueryType::DELETE_KEY: {
-      auto it = data_.find(r.keys[0]);
-      int64_t erased = 0;
-      if (it != data_.end()) {
-        notifyWatchers(r.keys[0], wire::kWatchKeyDeleted, it->second, {});
-        data_.erase(it);
-        erased = 1;
-      }
-      wire::appendI64(&out, erased);
-      reply(client, out);
-      return true;
-    }
-
-    case QueryType::WATCH_KEY:
-      watchers_by_key_[r.keys[0]].push_back(client);
-      watches_by_client_[client].push_back(r.keys[0]);
-      replyByte(client, wire::kWatchCallbackRegistered);
-      return true;
-
-    case QueryType::QUEUE_PUSH:
-      queues_[r.keys[0]].push_back(r.values[0]);
-      wake(r.keys[0], /*one_only=*/true);
-      return true;
-
-    case QueryType::QUEUE_POP: {
-      auto it = queues_.find(r.keys[0]);
-      int64_t len = it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size());
-      wire::appendI64(&out, len);
-      if (len > 0) {
-        wire::appendBytes(&out, it->second.front());
-        it->second.pop_front();
-        if (it->second.empty()) queues_.erase(it);
-      }
-      reply(client, out);
-      return true;
-    }
-
-    case QueryType::QUEUE_LEN: {
-      auto it = queues_.find(r.keys[0]);
-      wire::appendI64(&out, it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size()));
-      reply(client, out);
-      return true;
-    }
-
-    case QueryType::LIST_KEYS: {
-      size_t size = 8;
-      for (const auto& kv : data_) size += 8 + kv.first.size();
-      if (!outbox_->roomFor(client, size)) return true;
-      wire::appendU64(&out, data_.size());
-      for (const auto& kv : data_) wire::appendString(&out, kv.first);
-      reply(client, out);
-      return true;
-    }
-
-    case QueryType::BARRIER: {
-      const std::string& key = r.keys[0];
-      int64_t count = 1;
-      auto it = data_.find(key);
-      if (it != data_.end()) {
-        int64_t current = 0;
-        if (!wire::parseCounter(it->second, &current)) {
-          *error = "BARRIER on a key whose value is not a decimal integer";
-          return false;
-        }
-        count = current + 1;
-      }
-      store(key, wire::formatCounter(count));
-      if (count >= r.integer) {
-        replyByte(client, wire::kWaitStopWaiting);
-        auto w = barrier_waiters_.find(key);
-        if (w != barrier_waiters_.end()) {
-          for (ClientId c : w->second) replyByte(c, wire::kWaitStopWaiting);
-          barrier_waiters_.erase(w);
-        }
-      } else {
-        barrier_waiters_[key].push_back(client);
-      }
-      return true;
-    }
-  }
-  *error = "unhandled query type";
-  return false;
 }
 
 }  // namespace cpprun::rendezvous

@@ -13,6 +13,11 @@
 // One deliberate improvement over the legacy server: a COMPARE_SET that leaves the key present
 // wakes its waiters, as the libuv server does, so no waiter sleeps on a key that exists.
 //
+// Layout: handle() is a short dispatcher to one method per operation (onSet, onGet, ...). The
+// key map and the rules of ADD, COMPARE_SET and APPEND are KeyValueMap's (store_semantics.h,
+// shared with MemoryStore); the methods add what only a server has (waits, watches, queues,
+// barriers) and encode the reply in the shape the wire table gives the operation.
+//
 // Thread safety: none. One event-loop thread owns an engine.
 #pragma once
 
@@ -24,6 +29,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "rendezvous/store_semantics.h"
 #include "rendezvous/wire.h"
 
 namespace cpprun::rendezvous {
@@ -69,10 +75,12 @@ class StoreEngine {
   // Local operations for the process that owns the engine (the agent): a SET that wakes
   // waiters like a client's, and removal of every key outside `keep_prefix` (and every queue),
   // so one attempt's workers never see the keys of the attempt before. Returns keys removed.
-  void localSet(const std::string& key, wire::Bytes value) { store(key, std::move(value)); }
+  void localSet(const std::string& key, wire::Bytes value);
   size_t eraseKeysExcept(const std::string& keep_prefix);
 
   size_t numKeys() const { return data_.size(); }
+  // The value of `key`, or nullptr (valid until the next request).
+  const wire::Bytes* find(const std::string& key) const { return data_.find(key); }
   size_t pendingWaits() const { return waits_.size(); }
   const EngineCounters& counters() const { return counters_; }
 
@@ -84,23 +92,64 @@ class StoreEngine {
     std::vector<std::string> keys;  // the keys it was registered on, for cancelling
   };
   using WaitId = uint64_t;
+  // One request being handled.
+  struct Call {
+    ClientId client;
+    wire::Dialect dialect;
+    const wire::Request& r;
+    std::string* error;  // set when the method returns false (close the connection)
+  };
+
+  // One method per operation (wire.h's table); each returns false to close the connection.
+  bool onValidate(const Call& c);
+  bool onPing(const Call& c);
+  bool onSet(const Call& c);
+  bool onMultiSet(const Call& c);
+  bool onAppend(const Call& c);
+  bool onCompareSet(const Call& c);
+  bool onGet(const Call& c);
+  bool onMultiGet(const Call& c);
+  bool onAdd(const Call& c);
+  bool onCheck(const Call& c);
+  bool onWait(const Call& c);
+  bool onCancelWait(const Call& c);
+  bool onGetNumKeys(const Call& c);
+  bool onDeleteKey(const Call& c);
+  bool onWatchKey(const Call& c);
+  bool onQueuePush(const Call& c);
+  bool onQueuePop(const Call& c);
+  bool onQueueLen(const Call& c);
+  bool onListKeys(const Call& c);
+  bool onBarrier(const Call& c);
 
   bool exists(const std::string& key) const;
   // set + notify watchers + wake; the const& one copies into the old value's storage.
-  void store(const std::string& key, wire::Bytes&& value);
-  void store(const std::string& key, const wire::Bytes& value);
   template <typename V>
-  void storeImpl(const std::string& key, V&& value);
+  void store(const std::string& key, V&& value);
+  // Around every write of a key: watchers (legacy WATCH_KEY) see the old and the new value,
+  // then waiters wake. The old value is copied only when the key is watched.
+  struct Prior {
+    bool watched = false;
+    bool existed = false;
+    wire::Bytes value;
+  };
+  Prior beforeWrite(const std::string& key) const;
+  void afterWrite(const std::string& key, const Prior& prior);
   void wake(const std::string& key, bool one_only = false);
   void notifyWatchers(const std::string& key, uint8_t event, const wire::Bytes& old_value,
                       const wire::Bytes& new_value);
   void registerWait(ClientId client, const std::vector<std::string>& keys, uint8_t reply);
   void cancelWaits(ClientId client);
-  void reply(ClientId client, const wire::Bytes& bytes) { outbox_->send(client, bytes); }
+
+  // Replies, one per ReplyShape of the wire table.
   void replyByte(ClientId client, uint8_t code) { outbox_->send(client, &code, 1); }
+  void replyU32(ClientId client, uint32_t v);
+  void replyI64(ClientId client, int64_t v);
+  void replyValue(ClientId client, const wire::Bytes& value);
+  void reply(ClientId client, const wire::Bytes& bytes) { outbox_->send(client, bytes); }
 
   Outbox* outbox_;
-  std::unordered_map<std::string, wire::Bytes> data_;
+  KeyValueMap data_;
   std::unordered_map<std::string, std::deque<wire::Bytes>> queues_;
   // Waits: each key lists the waits that need it; each client lists its waits for cleanup.
   std::unordered_map<WaitId, PendingWait> waits_;

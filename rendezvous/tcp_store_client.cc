@@ -14,6 +14,8 @@
 #include <random>
 #include <thread>
 
+#include "rendezvous/store_semantics.h"
+
 namespace cpprun::rendezvous {
 
 using wire::Dialect;
@@ -163,7 +165,7 @@ void TcpStoreClient::handshake(Clock::time_point deadline) {
   wire::encodeRequest(Dialect::kV2, ping, &out_);
   last_request_ = "the VALIDATE + PING handshake";
   sendAll(out_.data(), out_.size(), deadline);
-  uint32_t echo = readU32(deadline);
+  uint32_t echo = readReply(QueryType::PING, 0, deadline).u32;
   if (echo != ping.u32) {
     fail("handshake: PING echoed " + std::to_string(echo) + ", expected " +
          std::to_string(ping.u32) + " (not a torch>=2.2-compatible store?)");
@@ -241,33 +243,29 @@ void TcpStoreClient::setSocketTimeout(int option, int ms, int* current_ms) {
   *current_ms = ms;
 }
 
-uint8_t TcpStoreClient::readU8(Clock::time_point deadline) {
-  fill(1, deadline);
-  return in_[in_pos_++];
+wire::Reply& TcpStoreClient::readReply(QueryType type, size_t keys, Clock::time_point deadline) {
+  constexpr uint64_t kMaxReplyValue = 1ULL << 32;
+  const wire::ReplyShape shape = wire::operation(type).reply;
+  while (true) {
+    size_t length = 0;
+    std::string error;
+    switch (wire::parseReply(shape, keys, in_.data() + in_pos_, in_end_ - in_pos_, kMaxReplyValue,
+                             &reply_, &length, &error)) {
+      case wire::ParseStatus::kRequest:
+        in_pos_ += length;
+        return reply_;
+      case wire::ParseStatus::kNeedMore:
+        fill(length, deadline);
+        break;
+      case wire::ParseStatus::kError:
+        fail(std::string(wire::queryTypeName(type)) + " reply: " + error);
+    }
+  }
 }
 
-uint32_t TcpStoreClient::readU32(Clock::time_point deadline) {
-  fill(4, deadline);
-  uint32_t v = wire::loadU32(in_.data() + in_pos_);
-  in_pos_ += 4;
-  return v;
-}
-
-int64_t TcpStoreClient::readI64(Clock::time_point deadline) {
-  fill(8, deadline);
-  auto v = static_cast<int64_t>(wire::loadU64(in_.data() + in_pos_));
-  in_pos_ += 8;
-  return v;
-}
-
-Bytes TcpStoreClient::readBytes(Clock::time_point deadline) {
-  uint64_t len = static_cast<uint64_t>(readI64(deadline));
-  if (len > (1ULL << 32)) fail("reply announces a value of " + std::to_string(len) + " bytes");
-  fill(static_cast<size_t>(len), deadline);
-  Bytes v(in_.begin() + static_cast<std::ptrdiff_t>(in_pos_),
-          in_.begin() + static_cast<std::ptrdiff_t>(in_pos_ + len));
-  in_pos_ += static_cast<size_t>(len);
-  return v;
+wire::Reply& TcpStoreClient::call(const Request& r, Clock::time_point deadline) {
+  sendRequest(r, deadline);
+  return readReply(r.type, r.keys.size(), deadline);
 }
 
 void TcpStoreClient::sendRequest(const Request& r, Clock::time_point deadline) {
@@ -304,9 +302,7 @@ Bytes TcpStoreClient::compareSet(const std::string& key, const Bytes& expected,
   r.type = QueryType::COMPARE_SET;
   r.keys = {key};
   r.values = {expected, desired};
-  auto d = deadline();
-  sendRequest(r, d);
-  return readBytes(d);
+  return std::move(call(r, deadline()).values[0]);
 }
 
 Bytes TcpStoreClient::getLocked(const std::string& key) {
@@ -314,9 +310,7 @@ Bytes TcpStoreClient::getLocked(const std::string& key) {
   Request r;
   r.type = QueryType::GET;
   r.keys = {key};
-  auto d = deadline();
-  sendRequest(r, d);
-  return readBytes(d);
+  return std::move(call(r, deadline()).values[0]);
 }
 
 Bytes TcpStoreClient::get(const std::string& key) {
@@ -330,9 +324,7 @@ int64_t TcpStoreClient::add(const std::string& key, int64_t delta) {
   r.type = QueryType::ADD;
   r.keys = {key};
   r.integer = delta;
-  auto d = deadline();
-  sendRequest(r, d);
-  return readI64(d);
+  return call(r, deadline()).integer;
 }
 
 bool TcpStoreClient::deleteKey(const std::string& key) {
@@ -340,9 +332,7 @@ bool TcpStoreClient::deleteKey(const std::string& key) {
   Request r;
   r.type = QueryType::DELETE_KEY;
   r.keys = {key};
-  auto d = deadline();
-  sendRequest(r, d);
-  return readI64(d) > 0;
+  return call(r, deadline()).integer > 0;
 }
 
 bool TcpStoreClient::check(const std::vector<std::string>& keys) {
@@ -350,9 +340,7 @@ bool TcpStoreClient::check(const std::vector<std::string>& keys) {
   Request r;
   r.type = QueryType::CHECK;
   r.keys = keys;
-  auto d = deadline();
-  sendRequest(r, d);
-  uint8_t reply = readU8(d);
+  uint8_t reply = call(r, deadline()).byte;
   if (reply != wire::kCheckReady && reply != wire::kCheckNotReady) {
     fail("CHECK reply " + std::to_string(reply) + " is neither READY nor NOT_READY");
   }
@@ -363,9 +351,7 @@ int64_t TcpStoreClient::numKeys() {
   std::lock_guard<std::mutex> lock(mutex_);
   Request r;
   r.type = QueryType::GETNUMKEYS;
-  auto d = deadline();
-  sendRequest(r, d);
-  return readI64(d);
+  return call(r, deadline()).integer;
 }
 
 void TcpStoreClient::waitLocked(const std::vector<std::string>& keys,
@@ -382,7 +368,7 @@ void TcpStoreClient::waitLocked(const std::vector<std::string>& keys,
   auto d = Clock::now() + wait_timeout;
   sendRequest(r, Clock::now() + timeout());
   if (fill(1, d, /*allow_timeout=*/true)) {
-    uint8_t reply = in_[in_pos_++];
+    uint8_t reply = readReply(type, r.keys.size(), d).byte;
     if (reply != wire::kWaitStopWaiting) fail("WAIT reply " + std::to_string(reply));
     return;
   }
@@ -398,9 +384,9 @@ void TcpStoreClient::waitLocked(const std::vector<std::string>& keys,
   Request cancel;
   cancel.type = QueryType::CANCEL_WAIT;
   auto cd = Clock::now() + timeout();
-  sendRequest(cancel, cd);
-  uint8_t reply = readU8(cd);
-  if (reply == wire::kWaitStopWaiting) reply = readU8(cd);  // the wake-up raced the cancel
+  // The wait's wake-up may have raced the cancel: its byte comes first.
+  uint8_t reply = call(cancel, cd).byte;
+  if (reply == wire::kWaitStopWaiting) reply = readReply(QueryType::CANCEL_WAIT, 0, cd).byte;
   if (reply != wire::kWaitCanceled) fail("CANCEL_WAIT reply " + std::to_string(reply));
   throw StoreTimeout(what);
 }
@@ -422,11 +408,7 @@ std::vector<Bytes> TcpStoreClient::multiGet(const std::vector<std::string>& keys
   Request r;
   r.type = QueryType::MULTI_GET;
   r.keys = keys;
-  auto d = deadline();
-  sendRequest(r, d);
-  values.reserve(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) values.push_back(readBytes(d));
-  return values;
+  return std::move(call(r, deadline()).values);
 }
 
 void TcpStoreClient::multiSet(const std::vector<std::string>& keys,
@@ -463,10 +445,18 @@ void TcpStoreClient::append(const std::string& key, const Bytes& value) {
     Bytes current;
     for (int attempt = 0; attempt < 1000; ++attempt) {
       Bytes desired = current;
-      desired.insert(desired.end(), value.begin(), value.end());
-      Bytes result = compareSet(key, current, desired);
-      if (result == desired) return;
-      current = result == current ? Bytes{} : std::move(result);
+      appendInPlace(&desired, value);
+      Bytes answer = compareSet(key, current, desired);
+      switch (compareSetOutcome(answer, current, desired)) {
+        case CompareSetOutcome::kStored:
+          return;
+        case CompareSetOutcome::kAbsent:
+          current.clear();
+          break;
+        case CompareSetOutcome::kHolds:
+          current = std::move(answer);
+          break;
+      }
     }
     throw StoreError("append to '" + key + "': gave up after 1000 contended attempts");
   }
@@ -484,9 +474,7 @@ uint32_t TcpStoreClient::ping(uint32_t nonce) {
   Request r;
   r.type = QueryType::PING;
   r.u32 = nonce;
-  auto d = deadline();
-  sendRequest(r, d);
-  return readU32(d);
+  return call(r, deadline()).u32;
 }
 
 void TcpStoreClient::queuePush(const std::string& key, const Bytes& value) {
@@ -509,9 +497,8 @@ Bytes TcpStoreClient::queuePop(const std::string& key) {
     Request r;
     r.type = QueryType::QUEUE_POP;
     r.keys = {key};
-    auto d = deadline();
-    sendRequest(r, d);
-    if (readI64(d) > 0) return readBytes(d);
+    wire::Reply& reply = call(r, deadline());
+    if (reply.integer > 0) return std::move(reply.values[0]);
     // Another client popped the item between our wake-up and our pop: wait again.
   }
 }
@@ -522,9 +509,7 @@ int64_t TcpStoreClient::queueLength(const std::string& key) {
   Request r;
   r.type = QueryType::QUEUE_LEN;
   r.keys = {key};
-  auto d = deadline();
-  sendRequest(r, d);
-  return readI64(d);
+  return call(r, deadline()).integer;
 }
 
 std::vector<std::string> TcpStoreClient::listKeys() {
@@ -532,12 +517,8 @@ std::vector<std::string> TcpStoreClient::listKeys() {
   std::lock_guard<std::mutex> lock(mutex_);
   Request r;
   r.type = QueryType::LIST_KEYS;
-  auto d = deadline();
-  sendRequest(r, d);
-  int64_t n = readI64(d);
-  if (n < 0) fail("LIST_KEYS count " + std::to_string(n));
   std::vector<std::string> keys;
-  for (int64_t i = 0; i < n; ++i) keys.push_back(toString(readBytes(d)));
+  for (const Bytes& k : call(r, deadline()).values) keys.push_back(toString(k));
   return keys;
 }
 

@@ -2,7 +2,8 @@
 //
 // Speaks the torch >= 2.2 dialect by default (VALIDATE + PING handshake, CANCEL_WAIT on wait
 // timeouts); Dialect::kLegacy talks to torch <= 2.0 servers, emulating the operations they lack
-// (multiGet/multiSet by single requests, append by a compareSet loop) and dropping the
+// (multiGet/multiSet by single requests, append by a compareSet loop applying the store's
+// append rule, store_semantics.h) and dropping the
 // connection after a timed-out wait, because a legacy server answers that wait later and would
 // desynchronise the stream.
 //
@@ -85,10 +86,12 @@ class TcpStoreClient : public Store {
   void sendAll(const uint8_t* data, size_t size, Clock::time_point deadline);
   // Returns false when the deadline passed before any byte arrived (only when allow_timeout).
   bool fill(size_t need, Clock::time_point deadline, bool allow_timeout = false);
-  uint8_t readU8(Clock::time_point deadline);
-  uint32_t readU32(Clock::time_point deadline);
-  int64_t readI64(Clock::time_point deadline);
-  Bytes readBytes(Clock::time_point deadline);
+  // Reads the reply to a request of `type` naming `keys` keys, decoded in the shape the wire
+  // table gives it (wire::parseReply). The result lives until the next read.
+  // The caller may move its values out.
+  wire::Reply& readReply(wire::QueryType type, size_t keys, Clock::time_point deadline);
+  // sendRequest + readReply.
+  wire::Reply& call(const wire::Request& r, Clock::time_point deadline);
   void waitLocked(const std::vector<std::string>& keys, std::chrono::milliseconds timeout,
                   wire::QueryType type = wire::QueryType::WAIT, const std::string& barrier_key = {},
                   int64_t world_size = 0);
@@ -106,6 +109,7 @@ class TcpStoreClient : public Store {
   Bytes in_ = Bytes(64 * 1024);  // received bytes: [in_pos_, in_end_) are unread
   size_t in_pos_ = 0;
   size_t in_end_ = 0;
+  wire::Reply reply_;  // the last reply read (its buffers are reused)
   // The request whose bytes were sent last (named in errors: a server that rejects or lacks a
   // request closes the connection, and that is all the client sees).
   const char* last_request_ = "handshake";

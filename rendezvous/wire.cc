@@ -409,6 +409,91 @@ ParseStatus scanRequest(Dialect d, const Limits& limits, const uint8_t* data, si
   return ParseStatus::kRequest;
 }
 
+ParseStatus parseReply(ReplyShape shape, size_t requested_keys, const uint8_t* data, size_t size,
+                       uint64_t max_value_bytes, Reply* out, size_t* consumed, std::string* error) {
+  // Two passes over the same fields: the first (copy = false) only checks that the whole reply
+  // is there, so a reply arriving in pieces is not copied again per piece; the second copies.
+  size_t pos = 0;
+  bool failed = false;
+  size_t values = 0;
+  auto fixed = [&](size_t n) {
+    if (size - pos < n) {
+      *consumed = pos + n;
+      return false;
+    }
+    pos += n;
+    return true;
+  };
+  auto u64 = [&](uint64_t* v) {
+    if (!fixed(8)) return false;
+    *v = loadU64(data + pos - 8);
+    return true;
+  };
+  auto value = [&](bool copy) {
+    uint64_t len = 0;
+    if (!u64(&len)) return false;
+    if (len > max_value_bytes) {
+      *error = "reply announces a value of " + std::to_string(len) + " bytes";
+      failed = true;
+      return false;
+    }
+    if (!fixed(static_cast<size_t>(len))) return false;
+    if (copy) {
+      if (values == out->values.size()) out->values.emplace_back();
+      out->values[values++].assign(data + pos - len, data + pos);
+    }
+    return true;
+  };
+  auto fields = [&](bool copy) {
+    uint64_t n = 0;
+    switch (shape) {
+      case ReplyShape::kNoReply:
+        return true;
+      case ReplyShape::kByte:
+        if (!fixed(1)) return false;
+        out->byte = data[pos - 1];
+        return true;
+      case ReplyShape::kU32:
+        if (!fixed(4)) return false;
+        out->u32 = loadU32(data + pos - 4);
+        return true;
+      case ReplyShape::kI64:
+        if (!u64(&n)) return false;
+        out->integer = static_cast<int64_t>(n);
+        return true;
+      case ReplyShape::kValue:
+        return value(copy);
+      case ReplyShape::kValues:
+        for (size_t i = 0; i < requested_keys; ++i) {
+          if (!value(copy)) return false;
+        }
+        return true;
+      case ReplyShape::kCountedKeys:
+        if (!u64(&n)) return false;
+        if (n > max_value_bytes) {
+          *error = "reply announces " + std::to_string(n) + " keys";
+          failed = true;
+          return false;
+        }
+        for (uint64_t i = 0; i < n; ++i) {
+          if (!value(copy)) return false;
+        }
+        return true;
+      case ReplyShape::kI64ThenValue:
+        if (!u64(&n)) return false;
+        out->integer = static_cast<int64_t>(n);
+        return out->integer <= 0 || value(copy);
+    }
+    return false;
+  };
+  if (!fields(/*copy=*/false)) return failed ? ParseStatus::kError : ParseStatus::kNeedMore;
+  pos = 0;
+  fields(/*copy=*/true);
+  out->values.resize(values);
+  *consumed = pos;
+  return ParseStatus::kRequest;
+}
+
 bool encodeRequest(Dialect d, const Request& r, Bytes* out) {
   auto type = queryTypeToWire(d, r.type);
   if (!type) return false;

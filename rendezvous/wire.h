@@ -61,8 +61,10 @@ constexpr int16_t kNone = -1;
 // THE table of store operations: one row per query type, in the order of the QueryType enum it
 // defines. Columns: PyTorch's name, its wire byte in each dialect (kNone: not in that dialect),
 // the request's Layout, the reply's ReplyShape. It drives the enum, names, numbering, decoding,
-// the resumable scan, encoding and the torch 2.1 detection; adding an operation is one row here
-// plus its semantics in StoreEngine::handle (the compiler asks for the case).
+// the resumable scan, encoding, the torch 2.1 detection and the client's reply decoding
+// (parseReply); adding an operation is one row here, one method in StoreEngine plus its case in
+// StoreEngine::handle (the compiler asks for it), and, for a client call, one TcpStoreClient
+// method (see docs/architecture.md).
 // clang-format off
 #define CPPRUN_WIRE_OPERATIONS(X)                                                                  \
   /* QueryType   torch<=2.0 torch 2.1 torch>=2.2  request layout         reply */                  \
@@ -177,6 +179,24 @@ enum class ParseStatus {
   kNeedMore,  // the bytes so far are a valid prefix; nothing was consumed
   kError,     // malformed, unknown type, or over a limit; the connection must be closed
 };
+
+// One decoded reply. Its ReplyShape says which fields hold it: kByte -> byte, kU32 -> u32,
+// kI64 -> integer, kValue -> values[0], kValues -> values (one per requested key),
+// kCountedKeys -> values (the keys), kI64ThenValue -> integer, and values[0] when integer > 0.
+struct Reply {
+  uint8_t byte = 0;
+  uint32_t u32 = 0;
+  int64_t integer = 0;
+  std::vector<Bytes> values;
+};
+
+// Decodes one reply of `shape` (to a request that named `requested_keys` keys: kValues has one
+// value per key) from the front of [data, data + size). kRequest fills *out and sets *consumed
+// to its length; kNeedMore sets *consumed to how many bytes the reply needs at least (ask again
+// when they are there: more may be needed); kError (a value or key count over `max_value_bytes`)
+// says why in *error. Nothing is copied until the whole reply is there. *out's buffers are reused.
+ParseStatus parseReply(ReplyShape shape, size_t requested_keys, const uint8_t* data, size_t size,
+                       uint64_t max_value_bytes, Reply* out, size_t* consumed, std::string* error);
 
 // Decodes one request of dialect `d` from the front of [data, data + size).
 // On kRequest fills *out and sets *consumed; on kError sets *error to a readable reason; on

@@ -4,7 +4,8 @@
 // Checks: no crash, no sanitizer report; input cut into pieces decodes exactly as the whole
 // does; round trips, for every row of the operation table in every dialect it exists in:
 // parse(encode(request)) == request and encode(parse(bytes)) == bytes (the input read as a
-// request of each row, and the decoded stream as a whole).
+// request of each row, and the decoded stream as a whole); the input read as a reply of every
+// shape (the client's decoder) never reads past its end and asks for more only past it.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -100,6 +101,29 @@ Decoded decodeInChunks(const uint8_t* data, size_t size, size_t chunk, const Lim
   return out;
 }
 
+// The client's reply decoder on arbitrary server bytes: a whole reply lies within the input, a
+// missing one is asked for past its end, an error says why.
+void checkReplies(const uint8_t* data, size_t size) {
+  static Reply reply;
+  for (const Operation& op : kOperations) {
+    for (size_t keys : {0, 1, 3}) {
+      size_t consumed = 0;
+      std::string error;
+      switch (parseReply(op.reply, keys, data, size, 4096, &reply, &consumed, &error)) {
+        case ParseStatus::kRequest:
+          if (consumed > size) std::abort();
+          break;
+        case ParseStatus::kNeedMore:
+          if (consumed <= size) std::abort();
+          break;
+        case ParseStatus::kError:
+          if (error.empty()) std::abort();
+          break;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -133,6 +157,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::abort();
   }
   checkEveryRow(data, size, limits);
+  checkReplies(data, size);
 
   static DiscardingOutbox outbox;
   StoreEngine engine(&outbox);

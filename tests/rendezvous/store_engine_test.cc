@@ -284,3 +284,51 @@ TEST_CASE_METHOD(Fixture, "a MULTI_GET or LIST_KEYS reply over the output budget
   CHECK(out.asked[1] == 8 + 8 + 4);
   CHECK(out.take(1).empty());
 }
+
+TEST_CASE_METHOD(Fixture, "repeated APPEND grows the value in place, moving O(N) bytes", "[unit]") {
+  // The engine once copied the whole old value per APPEND (N appends of one byte: N^2/2 bytes).
+  // In place with geometric growth, the bytes moved are those present at each reallocation.
+  constexpr size_t kAppends = 20000;
+  const Request append = makeRequest(QueryType::APPEND, {"/log"}, {b("x")});
+  std::string error;
+  size_t reallocations = 0;
+  size_t bytes_moved = 0;
+  size_t capacity = 0;
+  for (size_t i = 0; i < kAppends; ++i) {
+    REQUIRE(engine.handle(1, Dialect::kV2, append, &error));
+    const Bytes* value = engine.find("/log");
+    REQUIRE(value != nullptr);
+    if (value->capacity() != capacity) {
+      ++reallocations;
+      bytes_moved += i;  // what the old storage held
+      capacity = value->capacity();
+    }
+  }
+  REQUIRE(engine.find("/log")->size() == kAppends);
+  CHECK(bytes_moved <= 2 * kAppends);
+  CHECK(reallocations <= 20);  // log2(20000) + 1 = 15.3
+  CHECK(out.take(1).empty());  // APPEND has no reply
+}
+
+TEST_CASE_METHOD(Fixture, "APPEND to a watched key reports the old and the new value", "[unit]") {
+  REQUIRE(legacy(2, QueryType::WATCH_KEY, {"/w"}));
+  CHECK(out.take(2) == "03");
+  REQUIRE(v2(1, QueryType::APPEND, {"/w"}, {b("ab")}));
+  // created: event 01, key, old "", new "ab"
+  CHECK(out.take(2) ==
+        "01"
+        "0200000000000000"
+        "2f77"
+        "0000000000000000"
+        "0200000000000000"
+        "6162");
+  REQUIRE(v2(1, QueryType::APPEND, {"/w"}, {b("c")}));
+  CHECK(out.take(2) ==
+        "00"
+        "0200000000000000"
+        "2f77"
+        "0200000000000000"
+        "6162"
+        "0300000000000000"
+        "616263");
+}
