@@ -23,8 +23,10 @@
 //                                  job_over): one small key each, so an agent's reads do not
 //                                  grow with the job (written by the closer with one multiSet)
 //   rdzv/round/<r>/closed          elastic: set after every assigned/<slot> of slots 1..<n>:
-//                                  {"slots": n} (and the error or job_over); a later slot waits
-//                                  for the next round
+//                                  {"slots": n} (and the error or job_over). "Not a member" (a
+//                                  later slot, or a slot the round did not take) is confirmed
+//                                  in the members document, by id: an agent that joined twice
+//                                  is a member by its first slot and waits on its last
 //   heartbeat/<agent id>           a counter each agent bumps every keep-alive interval
 //   alive/<agent id>               etcd: the agent's host, under its lease (LeaseLiveness)
 //   attempt/<n>/ready/<rank>       static: the agent tore attempt n-1 down

@@ -636,20 +636,26 @@ std::optional<Membership> RendezvousRounds::membershipFrom(Store& store, int r,
     if (!a.isOk()) throw Abandoned{a.status()};
     switch (a.value().kind) {
       case RoundAssignment::Kind::kNotMember:
-        return std::nullopt;
+        // Slots are keyed by slot, members by id: an agent that joined twice (its first
+        // request's reply was lost, takeSlot) may be a member by its first slot while it waits
+        // on its last. Only the members document says it is not a member (a spare the round did
+        // not take reads it too: a rare path).
+        members = json::parse(toString(store.get(roundKey(r, "members"))), nullptr, false);
+        break;
       case RoundAssignment::Kind::kError:
         throw Abandoned{unavailable(a.value().message)};
       case RoundAssignment::Kind::kJobOver:
         throw Abandoned{Status(StatusCode::kAlreadyExists,
                                std::string(kJobOverBeforeJoin) + ": " + a.value().message)};
-      case RoundAssignment::Kind::kMember:
+      case RoundAssignment::Kind::kMember: {
+        *attempt = a.value().attempt;
+        Membership m = a.value().membership;
+        if (m.group_rank != 0) return m;
+        // Node 0 decides (and polls the heartbeats): it reads every member's record.
+        members = json::parse(toString(store.get(roundKey(r, "members"))), nullptr, false);
         break;
+      }
     }
-    *attempt = a.value().attempt;
-    Membership m = a.value().membership;
-    if (m.group_rank != 0) return m;
-    // Node 0 decides (and polls the heartbeats): it reads every member's record.
-    members = json::parse(toString(store.get(roundKey(r, "members"))), nullptr, false);
   }
   if (!members.is_object()) throw Abandoned{internalError("malformed round in the store")};
   if (members.contains("error")) {

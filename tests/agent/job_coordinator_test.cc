@@ -549,6 +549,38 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "coordinator: elastic, an agent that joined twice is a member by its first slot while it "
+    "waits on its last",
+    "[unit]") {
+  MemoryStore store;
+  // Agent 2's first join: its slot and record are in the store, its reply was lost (takeSlot
+  // joins again with a new slot; the round keeps the first record of an id).
+  const int64_t first = store.takeTicket(kNoneRun + roundKey(0, "joined"));
+  store.set(kNoneRun + roundKey(0, "agent/" + std::to_string(first)),
+            agentRecord(AgentInfo{"h2", 2, "agent-2", -1}, -1).dump());
+  const auto elastic = [](StoreCoordinatorOptions& o) {
+    o.elastic = true;
+    o.min_nodes = 3;
+    o.max_nodes = 3;
+  };
+  std::vector<std::unique_ptr<Agent>> all;
+  for (int r = 0; r < 3; ++r) all.push_back(std::make_unique<Agent>(store, r, 1, 0, elastic));
+  std::vector<std::future<Result<AttemptStart>>> futures;
+  for (int r = 2; r >= 0; --r) futures.push_back(all[static_cast<size_t>(r)]->begin(0));
+  std::set<int> ranks;
+  for (auto& f : futures) {
+    Result<AttemptStart> s = within(f);
+    REQUIRE(s.isOk());
+    CHECK(s.value().attempt == 0);
+    CHECK(s.value().membership.group_world_size == 3);
+    ranks.insert(s.value().membership.group_rank);
+  }
+  CHECK(ranks == std::set<int>{0, 1, 2});
+  // Its last slot's assignment says "not a member"; the members document says otherwise.
+  CHECK(all[2]->membersReads() >= 1);
+}
+
 namespace {
 
 // A liveness whose verdicts the test writes: every member whose id is in `dead` is reported lost
