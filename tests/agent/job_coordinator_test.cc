@@ -559,15 +559,23 @@ TEST_CASE(
   const int64_t first = store.takeTicket(kNoneRun + roundKey(0, "joined"));
   store.set(kNoneRun + roundKey(0, "agent/" + std::to_string(first)),
             agentRecord(AgentInfo{"h2", 2, "agent-2", -1}, -1).dump());
+  // Three distinct agents, at most four slots: the round closes once agent 2's second slot (the
+  // fourth) is taken, with agent 2 a member by its first slot.
   const auto elastic = [](StoreCoordinatorOptions& o) {
     o.elastic = true;
     o.min_nodes = 3;
-    o.max_nodes = 3;
+    o.max_nodes = 4;
+    o.last_call_timeout = 10s;
   };
   std::vector<std::unique_ptr<Agent>> all;
   for (int r = 0; r < 3; ++r) all.push_back(std::make_unique<Agent>(store, r, 1, 0, elastic));
   std::vector<std::future<Result<AttemptStart>>> futures;
-  for (int r = 2; r >= 0; --r) futures.push_back(all[static_cast<size_t>(r)]->begin(0));
+  futures.push_back(all[0]->begin(0));
+  futures.push_back(all[1]->begin(0));
+  // Agent 2 joins again only after the others took slots 2 and 3 (else the round could close
+  // at slot 3 with agent 2 twice in it, short of three agents).
+  REQUIRE(eventually([&] { return store.check({kNoneRun + roundKey(0, "agent/3")}); }));
+  futures.push_back(all[2]->begin(0));
   std::set<int> ranks;
   for (auto& f : futures) {
     Result<AttemptStart> s = within(f);
