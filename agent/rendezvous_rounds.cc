@@ -201,6 +201,15 @@ std::vector<RendezvousRounds::SlotRecord> RendezvousRounds::roundRecords(Store& 
   return records;
 }
 
+// A survivor of round r-1 that does not close round r: it read that round's decision (a
+// restart) or saw its node 0 lost, so nothing runs; who the survivors are only the closer needs
+// (it reads the previous members, and an agent closing in a lost closer's place reads them
+// first: closeRound). Before, every survivor read round r-1's members document too: O(N) bytes.
+bool RendezvousRounds::survivorNotClosing(int r, int64_t my_slot) const {
+  const bool closes = opts_.is_host || (opts_.host_per_round && my_slot == opts_.min_nodes);
+  return !closes && r > 0 && last_round_ == r - 1;
+}
+
 void RendezvousRounds::waitForRunningRound(Store& store, int r, int64_t my_slot,
                                            bool survivor_may_skip) {
   previous_ids_.clear();
@@ -208,12 +217,7 @@ void RendezvousRounds::waitForRunningRound(Store& store, int r, int64_t my_slot,
   previous_attempt_ = -1;
   previous_unread_ = false;
   if (r <= 0) return;
-  const bool closes = opts_.is_host || (opts_.host_per_round && my_slot == opts_.min_nodes);
-  if (survivor_may_skip && !closes && last_round_ == r - 1) {
-    // A survivor of round r-1: it read that round's decision (a restart) or saw its node 0 lost,
-    // so nothing runs; who the survivors are only the closer needs (it reads the previous
-    // members, and closes in a lost closer's place only after reading them: closeRound).
-    // Before, every survivor read round r-1's members document too: O(N) bytes each.
+  if (survivor_may_skip && survivorNotClosing(r, my_slot)) {
     previous_attempt_ = last_attempt_;
     previous_unread_ = true;
     return;

@@ -108,6 +108,7 @@ class RendezvousRounds {
   // needs none of this (it read r-1's decision); it reads nothing (previous_unread_).
   void waitForRunningRound(rendezvous::Store& store, int r, int64_t my_slot,
                            bool survivor_may_skip = true);
+  bool survivorNotClosing(int r, int64_t my_slot) const;
   // closeRound's last call when round r-1's survivors are known: until they all joined and
   // max_nodes are in, bounded by last_call_timeout.
   void lastCallForSurvivors(rendezvous::Store& store, int r);
