@@ -75,9 +75,17 @@ struct AgentInfo {
 struct Membership {
   int group_rank = 0;
   int group_world_size = 1;
-  int base_rank = 0;              // global rank of this agent's local rank 0
-  int world_size = 0;             // workers in the whole job
-  std::vector<AgentInfo> agents;  // by group rank
+  int base_rank = 0;   // global rank of this agent's local rank 0
+  int world_size = 0;  // workers in the whole job
+  // By group rank. Empty when this agent learnt the round from its own assignment only (elastic:
+  // rdzv/round/<r>/assigned/<slot>, job_keys.h); the coordinator reads the round's members
+  // document (`round`) when it needs them (it decides, or, on etcd, it watches the members).
+  std::vector<AgentInfo> agents;
+  int round = -1;  // elastic: the round of this membership; -1: static
+  // Node 0's AgentInfo::store_endpoint (the etcd backend's workers' store), or empty.
+  std::string node0_store_endpoint = {};
+  // membersDigest(agents) (job_keys.h), also when `agents` is empty; empty: not computed.
+  std::string members_digest = {};
 };
 
 struct AttemptStart {

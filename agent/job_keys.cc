@@ -1,6 +1,8 @@
 #include "agent/job_keys.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 namespace cpprun::agent {
 
@@ -255,7 +257,163 @@ Membership membershipOf(const std::vector<AgentInfo>& agents, int my_rank) {
     m.world_size += agents[static_cast<size_t>(r)].nproc;
   }
   m.agents = agents;
+  if (!agents.empty()) m.node0_store_endpoint = agents.front().store_endpoint;
+  m.members_digest = membersDigest(agents);
   return m;
+}
+
+std::string membersDigest(const std::vector<AgentInfo>& agents) {
+  uint64_t h = 14695981039346656037ull;
+  for (const AgentInfo& a : agents) {
+    for (unsigned char c : a.id + "\n") {
+      h ^= c;
+      h *= 1099511628211ull;
+    }
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
+  return hex;
+}
+
+Result<RoundMembers> roundMembersFromJson(const json& doc, int round) {
+  const std::string where = "rendezvous round " + std::to_string(round) + "'s members";
+  if (!doc.is_object() || !doc.contains("members") || !doc["members"].is_array()) {
+    return internalError("rendezvous: " + where + " are malformed in the store");
+  }
+  RoundMembers out;
+  out.attempt = doc.value("attempt", 0);
+  for (const json& m : doc["members"]) {
+    Result<AgentInfo> agent =
+        agentFromRecord(m, "a member record of round " + std::to_string(round));
+    if (!agent.isOk()) return agent.status();
+    out.agents.push_back(agent.value());
+    out.slots.push_back(m.is_object() ? m.value("index", int64_t{-1}) : -1);
+  }
+  return out;
+}
+
+namespace {
+
+const char* assignmentKindName(RoundAssignment::Kind kind) {
+  switch (kind) {
+    case RoundAssignment::Kind::kMember:
+      return "member";
+    case RoundAssignment::Kind::kNotMember:
+      return "not_member";
+    case RoundAssignment::Kind::kError:
+      return "error";
+    case RoundAssignment::Kind::kJobOver:
+      return "job_over";
+  }
+  return "not_member";
+}
+
+}  // namespace
+
+json assignmentToJson(const RoundAssignment& a) {
+  json doc = {{"kind", assignmentKindName(a.kind)}};
+  switch (a.kind) {
+    case RoundAssignment::Kind::kMember: {
+      const Membership& m = a.membership;
+      doc["attempt"] = a.attempt;
+      doc["round"] = m.round;
+      doc["rank"] = m.group_rank;
+      doc["nodes"] = m.group_world_size;
+      doc["base_rank"] = m.base_rank;
+      doc["world_size"] = m.world_size;
+      if (!m.node0_store_endpoint.empty()) doc["node0_store"] = m.node0_store_endpoint;
+      doc["digest"] = m.members_digest;
+      break;
+    }
+    case RoundAssignment::Kind::kError:
+    case RoundAssignment::Kind::kJobOver:
+      doc["message"] = a.message;
+      break;
+    case RoundAssignment::Kind::kNotMember:
+      break;
+  }
+  return doc;
+}
+
+Result<RoundAssignment> assignmentFromJson(const json& doc, const std::string& where) {
+  const auto malformed = [&] {
+    return internalError("rendezvous: " + where + " is malformed in the store");
+  };
+  if (!doc.is_object() || !doc.contains("kind") || !doc["kind"].is_string()) return malformed();
+  const std::string kind = doc["kind"].get<std::string>();
+  RoundAssignment a;
+  if (kind == "not_member") return a;
+  if (kind == "error" || kind == "job_over") {
+    a.kind = kind == "error" ? RoundAssignment::Kind::kError : RoundAssignment::Kind::kJobOver;
+    if (!doc.contains("message") || !doc["message"].is_string()) return malformed();
+    a.message = doc["message"].get<std::string>();
+    return a;
+  }
+  if (kind != "member") return malformed();
+  for (const char* field : {"attempt", "round", "rank", "nodes", "base_rank", "world_size"}) {
+    if (!doc.contains(field) || !doc[field].is_number_integer()) return malformed();
+  }
+  a.kind = RoundAssignment::Kind::kMember;
+  a.attempt = doc["attempt"].get<int>();
+  Membership& m = a.membership;
+  m.round = doc["round"].get<int>();
+  m.group_rank = doc["rank"].get<int>();
+  m.group_world_size = doc["nodes"].get<int>();
+  m.base_rank = doc["base_rank"].get<int>();
+  m.world_size = doc["world_size"].get<int>();
+  m.node0_store_endpoint = doc.value("node0_store", "");
+  m.members_digest = doc.value("digest", "");
+  if (m.group_world_size < 1 || m.group_rank < 0 || m.group_rank >= m.group_world_size ||
+      m.base_rank < 0 || m.base_rank >= m.world_size) {
+    return malformed();
+  }
+  return a;
+}
+
+std::vector<std::string> roundAssignments(const json& members_doc, int round, int64_t slots) {
+  RoundAssignment other;  // a slot that is not a member's
+  if (members_doc.is_object() && members_doc.contains("error")) {
+    other.kind = RoundAssignment::Kind::kError;
+    other.message = members_doc["error"].is_string() ? members_doc["error"].get<std::string>()
+                                                     : std::string("malformed round");
+  } else if (members_doc.is_object() && members_doc.contains("job_over")) {
+    other.kind = RoundAssignment::Kind::kJobOver;
+    other.message =
+        members_doc["job_over"].is_string() ? members_doc["job_over"].get<std::string>() : "";
+  }
+  const std::string other_text = assignmentToJson(other).dump();
+  std::vector<std::string> values(static_cast<size_t>(std::max<int64_t>(slots, 0)), other_text);
+  if (other.kind != RoundAssignment::Kind::kNotMember) return values;
+  Result<RoundMembers> members = roundMembersFromJson(members_doc, round);
+  if (!members.isOk()) return values;
+  const RoundMembers& rm = members.value();
+  RoundAssignment a;
+  a.kind = RoundAssignment::Kind::kMember;
+  a.attempt = rm.attempt;
+  Membership& m = a.membership;
+  m.round = round;
+  m.group_world_size = static_cast<int>(rm.agents.size());
+  for (const AgentInfo& agent : rm.agents) m.world_size += agent.nproc;
+  if (!rm.agents.empty()) m.node0_store_endpoint = rm.agents.front().store_endpoint;
+  m.members_digest = membersDigest(rm.agents);
+  // One pass: each member's base rank is the running sum of the nproc below it.
+  for (size_t r = 0; r < rm.agents.size(); m.base_rank += rm.agents[r].nproc, ++r) {
+    const int64_t slot = rm.slots[r];
+    if (slot < 1 || slot > slots) continue;
+    m.group_rank = static_cast<int>(r);
+    values[static_cast<size_t>(slot - 1)] = assignmentToJson(a).dump();
+  }
+  return values;
+}
+
+std::string closedMarker(const json& members_doc, int64_t slots) {
+  json marker = {{"slots", slots}};
+  if (members_doc.is_object()) {
+    for (const char* field : {"error", "job_over"}) {
+      if (members_doc.contains(field)) marker[field] = members_doc[field];
+    }
+  }
+  return marker.dump();
 }
 
 }  // namespace cpprun::agent

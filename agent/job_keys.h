@@ -16,7 +16,17 @@
 //   rdzv/round                     elastic: the round agents join now
 //   rdzv/round/<r>/joined          elastic: slots taken in round r (tickets)
 //   rdzv/round/<r>/agent/<slot>    elastic: an agent's record
-//   rdzv/round/<r>/members         elastic: the round's members (or its error, or job_over)
+//   rdzv/round/<r>/members         elastic: the round's members (or its error, or job_over);
+//                                  read by the closer, node 0, a spare and a decider taking over
+//   rdzv/round/<r>/assigned/<slot> elastic: what the agent in <slot> needs of the round (its
+//                                  rank, the sizes, node 0's store; or not a member, the error,
+//                                  job_over): one small key each, so an agent's reads do not
+//                                  grow with the job (written by the closer with one multiSet)
+//   rdzv/round/<r>/closed          elastic: set after every assigned/<slot> of slots 1..<n>:
+//                                  {"slots": n} (and the error or job_over). "Not a member" (a
+//                                  later slot, or a slot the round did not take) is confirmed
+//                                  in the members document, by id: an agent that joined twice
+//                                  is a member by its first slot and waits on its last
 //   heartbeat/<agent id>           a counter each agent bumps every keep-alive interval
 //   alive/<agent id>               etcd: the agent's host, under its lease (LeaseLiveness)
 //   attempt/<n>/ready/<rank>       static: the agent tore attempt n-1 down
@@ -39,6 +49,7 @@
 // Thread safety: free functions on values; safe from any thread.
 #pragma once
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -115,5 +126,38 @@ nlohmann::json agentRecord(const AgentInfo& self, int previous_rank);
 Result<AgentInfo> agentFromRecord(const nlohmann::json& doc, const std::string& where);
 // The membership of the agent at `my_rank` among `agents` (in rank order).
 Membership membershipOf(const std::vector<AgentInfo>& agents, int my_rank);
+// Names one membership: its ids in rank order (FNV-1a, 16 hex digits, the same in every build).
+std::string membersDigest(const std::vector<AgentInfo>& agents);
+
+// An elastic round's members document ({"attempt", "round", "members": [record + "index": its
+// slot]}, or {"error"} or {"job_over"}): this agent's place in it. kInternal naming the round
+// when it is malformed.
+struct RoundMembers {
+  int attempt = 0;
+  std::vector<AgentInfo> agents;  // by group rank
+  std::vector<int64_t> slots;     // agents[i]'s slot
+};
+Result<RoundMembers> roundMembersFromJson(const nlohmann::json& doc, int round);
+
+// What the agent in one slot of a closed round learns (rdzv/round/<r>/assigned/<slot>).
+struct RoundAssignment {
+  enum class Kind { kMember, kNotMember, kError, kJobOver };
+  Kind kind = Kind::kNotMember;
+  std::string message;  // kError, kJobOver: the members document's text
+  int attempt = 0;
+  Membership membership;  // kMember: without agents (Membership::agents is empty)
+};
+nlohmann::json assignmentToJson(const RoundAssignment& a);
+// kInternal naming `where` when the record is malformed.
+Result<RoundAssignment> assignmentFromJson(const nlohmann::json& doc, const std::string& where);
+
+// Every slot's assignment of round `round` from its members document, for slots 1..`slots`
+// (values[i] is slot i+1's): the members' ranks, "not a member" for the other slots, or the
+// document's error or job_over for every slot. The members must have been validated
+// (roundMembersFromJson) unless the document is an error or job_over.
+std::vector<std::string> roundAssignments(const nlohmann::json& members_doc, int round,
+                                          int64_t slots);
+// The value of rdzv/round/<r>/closed for a round closed with `members_doc` over `slots` slots.
+std::string closedMarker(const nlohmann::json& members_doc, int64_t slots);
 
 }  // namespace cpprun::agent

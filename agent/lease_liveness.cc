@@ -8,6 +8,7 @@
 #include <set>
 #include <thread>
 
+#include "agent/job_keys.h"
 #include "common/logging.h"
 #include "rendezvous/etcd_client.h"
 #include "rendezvous/store.h"
@@ -29,9 +30,11 @@ namespace {
   throw StoreError(message);
 }
 
+// "the agent of node 3 (host)"; without the host when this agent has not read the members.
 std::string memberName(const Membership& m, int rank) {
-  return "the agent of node " + std::to_string(rank) + " (" +
-         m.agents[static_cast<size_t>(rank)].host + ")";
+  const std::string name = "the agent of node " + std::to_string(rank);
+  if (rank < 0 || static_cast<size_t>(rank) >= m.agents.size()) return name;
+  return name + " (" + m.agents[static_cast<size_t>(rank)].host + ")";
 }
 
 // Node 0's snapshot "<revision>[ <rank>,<rank>...]": the revision it read the members' keys at
@@ -57,19 +60,20 @@ bool parseSnapshot(const std::string& doc, int world, int64_t* revision,
   }
 }
 
-// Names one membership (its ids in rank order; FNV-1a, the same in every build), so that a
-// snapshot is only ever taken over by the agents of the membership it was read for.
+// Names one membership (its ids in rank order), so that a snapshot is only ever taken over by
+// the agents of the membership it was read for. A member that read only its own assignment has
+// the digest from there (the closer computed it from the same ids).
 std::string membershipDigest(const Membership& m) {
-  uint64_t h = 14695981039346656037ull;
-  for (const AgentInfo& a : m.agents) {
-    for (unsigned char c : a.id + "\n") {
-      h ^= c;
-      h *= 1099511628211ull;
-    }
+  if (!m.members_digest.empty() && m.agents.empty()) return m.members_digest;
+  return membersDigest(m.agents);
+}
+
+// Whether `events` hold a deletion after revision `floor` (a member may be lost).
+bool deletionAfter(const std::vector<EtcdEvent>& events, int64_t floor) {
+  for (const EtcdEvent& e : events) {
+    if (e.type == EtcdEvent::Type::kDelete && e.kv.mod_revision > floor) return true;
   }
-  char hex[17];
-  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
-  return hex;
+  return false;
 }
 
 }  // namespace
@@ -86,10 +90,13 @@ struct LeaseLiveness::Shared {
   bool stopped = false;               // guarded by mu
   int attempt = -1;                   // guarded by mu
   std::optional<Membership> members;  // guarded by mu
-  std::set<int> reported;             // guarded by mu; ranks reported lost in `attempt`
-  int64_t floor = 0;                  // guarded by mu; revisions <= floor: seen by watch()
-  int64_t cursor = 0;                 // guarded by mu; the next revision to watch from
-  bool resnapshot = false;            // guarded by mu; the cursor was compacted away
+  // The etcd key of the watched round's members document (members->agents is empty until a
+  // loss needs the members' ids: ensureAgents reads it then).
+  std::string members_key;  // guarded by mu
+  std::set<int> reported;   // guarded by mu; ranks reported lost in `attempt`
+  int64_t floor = 0;        // guarded by mu; revisions <= floor: seen by watch()
+  int64_t cursor = 0;       // guarded by mu; the next revision to watch from
+  bool resnapshot = false;  // guarded by mu; the cursor was compacted away
   // From watch() until the attempt's snapshot is applied (begin()): true; `awaited` is node 0's
   // snapshot key when this agent takes that one over (empty: watch() reads the keys itself).
   bool pending = false;                                   // guarded by mu
@@ -124,6 +131,11 @@ struct LeaseLiveness::Shared {
   // (then it reads the keys itself); empty: the caller reads them.
   void begin(int n, Membership m, std::string awaited_key) {
     attempt = n;
+    members_key.clear();
+    const size_t alive = prefix.rfind(kAliveKeyPrefix);
+    if (m.agents.empty() && m.round >= 0 && alive != std::string::npos) {
+      members_key = prefix.substr(0, alive) + roundKey(m.round, "members");
+    }
     members = std::move(m);
     reported.clear();
     pending = true;
@@ -149,10 +161,44 @@ struct LeaseLiveness::Shared {
     cv.notify_all();
   }
 
+  // REQUIRES: mu not held. A member that read only its own assignment reads the round's members
+  // document when it first needs their ids (a loss, or node 0's snapshot missing): one read of
+  // N records on the rare path, none on the usual one. False when they cannot be read.
+  bool ensureAgents() {
+    std::string doc_key;
+    int n = -1;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!members || !members->agents.empty()) return true;
+      if (members_key.empty()) return false;
+      doc_key = members_key;
+      n = attempt;
+    }
+    auto got = client->get(doc_key);
+    if (!got.isOk() || !got.value()) return false;
+    std::lock_guard<std::mutex> lock(mu);
+    if (attempt != n || !members || !members->agents.empty()) return true;
+    Result<RoundMembers> read = roundMembersFromJson(
+        nlohmann::json::parse(got.value()->value, nullptr, false), members->round);
+    if (!read.isOk() || static_cast<int>(read.value().agents.size()) != members->group_world_size) {
+      CPPRUN_LOG(kWarn) << "liveness: round " << members->round << "'s members at " << key
+                        << " do not match this node's assignment";
+      return false;
+    }
+    members->agents = std::move(read.value().agents);
+    return true;
+  }
+
   // Reads which liveness keys exist (their names only) and applies that. Returns the snapshot
   // as node 0 publishes it ("<revision>[ <rank>,<rank>...]"), or nullopt when etcd could not be
   // read: the thread then reads again before it watches.
   std::optional<std::string> snapshotOwn(std::string* error) {
+    if (!ensureAgents()) {
+      *error = "cannot read the round's members";
+      std::lock_guard<std::mutex> lock(mu);
+      resnapshot = true;
+      return std::nullopt;
+    }
     int64_t revision = 0;
     auto kvs = client->getPrefix(prefix, &revision, /*keys_only=*/true);
     std::lock_guard<std::mutex> lock(mu);
@@ -224,6 +270,8 @@ struct LeaseLiveness::Shared {
       return;
     }
     if (got.value()) {
+      // Ranks lost before the attempt began: name them with their hosts.
+      if (got.value()->value.find(' ') != std::string::npos) ensureAgents();
       takeSnapshot(snapshot_key, got.value()->value);
       return;
     }
@@ -232,6 +280,7 @@ struct LeaseLiveness::Shared {
     if (!events.isOk()) return;  // read again (and check the deadline)
     for (const EtcdEvent& e : events.value()) {
       if (e.type == EtcdEvent::Type::kPut) {
+        if (e.kv.value.find(' ') != std::string::npos) ensureAgents();
         takeSnapshot(snapshot_key, e.kv.value);
         return;
       }
@@ -267,6 +316,12 @@ struct LeaseLiveness::Shared {
         continue;
       }
       auto events = client->watch(prefix, true, from, options.interval, {}, true);
+      // A deletion needs the members' ids (which member it was): read them first, unlocked;
+      // when they cannot be read, the same revisions are watched again.
+      if (events.isOk() && deletionAfter(events.value(), 0) && !ensureAgents()) {
+        backOff(&pause);
+        continue;
+      }
       std::unique_lock<std::mutex> lock(mu);
       if (stopped) return;
       if (pending) continue;  // a new attempt began: its snapshot sets the cursor
@@ -429,9 +484,15 @@ void LeaseLiveness::watch(int attempt, const Membership& m) {
     // Read before the thread is told (it would read too): usually node 0 has written it; else
     // the thread waits for it.
     auto got = shared_->client->get(key);
-    std::lock_guard<std::mutex> lock(shared_->mu);
+    std::unique_lock<std::mutex> lock(shared_->mu);
     shared_->begin(attempt, m, key);
-    if (got.isOk() && got.value()) shared_->takeSnapshotLocked(key, got.value()->value);
+    if (!got.isOk() || !got.value()) return;
+    if (got.value()->value.find(' ') != std::string::npos) {
+      lock.unlock();
+      shared_->ensureAgents();  // ranks lost already: named with their hosts
+      lock.lock();
+    }
+    shared_->takeSnapshotLocked(key, got.value()->value);
     return;
   }
   int64_t lease = 0;

@@ -60,6 +60,8 @@ class LeaseLiveness : public MemberLiveness {
   bool renew(rendezvous::Store& store) override;
   void watch(int attempt, const Membership& m) override;
   std::vector<LostMember> poll(rendezvous::Store& /*store*/) override { return {}; }
+  // The ids when a lease is lost (or node 0's snapshot is missing): the round's members document.
+  bool readsMembersWhenNeeded() const override { return true; }
 
   // Where node 0 publishes its snapshot of attempt `attempt` of `m` (`prefix` as given to the
   // constructor).

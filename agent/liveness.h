@@ -75,6 +75,11 @@ class MemberLiveness {
   // Polled backends: the watched members lost now (again at each call while they stay lost),
   // read on the watcher thread's connection. Event-driven backends return nothing here.
   virtual std::vector<LostMember> poll(rendezvous::Store& store) = 0;
+  // Whether watch() takes a membership without the members' records (Membership::agents empty,
+  // as an elastic member that read only its own assignment has it) and reads them itself when
+  // it needs them. Otherwise every agent that polls or watches every member (host_per_round)
+  // is given them: the coordinator reads the round's members document first.
+  virtual bool readsMembersWhenNeeded() const { return false; }
 };
 
 // What a backend's liveness needs (StoreConnector::liveness).

@@ -256,8 +256,7 @@ std::string hostPort(const std::string& host, int port) {
 
 // The workers' store of an attempt when every agent serves one: the round's node 0's.
 void useRoundStore(const Membership& membership, AttemptContext& context) {
-  const std::string& endpoint =
-      membership.agents.empty() ? std::string() : membership.agents.front().store_endpoint;
+  const std::string& endpoint = membership.node0_store_endpoint;
   if (const size_t colon = endpoint.rfind(':'); colon != std::string::npos) {
     context.store_host = endpoint.substr(0, colon);
     if (context.store_host.size() > 1 && context.store_host.front() == '[') {

@@ -201,11 +201,27 @@ std::vector<RendezvousRounds::SlotRecord> RendezvousRounds::roundRecords(Store& 
   return records;
 }
 
-void RendezvousRounds::waitForRunningRound(Store& store, int r, int64_t my_slot) {
+// A survivor of round r-1 that does not close round r: it read that round's decision (a
+// restart) or saw its node 0 lost, so nothing runs; who the survivors are only the closer needs
+// (it reads the previous members, and an agent closing in a lost closer's place reads them
+// first: closeRound). Before, every survivor read round r-1's members document too: O(N) bytes.
+bool RendezvousRounds::survivorNotClosing(int r, int64_t my_slot) const {
+  const bool closes = opts_.is_host || (opts_.host_per_round && my_slot == opts_.min_nodes);
+  return !closes && r > 0 && last_round_ == r - 1;
+}
+
+void RendezvousRounds::waitForRunningRound(Store& store, int r, int64_t my_slot,
+                                           bool survivor_may_skip) {
   previous_ids_.clear();
   expected_survivors_ = -1;
   previous_attempt_ = -1;
+  previous_unread_ = false;
   if (r <= 0) return;
+  if (survivor_may_skip && survivorNotClosing(r, my_slot)) {
+    previous_attempt_ = last_attempt_;
+    previous_unread_ = true;
+    return;
+  }
   if (!store.check({roundKey(r - 1, "members")})) {
     // The counter moved to round r as round r-1 began closing; its members come within moments
     // (the closer gives slots one interval to be written; on etcd another agent closes in a lost
@@ -393,7 +409,8 @@ json RendezvousRounds::membersOf(std::vector<SlotRecord> candidates, int r,
 // Host: closes round r once max_nodes joined, or last_call_timeout after min_nodes did (the
 // whole wait bounded by join_timeout), and publishes its members in rank order. Returns the
 // members document.
-json RendezvousRounds::closeRound(Store& store, int r, int64_t my_slot, int next_attempt) {
+RendezvousRounds::RoundResult RendezvousRounds::closeRound(Store& store, int r, int64_t my_slot,
+                                                           int next_attempt) {
   const auto joinedNow = [&] { return store.tickets(roundKey(r, "joined")); };
   // host_per_round: every waiting agent closes the round; the first to publish its members
   // (compareSet on an absent key: the store decides) wins, and the others take those.
@@ -409,9 +426,7 @@ json RendezvousRounds::closeRound(Store& store, int r, int64_t my_slot, int next
   const auto closedAlready = [&] {
     return opts_.host_per_round && store.check({roundKey(r, "members")});
   };
-  if (closedAlready()) {
-    return json::parse(toString(store.get(roundKey(r, "members"))), nullptr, false);
-  }
+  if (closedAlready()) return {readClosedRound(store, r), json()};
   try {
     // Usually the min_nodes-th slot's record says enough have joined. A slot left empty would
     // hold that up for the whole join timeout, so every slice also counts the records (only
@@ -440,17 +455,16 @@ json RendezvousRounds::closeRound(Store& store, int r, int64_t my_slot, int next
                                   formatSeconds(opts_.join_timeout) +
                                   " (--rdzv-conf join_timeout)"}};
     members = publish(members);
+    publishAssignments(store, r, members, joinedNow());
     if (members.is_object() && members.contains("error")) {
       throw Abandoned{timeoutError(members["error"].get<std::string>())};
     }
-    return members;
+    return {members, json()};
   }
   // host_per_round: the agent in slot min_nodes closes the round; the others wait for its
   // members below, which reads them at once when they are there (no check of its own first).
   const bool closer = !opts_.host_per_round || my_slot == opts_.min_nodes;
-  if (closer && closedAlready()) {
-    return json::parse(toString(store.get(roundKey(r, "members"))), nullptr, false);
-  }
+  if (closer && closedAlready()) return {readClosedRound(store, r), json()};
   // host_per_round: the agent in slot min_nodes closes the round (it takes the last call); the
   // others wait for its members and close in its place only if they do not come (it was lost).
   // Reading every record is then one agent's work, not every agent's: N agents make O(N)
@@ -459,15 +473,19 @@ json RendezvousRounds::closeRound(Store& store, int r, int64_t my_slot, int next
     const auto grace = keepAliveBound(opts_.keep_alive_interval, opts_.keep_alive_max_attempt) +
                        opts_.keep_alive_interval;
     try {
-      store.wait({roundKey(r, "members")},
-                 (opts_.max_nodes > opts_.min_nodes ? opts_.last_call_timeout
-                                                    : std::chrono::milliseconds(0)) +
-                     grace);
-      return json::parse(toString(store.get(roundKey(r, "members"))), nullptr, false);
-    } catch (const StoreTimeout&) {
+      return {json(),
+              awaitAssignment(store, r, my_slot,
+                              (opts_.max_nodes > opts_.min_nodes ? opts_.last_call_timeout
+                                                                 : std::chrono::milliseconds(0)) +
+                                  grace)};
+    } catch (const Abandoned& a) {
+      if (a.status.code() != StatusCode::kTimeout) throw;
       CPPRUN_LOG(kWarn) << "rendezvous round " << r << ": the agent that joined as number "
                         << opts_.min_nodes << " did not close it; closing it in its place";
     }
+    if (closedAlready()) return {readClosedRound(store, r), json()};
+    // A survivor skipped round r-1's members; closing, it needs them.
+    if (previous_unread_) waitForRunningRound(store, r, my_slot, false);
   }
   if (!previous_ids_.empty() && expected_survivors_ >= 0) {
     // Re-forming: spares may hold the first slots; wait for the previous round's survivors too.
@@ -496,7 +514,58 @@ json RendezvousRounds::closeRound(Store& store, int r, int64_t my_slot, int next
     }
   }
   std::vector<SlotRecord> candidates = roundRecords(store, r, joined, all_written);
-  return publish(membersOf(std::move(candidates), r, next_attempt));
+  json members = publish(membersOf(std::move(candidates), r, next_attempt));
+  publishAssignments(store, r, members, joined);
+  return {members, json()};
+}
+
+json RendezvousRounds::readClosedRound(Store& store, int r) {
+  json members = json::parse(toString(store.get(roundKey(r, "members"))), nullptr, false);
+  if (!store.check({roundKey(r, "closed")})) {
+    publishAssignments(store, r, members, store.tickets(roundKey(r, "joined")));
+  }
+  return members;
+}
+
+// One multiSet of every slot's assignment, then the closed mark: an agent that sees the mark
+// finds its slot's assignment there, or knows that the round closed without its slot. The
+// assignments are a pure function of the members document (roundAssignments), so an agent
+// closing in a lost closer's place writes the same values.
+void RendezvousRounds::publishAssignments(Store& store, int r, const json& members, int64_t slots) {
+  std::vector<std::string> keys;
+  std::vector<rendezvous::Bytes> values;
+  int64_t slot = 0;
+  for (std::string& value : roundAssignments(members, r, slots)) {
+    keys.push_back(roundKey(r, "assigned/" + std::to_string(++slot)));
+    values.push_back(rendezvous::toBytes(value));
+  }
+  if (!keys.empty()) store.multiSet(keys, values);
+  store.set(roundKey(r, "closed"), closedMarker(members, slots));
+}
+
+json RendezvousRounds::awaitAssignment(Store& store, int r, int64_t slot,
+                                       std::chrono::milliseconds total) {
+  const std::string mine = roundKey(r, "assigned/" + std::to_string(slot));
+  const std::string closed = roundKey(r, "closed");
+  bool closed_seen = false;
+  // Each slice also looks for the closed mark: a slot taken after the closer counted the slots
+  // gets no assignment (it waits for the next round, as before a member list without it did).
+  waitKeys(
+      waits_, store, {mine}, total, opts_.keep_alive_interval,
+      "rendezvous round " + std::to_string(r), [&] { return closed_seen = store.check({closed}); },
+      [&] {
+        const int64_t joined = store.tickets(roundKey(r, "joined"));
+        return "rendezvous round " + std::to_string(r) + ": waiting for " +
+               (opts_.host_per_round ? "its closer" : "the store host") + " to close it (" +
+               std::to_string(joined) + " joined, " + std::to_string(opts_.min_nodes) + ".." +
+               std::to_string(opts_.max_nodes) + " needed)";
+      });
+  if (!closed_seen || store.check({mine})) {
+    return json::parse(toString(store.get(mine)), nullptr, false);
+  }
+  // Closed without this slot: its error or end of the job, else "not a member".
+  const json marker = json::parse(toString(store.get(closed)), nullptr, false);
+  return json::parse(roundAssignments(marker, r, 1).front(), nullptr, false);
 }
 
 // Takes a slot in round r and writes this agent's record there; returns the slot. A request
@@ -535,52 +604,84 @@ Membership RendezvousRounds::joinElastic(Store& store, MemberLiveness& liveness,
                       << " nodes (join timeout " << formatSeconds(opts_.join_timeout)
                       << ", last call " << formatSeconds(opts_.last_call_timeout) << ")";
     waitForRunningRound(store, r, index);
-    json members;
-    if (opts_.is_host || opts_.host_per_round) {
-      members = closeRound(store, r, index, next_attempt);
-    } else {
-      waitKeys(waits_, store, {roundKey(r, "members")},
-               opts_.join_timeout + opts_.last_call_timeout, opts_.keep_alive_interval,
-               "rendezvous round " + std::to_string(r), {}, [&] {
-                 const int64_t joined = store.tickets(roundKey(r, "joined"));
-                 return "rendezvous round " + std::to_string(r) +
-                        ": waiting for the store host to close it (" + std::to_string(joined) +
-                        " joined, " + std::to_string(opts_.min_nodes) + ".." +
-                        std::to_string(opts_.max_nodes) + " needed)";
-               });
-      members = json::parse(toString(store.get(roundKey(r, "members"))), nullptr, false);
-    }
-    if (!members.is_object()) throw Abandoned{internalError("malformed round in the store")};
-    if (members.contains("error")) {
-      throw Abandoned{unavailable(members["error"].get<std::string>())};
-    }
-    if (members.contains("job_over")) {
-      throw Abandoned{Status(
-          StatusCode::kAlreadyExists,
-          std::string(kJobOverBeforeJoin) + ": " + members.value("job_over", std::string()))};
-    }
-    std::vector<AgentInfo> agents;
-    int my_rank = -1;
-    for (const json& m : members["members"]) {
-      if (m.value("id", "") == opts_.self.id) my_rank = static_cast<int>(agents.size());
-      agents.push_back(agentOf(m, "a member record"));
-    }
+    const RoundResult result =
+        opts_.is_host || opts_.host_per_round
+            ? closeRound(store, r, index, next_attempt)
+            : RoundResult{json(), awaitAssignment(store, r, index,
+                                                  opts_.join_timeout + opts_.last_call_timeout)};
+    int round_attempt = 0;
+    std::optional<Membership> m = membershipFrom(store, r, result, &round_attempt);
     {
       std::lock_guard<std::mutex> lock(mu_);
       next_round_ = r + 1;
     }
-    if (my_rank < 0) {
-      CPPRUN_LOG(kInfo) << "rendezvous round " << r << " closed with " << agents.size()
-                        << " nodes, this one not among them; waiting for the next round";
+    if (!m) {
+      CPPRUN_LOG(kInfo) << "rendezvous round " << r
+                        << " closed without this node; waiting for the next round";
       continue;
     }
-    previous_rank_ = my_rank;
-    *attempt = members.value("attempt", 0);
-    Membership m = membershipOf(agents, my_rank);
-    logMembership(m);
-    completed(r, m);
-    return m;
+    previous_rank_ = m->group_rank;
+    last_round_ = r;
+    last_attempt_ = round_attempt;
+    *attempt = round_attempt;
+    logMembership(*m);
+    completed(r, *m);
+    return *m;
   }
+}
+
+std::optional<Membership> RendezvousRounds::membershipFrom(Store& store, int r,
+                                                           const RoundResult& result,
+                                                           int* attempt) {
+  json members = result.members;
+  if (members.is_null()) {
+    Result<RoundAssignment> a = assignmentFromJson(
+        result.assignment, "round " + std::to_string(r) + "'s assignment of this node");
+    if (!a.isOk()) throw Abandoned{a.status()};
+    switch (a.value().kind) {
+      case RoundAssignment::Kind::kNotMember:
+        // Slots are keyed by slot, members by id: an agent that joined twice (its first
+        // request's reply was lost, takeSlot) may be a member by its first slot while it waits
+        // on its last. Only the members document says it is not a member (a spare the round did
+        // not take reads it too: a rare path).
+        members = json::parse(toString(store.get(roundKey(r, "members"))), nullptr, false);
+        break;
+      case RoundAssignment::Kind::kError:
+        throw Abandoned{unavailable(a.value().message)};
+      case RoundAssignment::Kind::kJobOver:
+        throw Abandoned{Status(StatusCode::kAlreadyExists,
+                               std::string(kJobOverBeforeJoin) + ": " + a.value().message)};
+      case RoundAssignment::Kind::kMember: {
+        *attempt = a.value().attempt;
+        Membership m = a.value().membership;
+        if (m.group_rank != 0) return m;
+        // Node 0 decides (and polls the heartbeats): it reads every member's record.
+        members = json::parse(toString(store.get(roundKey(r, "members"))), nullptr, false);
+        break;
+      }
+    }
+  }
+  if (!members.is_object()) throw Abandoned{internalError("malformed round in the store")};
+  if (members.contains("error")) {
+    throw Abandoned{unavailable(members["error"].get<std::string>())};
+  }
+  if (members.contains("job_over")) {
+    throw Abandoned{
+        Status(StatusCode::kAlreadyExists,
+               std::string(kJobOverBeforeJoin) + ": " + members.value("job_over", std::string()))};
+  }
+  Result<RoundMembers> rm = roundMembersFromJson(members, r);
+  if (!rm.isOk()) throw Abandoned{rm.status()};
+  const std::vector<AgentInfo>& agents = rm.value().agents;
+  int my_rank = -1;
+  for (size_t i = 0; i < agents.size(); ++i) {
+    if (agents[i].id == opts_.self.id) my_rank = static_cast<int>(i);
+  }
+  if (my_rank < 0) return std::nullopt;
+  *attempt = rm.value().attempt;
+  Membership m = membershipOf(agents, my_rank);
+  m.round = r;
+  return m;
 }
 
 int RendezvousRounds::waitingIn(Store& store, int r) {
@@ -590,7 +691,10 @@ int RendezvousRounds::waitingIn(Store& store, int r) {
 
 void RendezvousRounds::endRounds(Store& store, const std::string& outcome) {
   json over = {{"job_over", outcome}};
-  store.set(roundKey(nextRound(), "members"), over.dump());
+  const int r = nextRound();
+  store.set(roundKey(r, "members"), over.dump());
+  // Agents waiting for their assignment in round r (spares) read the end from it.
+  publishAssignments(store, r, over, store.tickets(roundKey(r, "joined")));
 }
 
 }  // namespace cpprun::agent

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -71,7 +72,27 @@ class RendezvousRounds {
   };
   std::vector<SlotRecord> roundRecords(rendezvous::Store& store, int r, int64_t joined,
                                        bool all_written = false);
-  nlohmann::json closeRound(rendezvous::Store& store, int r, int64_t my_slot, int next_attempt);
+  // How round r closed for this agent: the whole members document (the closer, an agent that
+  // came after the close) or only this agent's assignment (everyone else).
+  struct RoundResult {
+    nlohmann::json members;     // null when `assignment` holds it
+    nlohmann::json assignment;  // rdzv/round/<r>/assigned/<slot>
+  };
+  RoundResult closeRound(rendezvous::Store& store, int r, int64_t my_slot, int next_attempt);
+  // The members document of round r, read from the store, with every slot's assignment
+  // published when nobody did yet (the closer was lost in between; host_per_round).
+  nlohmann::json readClosedRound(rendezvous::Store& store, int r);
+  // Closer: every slot's assignment (1..`slots`) with one multiSet, then round r's closed mark.
+  void publishAssignments(rendezvous::Store& store, int r, const nlohmann::json& members,
+                          int64_t slots);
+  // Waits (up to `total`) for this agent's assignment in round r, or for the round to close
+  // without its slot; returns the assignment. Abandoned (kTimeout) when neither came.
+  nlohmann::json awaitAssignment(rendezvous::Store& store, int r, int64_t slot,
+                                 std::chrono::milliseconds total);
+  // This agent's membership from how round r closed; nullopt when it is not a member. Throws
+  // Abandoned for the round's error and for the end of the job.
+  std::optional<Membership> membershipFrom(rendezvous::Store& store, int r,
+                                           const RoundResult& result, int* attempt);
   nlohmann::json membersOf(std::vector<SlotRecord> candidates, int r, int next_attempt) const;
   int64_t takeSlot(rendezvous::Store& store, int r, const std::string& record);
   void started(int round);
@@ -83,7 +104,11 @@ class RendezvousRounds {
   // and how many of them will come back (previous_ids_, expected_survivors_).
   // A spare asked to leave (WaitContext::leaveRequested) empties its slot `my_slot` and throws
   // Abandoned (kLeftWhileSpare).
-  void waitForRunningRound(rendezvous::Store& store, int r, int64_t my_slot);
+  // `survivor_may_skip`: an agent that was a member of round r-1 and does not close round r
+  // needs none of this (it read r-1's decision); it reads nothing (previous_unread_).
+  void waitForRunningRound(rendezvous::Store& store, int r, int64_t my_slot,
+                           bool survivor_may_skip = true);
+  bool survivorNotClosing(int r, int64_t my_slot) const;
   // closeRound's last call when round r-1's survivors are known: until they all joined and
   // max_nodes are in, bounded by last_call_timeout.
   void lastCallForSurvivors(rendezvous::Store& store, int r);
@@ -95,7 +120,10 @@ class RendezvousRounds {
   // (-1: unknown, e.g. no decision). Set by waitForRunningRound; control thread only.
   std::set<std::string> previous_ids_;
   int expected_survivors_ = -1;
-  int previous_attempt_ = -1;  // round r-1's attempt (-1: none)
+  int previous_attempt_ = -1;     // round r-1's attempt (-1: none)
+  bool previous_unread_ = false;  // waitForRunningRound skipped round r-1's members (a survivor)
+  int last_round_ = -1;           // the round of this agent's last membership (-1: none)
+  int last_attempt_ = -1;         // its attempt
 
   mutable std::mutex mu_;
   int next_round_ = -1;                                  // guarded by mu_

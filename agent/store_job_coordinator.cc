@@ -359,6 +359,31 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
     std::lock_guard<std::mutex> lock(mu_);
     return *membership_;
   }
+  // The current membership with every member's record. An agent that learnt its round from its
+  // own assignment (rendezvous_rounds.h) reads the round's members document the first time it
+  // needs them: it decides (node 0 has them already; a member taking the decision over does
+  // not), it makes the NCCL ids of a large job, or (etcd) it watches every member's lease.
+  // `client`: the calling thread's connection.
+  Membership fullMembership(Store& client) {
+    Membership m = currentMembership();
+    if (!m.agents.empty() || m.round < 0) return m;
+    const nlohmann::json doc =
+        nlohmann::json::parse(toString(client.get(roundKey(m.round, "members"))), nullptr, false);
+    Result<RoundMembers> members = roundMembersFromJson(doc, m.round);
+    if (!members.isOk()) throw Abandoned{members.status()};
+    if (static_cast<int>(members.value().agents.size()) != m.group_world_size) {
+      throw Abandoned{internalError("rendezvous round " + std::to_string(m.round) + " has " +
+                                    std::to_string(members.value().agents.size()) +
+                                    " members in the store, but this node's assignment says " +
+                                    std::to_string(m.group_world_size))};
+    }
+    m.agents = std::move(members.value().agents);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (membership_ && membership_->round == m.round && membership_->agents.empty()) {
+      membership_->agents = m.agents;
+    }
+    return m;
+  }
 
   // This agent's liveness: the backend's own (etcd: leases), else heartbeats in the store.
   std::unique_ptr<MemberLiveness> makeLiveness() {
@@ -391,7 +416,11 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
       std::lock_guard<std::mutex> lock(mu_);
       liveness_attempt_ = *attempt;
     }
-    liveness_->watch(*attempt, currentMembership());
+    // A member that read only its assignment: node 0 polls the heartbeats (it has the
+    // members); host_per_round, every agent watches every member, and the members are read now
+    // unless the liveness reads them when it needs them (etcd: when a lease is lost).
+    const bool full = opts_.host_per_round && !liveness_->readsMembersWhenNeeded();
+    liveness_->watch(*attempt, full ? fullMembership(*control_client_) : currentMembership());
   }
 
   // Why this agent may not leave attempt n now (OK: it may). Control thread.
@@ -528,9 +557,10 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
   // wait for the go.
   std::string scalableNcclIds(int attempt, const std::string& go) {
     if (go.empty() || !opts_.make_nccl_id) return "";
-    const Membership m = currentMembership();
-    const int nid = ncclIdCount(m.world_size, opts_.nccl_ranks_per_id);
+    const Membership compact = currentMembership();
+    const int nid = ncclIdCount(compact.world_size, opts_.nccl_ranks_per_id);
     if (nid <= 1) return "";
+    const Membership m = fullMembership(*control_client_);
     std::vector<int> node_ranks;
     for (const auto& a : m.agents) node_ranks.push_back(a.nproc);
     auto wait = [&](const std::vector<std::string>& keys) {
@@ -631,7 +661,7 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
   // Host: every node's report (or a lost node's stand-in), then one decision for the job
   // (decideJob).
   JobDecision decide(int n) {
-    const Membership membership = currentMembership();
+    const Membership membership = fullMembership(*control_client_);
     const int world = membership.group_world_size;
     std::map<int, NodeOutcome> outcomes;
     WaitAnnouncer announcer(*this);
@@ -877,7 +907,7 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
       std::lock_guard<std::mutex> lock(mu_);
       if (stop_seen_.attempt == n) return stop_seen_;
     }
-    const Membership m = currentMembership();
+    const Membership m = fullMembership(client);
     StopSeen seen{n, seen_at, readHeartbeats(client, m, otherMembers(m))};
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_seen_.attempt != n) stop_seen_ = std::move(seen);  // the first note stands

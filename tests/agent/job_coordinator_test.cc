@@ -44,9 +44,11 @@ class StoreView : public rendezvous::Store {
   using Store::set;
   using Store::wait;
 
+  // `members_reads` (optional): counts this connection's reads of a round's members document.
   StoreView(MemoryStore& shared, std::shared_ptr<std::atomic<bool>> cut,
-            std::chrono::milliseconds timeout)
-      : shared_(shared), cut_(std::move(cut)) {
+            std::chrono::milliseconds timeout,
+            std::shared_ptr<std::atomic<int>> members_reads = nullptr)
+      : shared_(shared), cut_(std::move(cut)), members_reads_(std::move(members_reads)) {
     setTimeout(timeout);
   }
 
@@ -60,6 +62,7 @@ class StoreView : public rendezvous::Store {
   }
   Bytes get(const std::string& key) override {
     live();
+    countMembersRead(key);
     shared_.wait({key}, timeout());
     return shared_.get(key);
   }
@@ -86,6 +89,7 @@ class StoreView : public rendezvous::Store {
   }
   std::vector<Bytes> multiGet(const std::vector<std::string>& keys) override {
     live();
+    for (const std::string& key : keys) countMembersRead(key);
     shared_.wait(keys, timeout());
     return shared_.multiGet(keys);
   }
@@ -102,9 +106,17 @@ class StoreView : public rendezvous::Store {
   void live() const {
     if (cut_->load()) throw StoreError("connection reset by peer (test: cut)");
   }
+  void countMembersRead(const std::string& key) {
+    const std::string suffix = "/members";
+    if (members_reads_ && key.size() > suffix.size() &&
+        key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      ++*members_reads_;
+    }
+  }
 
   MemoryStore& shared_;
   std::shared_ptr<std::atomic<bool>> cut_;
+  std::shared_ptr<std::atomic<int>> members_reads_;
 };
 
 // Polls `condition` until it holds or the deadline passes.
@@ -136,14 +148,16 @@ class Agent {
   // `adjust` (optional) changes the options before the coordinator is made.
   Agent(MemoryStore& store, int rank, int world, int max_restarts,
         const std::function<void(StoreCoordinatorOptions&)>& adjust = {})
-      : work_(boost::asio::make_work_guard(io_)), cut_(std::make_shared<std::atomic<bool>>()) {
+      : work_(boost::asio::make_work_guard(io_)),
+        cut_(std::make_shared<std::atomic<bool>>()),
+        members_reads_(std::make_shared<std::atomic<int>>(0)) {
     StoreCoordinatorOptions o;
     o.store.where = "the test's memory store";
     o.store.server = "the test's memory store";
-    o.store.connect = [&store, cut = cut_](std::chrono::milliseconds,
-                                           std::chrono::milliseconds request_timeout) {
+    o.store.connect = [&store, cut = cut_, reads = members_reads_](
+                          std::chrono::milliseconds, std::chrono::milliseconds request_timeout) {
       return std::unique_ptr<rendezvous::Store>(
-          std::make_unique<StoreView>(store, cut, request_timeout));
+          std::make_unique<StoreView>(store, cut, request_timeout, reads));
     };
     o.is_host = rank == 0;
     o.group_rank = rank;
@@ -196,12 +210,15 @@ class Agent {
     return lost_;
   }
   void cutFromStore() { cut_->store(true); }
+  // How often this agent read a round's members document (every connection of it).
+  int membersReads() const { return members_reads_->load(); }
   RendezvousProgress progress() const { return coordinator_->progress(); }
 
  private:
   boost::asio::io_context io_;
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;
   std::shared_ptr<std::atomic<bool>> cut_;
+  std::shared_ptr<std::atomic<int>> members_reads_;
   std::unique_ptr<JobCoordinator> coordinator_;
   std::thread loop_;
   std::mutex mu_;
@@ -448,6 +465,128 @@ TEST_CASE("coordinator: elastic, an agent that comes late re-forms the running g
   CHECK(ranks == std::set<int>{0, 1, 2});
   CHECK(all[2]->progress().rounds_completed == 1);
   CHECK(all[0]->progress().rounds_completed == 2);
+}
+
+TEST_CASE(
+    "coordinator: elastic, a member reads only its own assignment, not the round's members, and "
+    "a re-formed round does not read the previous one",
+    "[unit]") {
+  MemoryStore store;
+  // Four agents of 1..4 workers, their threads racing to join: join order, not the host,
+  // decides the ranks, so node 0 may be an agent other than the store host (agent 0, which
+  // closes the round); that node 0 reads the members document once (it decides).
+  const auto elastic = [](StoreCoordinatorOptions& o) {
+    o.elastic = true;
+    o.min_nodes = 4;
+    o.max_nodes = 4;
+    o.self.nproc = o.group_rank + 1;
+  };
+  std::vector<std::unique_ptr<Agent>> all;
+  for (int r = 0; r < 4; ++r) all.push_back(std::make_unique<Agent>(store, r, 1, 1, elastic));
+  const auto beginRound = [&](int n) {
+    std::vector<std::future<Result<AttemptStart>>> futures(all.size());
+    for (size_t a = all.size(); a-- > 0;) futures[a] = all[a]->begin(n);
+    std::vector<AttemptStart> starts;
+    for (auto& f : futures) {
+      Result<AttemptStart> s = within(f);
+      REQUIRE(s.isOk());
+      starts.push_back(s.value());
+    }
+    // Ranks 0..3, base ranks the sums of the workers below each, one world size.
+    std::vector<int> nproc_of_rank(all.size());
+    for (size_t a = 0; a < all.size(); ++a) {
+      CHECK(starts[a].attempt == n);
+      CHECK(starts[a].membership.group_world_size == 4);
+      CHECK(starts[a].membership.world_size == 10);
+      nproc_of_rank[static_cast<size_t>(starts[a].membership.group_rank)] = static_cast<int>(a) + 1;
+    }
+    for (size_t a = 0; a < all.size(); ++a) {
+      const Membership& m = starts[a].membership;
+      CHECK(m.base_rank ==
+            std::accumulate(nproc_of_rank.begin(), nproc_of_rank.begin() + m.group_rank, 0));
+    }
+    return starts;
+  };
+  std::vector<AttemptStart> starts = beginRound(0);
+  // Nobody but node 0 read the members document (agent 0 closed the round: it wrote it).
+  for (size_t a = 0; a < all.size(); ++a) {
+    const bool node0 = starts[a].membership.group_rank == 0;
+    CHECK(all[a]->membersReads() == (node0 && a != 0 ? 1 : 0));
+    if (!node0 && a != 0) CHECK(starts[a].membership.agents.empty());
+  }
+  // A failure: every node restarts into round 1, which the host re-forms; the survivors read
+  // neither round 1's members nor round 0's, and keep their ranks.
+  all[3]->announceStop(0, "worker exited 1");
+  std::vector<std::future<Result<JobDecision>>> decisions;
+  for (size_t a = 0; a < all.size(); ++a) {
+    if (a != 3) REQUIRE(eventually([&] { return !all[a]->peerStops().empty(); }));
+    decisions.push_back(all[a]->end(
+        0, reportOf(a == 3 ? AttemptReport::Kind::kFailed : AttemptReport::Kind::kStopped)));
+  }
+  for (auto& f : decisions) {
+    Result<JobDecision> d = within(f);
+    REQUIRE(d.isOk());
+    CHECK(d.value().kind == JobDecision::Kind::kRestart);
+  }
+  const std::vector<int> reads_before = [&] {
+    std::vector<int> v;
+    for (auto& a : all) v.push_back(a->membersReads());
+    return v;
+  }();
+  const std::vector<AttemptStart> again = beginRound(1);
+  for (size_t a = 0; a < all.size(); ++a) {
+    CHECK(again[a].membership.group_rank == starts[a].membership.group_rank);  // stable ranks
+    const bool node0 = again[a].membership.group_rank == 0;
+    // The closer reads round 0's members (who the survivors are); node 0 reads round 1's.
+    CHECK(all[a]->membersReads() - reads_before[a] == (a == 0 || node0 ? 1 : 0));
+  }
+  decisions.clear();
+  for (auto& a : all) decisions.push_back(a->end(1, reportOf(AttemptReport::Kind::kSucceeded)));
+  for (auto& f : decisions) {
+    Result<JobDecision> d = within(f);
+    REQUIRE(d.isOk());
+    CHECK(d.value().kind == JobDecision::Kind::kSucceeded);
+  }
+}
+
+TEST_CASE(
+    "coordinator: elastic, an agent that joined twice is a member by its first slot while it "
+    "waits on its last",
+    "[unit]") {
+  MemoryStore store;
+  // Agent 2's first join: its slot and record are in the store, its reply was lost (takeSlot
+  // joins again with a new slot; the round keeps the first record of an id).
+  const int64_t first = store.takeTicket(kNoneRun + roundKey(0, "joined"));
+  store.set(kNoneRun + roundKey(0, "agent/" + std::to_string(first)),
+            agentRecord(AgentInfo{"h2", 2, "agent-2", -1}, -1).dump());
+  // Three distinct agents, at most four slots: the round closes once agent 2's second slot (the
+  // fourth) is taken, with agent 2 a member by its first slot.
+  const auto elastic = [](StoreCoordinatorOptions& o) {
+    o.elastic = true;
+    o.min_nodes = 3;
+    o.max_nodes = 4;
+    o.last_call_timeout = 10s;
+  };
+  std::vector<std::unique_ptr<Agent>> all;
+  for (int r = 0; r < 3; ++r) all.push_back(std::make_unique<Agent>(store, r, 1, 0, elastic));
+  std::vector<std::future<Result<AttemptStart>>> futures;
+  futures.push_back(all[0]->begin(0));
+  futures.push_back(all[1]->begin(0));
+  // Agent 2 joins again only after the others took slots 2 and 3 (else the round could close
+  // at slot 3 with agent 2 twice in it, short of three agents).
+  REQUIRE(eventually([&] { return store.check({kNoneRun + roundKey(0, "agent/3")}); }));
+  futures.push_back(all[2]->begin(0));
+  std::set<int> ranks;
+  for (auto& f : futures) {
+    Result<AttemptStart> s = within(f);
+    REQUIRE(s.isOk());
+    CHECK(s.value().attempt == 0);
+    CHECK(s.value().membership.group_world_size == 3);
+    ranks.insert(s.value().membership.group_rank);
+  }
+  CHECK(ranks == std::set<int>{0, 1, 2});
+  // Its last slot's assignment says "not a member"; the members document says otherwise.
+  CHECK(all[2]->membersReads() >= 1);
 }
 
 namespace {

@@ -221,3 +221,44 @@ TEST_CASE("lease liveness: without node 0's snapshot a member reads the keys its
   CHECK(got.at - start >= 900ms);
   CHECK(got.at - start < 900ms + 2s);
 }
+
+// A member that read only its own assignment (rendezvous_rounds.h) knows the members' digest, not
+// their ids: it takes node 0's snapshot over by that digest, and reads the round's members
+// document when a deletion comes, to name the member that was lost.
+TEST_CASE(
+    "lease liveness: a member that read only its assignment reads the round's members when a "
+    "lease expires",
+    "[etcd]") {
+  cpprun::testing::EtcdCluster cluster;
+  rendezvous::MemoryStore unused;
+  Member a0(cluster, "a0");
+  Member a1(cluster, "a1");
+  Member a2(cluster, "a2");
+  for (Member* m : {&a0, &a1, &a2}) REQUIRE(m->liveness().renew(unused));
+  const auto agents = agentsOf({"a0", "a1", "a2"});
+  nlohmann::json doc = {{"attempt", 0}, {"round", 7}, {"members", nlohmann::json::array()}};
+  for (size_t i = 0; i < agents.size(); ++i) {
+    nlohmann::json m = agentRecord(agents[i], -1);
+    m["index"] = i + 1;
+    doc["members"].push_back(m);
+  }
+  auto raw = rawClient(cluster);
+  REQUIRE(raw->put("/cpprun/lease-test/" + roundKey(7, "members"), doc.dump()).isOk());
+  Membership full = membershipOf(agents, 0);
+  full.round = 7;
+  a0.liveness().watch(0, full);
+  Membership compact = membershipOf(agents, 1);
+  compact.round = 7;
+  compact.agents.clear();  // as its assignment gave it
+  // Named by the digest its assignment carries, the snapshot key is node 0's.
+  CHECK(LeaseLiveness::snapshotKey(kPrefix, 0, compact) ==
+        LeaseLiveness::snapshotKey(kPrefix, 0, full));
+  a1.liveness().watch(0, compact);
+  a2.stop();
+  REQUIRE(eventually([&] { return !a1.reported().empty(); }, 5s));
+  const Reported got = a1.reported().front();
+  CHECK(got.lost.rank == 2);
+  CHECK_THAT(got.lost.reason, Catch::Contains("the agent of node 2 (host-a2)"));
+  CHECK_THAT(got.lost.reason, Catch::Contains("expired"));
+  CHECK(a1.reported().size() == 1);
+}

@@ -3,6 +3,8 @@
 per round, and the re-form time beyond the last call, against N, per backend.
 
 usage: /usr/bin/python3 tests/bench/plot_rdzv_sim.py RESULTS.jsonl [...] --out docs/images/rdzv-sim.png
+
+A line may carry "variant" ("before", "after"): each variant gets its own curves.
 """
 import argparse
 import json
@@ -28,17 +30,29 @@ def main():
     args = ap.parse_args()
     rows = load(args.results)
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    for backend, marker in (("tcp", "o"), ("etcd", "s")):
-        mine = sorted((r for r in rows if r["backend"] == backend), key=lambda r: r["n"])
-        if not mine:
-            continue
-        n = [r["n"] for r in mine]
-        label = "cpprun TCP store" if backend == "tcp" else "etcd (3 members)"
-        axes[0].plot(n, [r["round_s"] for r in mine], marker=marker, label=label)
-        axes[1].plot(n, [(r["round_all"]["bytes_out"] + r["round_all"]["bytes_in"]) / r["n"] / 1024
-                         for r in mine], marker=marker, label=label)
-        axes[2].plot(n, [r["reform_s"] - r["decide_s"] - r["last_call_s"] for r in mine],
-                     marker=marker, label=label)
+    # A row may carry "variant" (e.g. "before", "after": two builds side by side); the
+    # variants other than the last listed are dashed.
+    variants = []
+    for r in rows:
+        if r.get("variant", "") not in variants:
+            variants.append(r.get("variant", ""))
+    for variant in variants:
+        style = "-" if variant == variants[-1] else "--"
+        for backend, marker in (("tcp", "o"), ("etcd", "s")):
+            mine = sorted((r for r in rows
+                           if r["backend"] == backend and r.get("variant", "") == variant),
+                          key=lambda r: r["n"])
+            if not mine:
+                continue
+            n = [r["n"] for r in mine]
+            label = "cpprun TCP store" if backend == "tcp" else "etcd (3 members)"
+            if variant:
+                label += ", " + variant
+            axes[0].plot(n, [r["round_s"] for r in mine], style, marker=marker, label=label)
+            axes[1].plot(n, [(r["round_all"]["bytes_out"] + r["round_all"]["bytes_in"]) / r["n"]
+                             / 1024 for r in mine], style, marker=marker, label=label)
+            axes[2].plot(n, [r["reform_s"] - r["decide_s"] - r["last_call_s"] for r in mine],
+                         style, marker=marker, label=label)
     axes[0].set_title("time to a closed round (all N started)")
     axes[0].set_ylabel("s")
     axes[1].set_title("store payload per agent, round 0")

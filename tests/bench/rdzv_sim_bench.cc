@@ -31,6 +31,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <future>
 #include <iostream>
@@ -200,7 +201,9 @@ class MortalStore : public CountingStore {
 class MortalLiveness : public agent::MemberLiveness {
  public:
   MortalLiveness(std::unique_ptr<agent::MemberLiveness> inner, Death death)
-      : inner_(std::move(inner)), death_(std::move(death)) {}
+      : lazy_(inner->readsMembersWhenNeeded()),
+        inner_(std::move(inner)),
+        death_(std::move(death)) {}
   bool renew(rendezvous::Store& store) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (death_->load()) {
@@ -217,12 +220,15 @@ class MortalLiveness : public agent::MemberLiveness {
     std::lock_guard<std::mutex> lock(mu_);
     return inner_ ? inner_->poll(store) : std::vector<agent::LostMember>{};
   }
+  // As the inner one (etcd's reads the members when a lease is lost, not at every watch()).
+  bool readsMembersWhenNeeded() const override { return lazy_; }
   void die() {
     std::lock_guard<std::mutex> lock(mu_);
     inner_.reset();
   }
 
  private:
+  const bool lazy_;
   std::mutex mu_;
   std::unique_ptr<agent::MemberLiveness> inner_;
   Death death_;
@@ -719,6 +725,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rdzv_sim_bench: %s\n", opt.status().message().c_str());
     return 2;
   }
-  cpprun::setLogLevel(cpprun::LogLevel::kError);
+  // N agents' info lines would flood; CPPRUN_LOG_LEVEL (e.g. warn) overrides for a diagnosis.
+  if (!std::getenv("CPPRUN_LOG_LEVEL")) cpprun::setLogLevel(cpprun::LogLevel::kError);
   return cpprun::bench::run(opt.value());
 }
