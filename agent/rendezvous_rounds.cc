@@ -427,29 +427,47 @@ RendezvousRounds::RoundResult RendezvousRounds::closeRound(Store& store, int r, 
     return opts_.host_per_round && store.check({roundKey(r, "members")});
   };
   if (closedAlready()) return {readClosedRound(store, r), json()};
+  // Agents with a record in the round's first `joined` slots: an agent that joined twice (its
+  // first request's reply was lost, takeSlot) holds two slots and counts once.
+  const auto distinctAgents = [&](int64_t joined) {
+    std::set<std::string> ids;
+    for (const SlotRecord& c : roundRecords(store, r, joined)) ids.insert(c.record.value("id", ""));
+    return static_cast<int64_t>(ids.size());
+  };
   try {
     // Usually the min_nodes-th slot's record says enough have joined. A slot left empty would
     // hold that up for the whole join timeout, so every slice also counts the records (only
-    // once enough slots are taken: one check per slot).
-    waitKeys(
-        waits_, store, {roundKey(r, "agent/" + std::to_string(opts_.min_nodes))},
-        opts_.join_timeout, opts_.keep_alive_interval, "rendezvous round " + std::to_string(r),
-        [&] {
-          if (closedAlready()) return true;
-          const int64_t joined = joinedNow();
-          return joined >= opts_.min_nodes &&
-                 static_cast<int>(roundRecords(store, r, joined).size()) >= opts_.min_nodes;
-        },
-        [&] {
-          // The slots taken (one ADD), not the records written (one CHECK per slot).
-          const int64_t joined = std::min<int64_t>(joinedNow(), opts_.min_nodes);
-          return "rendezvous round " + std::to_string(r) + ": waiting for " +
-                 withThousands(opts_.min_nodes - joined) + " more node(s) (" +
-                 withThousands(joined) + " of at least " + withThousands(opts_.min_nodes) +
-                 " joined)";
-        });
+    // once enough slots are taken: one check per slot). Each agent that holds two slots makes
+    // the round wait for one slot more.
+    const auto deadline = SteadyClock::now() + opts_.join_timeout;
+    int64_t awaited_slot = opts_.min_nodes;
+    for (;;) {
+      waitKeys(
+          waits_, store, {roundKey(r, "agent/" + std::to_string(awaited_slot))},
+          std::max(
+              std::chrono::milliseconds(0),
+              std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now())),
+          opts_.keep_alive_interval, "rendezvous round " + std::to_string(r),
+          [&] {
+            if (closedAlready()) return true;
+            const int64_t joined = joinedNow();
+            return joined >= opts_.min_nodes && distinctAgents(joined) >= opts_.min_nodes;
+          },
+          [&] {
+            // The slots taken (one ADD), not the records written (one CHECK per slot).
+            const int64_t joined = std::min<int64_t>(joinedNow(), opts_.min_nodes);
+            return "rendezvous round " + std::to_string(r) + ": waiting for " +
+                   withThousands(opts_.min_nodes - joined) + " more node(s) (" +
+                   withThousands(joined) + " of at least " + withThousands(opts_.min_nodes) +
+                   " joined)";
+          });
+      if (closedAlready()) break;
+      const int64_t distinct = distinctAgents(joinedNow());
+      if (distinct >= opts_.min_nodes) break;
+      awaited_slot += opts_.min_nodes - distinct;
+    }
   } catch (const Abandoned& a) {
-    const auto joined = roundRecords(store, r, joinedNow()).size();
+    const auto joined = distinctAgents(joinedNow());
     json members = {{"error", "rendezvous: only " + std::to_string(joined) + " of at least " +
                                   std::to_string(opts_.min_nodes) + " nodes joined within " +
                                   formatSeconds(opts_.join_timeout) +

@@ -589,6 +589,40 @@ TEST_CASE(
   CHECK(all[2]->membersReads() >= 1);
 }
 
+TEST_CASE(
+    "coordinator: elastic, a round whose slots hold one agent twice waits for min_nodes distinct "
+    "agents",
+    "[unit]") {
+  MemoryStore store;
+  // Slot 1: agent 2's first join, whose reply was lost (takeSlot joins again with a new slot).
+  const int64_t first = store.takeTicket(kNoneRun + roundKey(0, "joined"));
+  store.set(kNoneRun + roundKey(0, "agent/" + std::to_string(first)),
+            agentRecord(AgentInfo{"h2", 2, "agent-2", -1}, -1).dump());
+  const auto elastic = [](StoreCoordinatorOptions& o) {
+    o.elastic = true;
+    o.min_nodes = 3;
+    o.max_nodes = 3;
+  };
+  std::vector<std::unique_ptr<Agent>> all;
+  for (int r = 0; r < 3; ++r) all.push_back(std::make_unique<Agent>(store, r, 1, 0, elastic));
+  // Slots 2 and 3: the host, then agent 2 again. Three slots are taken but two agents joined:
+  // the round must not close short of min_nodes (it did: it closed at slot 3 with two members).
+  std::vector<std::future<Result<AttemptStart>>> futures;
+  futures.push_back(all[0]->begin(0));
+  REQUIRE(eventually([&] { return store.check({kNoneRun + roundKey(0, "agent/2")}); }));
+  futures.push_back(all[2]->begin(0));
+  REQUIRE(eventually([&] { return store.check({kNoneRun + roundKey(0, "agent/3")}); }));
+  futures.push_back(all[1]->begin(0));
+  std::set<int> ranks;
+  for (auto& f : futures) {
+    Result<AttemptStart> s = within(f);
+    REQUIRE(s.isOk());
+    CHECK(s.value().membership.group_world_size == 3);
+    ranks.insert(s.value().membership.group_rank);
+  }
+  CHECK(ranks == std::set<int>{0, 1, 2});
+}
+
 namespace {
 
 // A liveness whose verdicts the test writes: every member whose id is in `dead` is reported lost
