@@ -5,17 +5,15 @@
 #include <sstream>
 
 #include "agent/process_launcher.h"
+#include "common/system.h"
 
 namespace cpprun::agent {
 
 namespace {
 
 std::string readSmallFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return "";
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  Result<std::string> text = readFile(path);
+  return text.isOk() ? std::move(text).value() : std::string();
 }
 
 std::string trimNewline(std::string s) {

@@ -8,9 +8,10 @@
 // it allocates nothing, takes no lock and calls no libc function but syscall(2) (no interceptor
 // of a sanitizer, no lazily bound symbol with a lock behind it, no errno of its own worth
 // keeping). Everything it needs -- argv, envp, the program's path, the CPU and node masks -- is
-// prepared by the parent. It writes what failed (the step and errno) into the parent's
-// ChildArgs, which the parent reads when it resumes; no pipe is needed since the memory is
-// shared and the parent runs again only after the exec or the exit.
+// prepared by the parent (prepareSpawn, agent/spawn_plan.h); launch() hands it to the child. The
+// child writes what failed (the step and errno) into the parent's ChildArgs, which the parent
+// reads when it resumes and spawnStepError names with its syscall; no pipe is needed since the
+// memory is shared and the parent runs again only after the exec or the exit.
 #include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -36,105 +37,16 @@
 #include <unordered_set>
 
 #include "agent/process_launcher.h"
+#include "agent/spawn_plan.h"
 
 extern char** environ;
 
 namespace cpprun::agent {
 namespace {
 
-// set_mempolicy(2) modes (linux/mempolicy.h; not included: it clashes with libnuma's numaif.h).
-constexpr int kMpolPreferred = 1;
-constexpr int kMpolBind = 2;
-// Highest CPU and node number accepted in a ProcessSpec.
-constexpr int kMaxCpu = 1 << 16;
-constexpr int kMaxNode = 1 << 12;
-
 // The child's stack: enough for the child step and the kernel's signal frame, below it one
 // PROT_NONE guard page.
 constexpr size_t kChildStackBytes = 64 * 1024;
-
-// The agent's environment with `overrides` applied, as "NAME=value" strings.
-std::vector<std::string> mergedEnvironment(const std::map<std::string, std::string>& overrides) {
-  std::vector<std::string> merged;
-  merged.reserve(overrides.size() + 64);
-  for (char** e = environ; *e != nullptr; ++e) {
-    const char* eq = std::strchr(*e, '=');
-    if (eq == nullptr) continue;
-    if (!overrides.empty() && overrides.count(std::string(*e, static_cast<size_t>(eq - *e))) != 0) {
-      continue;
-    }
-    merged.emplace_back(*e);
-  }
-  for (const auto& [name, value] : overrides) merged.push_back(name + "=" + value);
-  return merged;
-}
-
-// PATH of the environment the child gets (what execvp in the child would search); unset:
-// execvp's default.
-std::string searchPathOf(const std::vector<std::string>& env) {
-  for (const std::string& entry : env) {
-    if (entry.compare(0, 5, "PATH=") == 0) return entry.substr(5);
-  }
-  return "/usr/local/bin:/usr/bin:/bin";
-}
-
-bool isExecutableFile(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
-}
-
-// The first regular executable file named `program` in the directories of `path` (an empty
-// entry is the current directory); "" when there is none.
-std::string lookUpInPath(const std::string& program, const std::string& path) {
-  size_t start = 0;
-  while (start <= path.size()) {
-    size_t end = path.find(':', start);
-    if (end == std::string::npos) end = path.size();
-    const std::string dir = end > start ? path.substr(start, end - start) : ".";
-    std::string candidate = dir + "/" + program;
-    if (isExecutableFile(candidate)) return candidate;
-    start = end + 1;
-  }
-  return "";
-}
-
-// "0-3,8,10-11"
-std::string rangeList(std::vector<int> values) {
-  std::sort(values.begin(), values.end());
-  values.erase(std::unique(values.begin(), values.end()), values.end());
-  std::string out;
-  for (size_t i = 0; i < values.size();) {
-    size_t j = i;
-    while (j + 1 < values.size() && values[j + 1] == values[j] + 1) ++j;
-    if (!out.empty()) out += ",";
-    out += std::to_string(values[i]);
-    if (j > i) out += "-" + std::to_string(values[j]);
-    i = j + 1;
-  }
-  return out;
-}
-
-std::string errnoText(int error) {
-  const char* name = strerrordesc_np(error);
-  const char* abbrev = strerrorname_np(error);
-  return std::string(name != nullptr ? name : "unknown error") + " (" +
-         (abbrev != nullptr ? std::string(abbrev) : "errno " + std::to_string(error)) + ")";
-}
-
-// What the child did not manage; the parent names it in the error.
-enum class ChildStep : int {
-  kNone = 0,
-  kSignals,
-  kProcessGroup,
-  kControllingTerminal,
-  kCgroup,
-  kParentDeathSignal,
-  kAgentGone,
-  kStdio,
-  kCpuAffinity,
-  kMemoryPolicy,
-  kExec,
-};
 
 // The kernel's sigset_t: 64 signals.
 constexpr size_t kKernelSigsetBytes = 8;
@@ -166,7 +78,7 @@ struct ChildArgs {
   const unsigned long* nodemask = nullptr;
   unsigned long maxnode = 0;
   // Written by the child before it exits; read by the parent once it runs again.
-  ChildStep failed_step = ChildStep::kNone;
+  SpawnStep failed_step = SpawnStep::kNone;
   int error = 0;
   // Under ThreadSanitizer only (forkChild): where the child reports its failed step and errno.
   int report_fd = -1;
@@ -180,7 +92,7 @@ struct ChildArgs {
 
 // Failed: record the step and errno, exit with 127 (what a shell says for "cannot execute").
 // exit_group, not exit: a forked child (ThreadSanitizer's) may have a runtime thread of its own.
-[[noreturn]] CPPRUN_NO_SANITIZE void childFail(ChildArgs* a, ChildStep step, int error) {
+[[noreturn]] CPPRUN_NO_SANITIZE void childFail(ChildArgs* a, SpawnStep step, int error) {
   a->error = error;
   a->failed_step = step;
   if (a->report_fd >= 0) {
@@ -212,40 +124,40 @@ CPPRUN_NO_SANITIZE int childMain(void* arg) {
     KernelSigaction dfl{};
     dfl.handler = SIG_DFL;
     if (::syscall(SYS_rt_sigaction, sig, &dfl, nullptr, kKernelSigsetBytes) != 0) {
-      childFail(a, ChildStep::kSignals, errno);
+      childFail(a, SpawnStep::kSignals, errno);
     }
   }
   if (a->controlling_tty_fd >= 0) {
     // A session of its own (its process group id is its pid, as setpgid would make it), with
     // the terminal as its controlling terminal and its group in the terminal's foreground.
-    if (::syscall(SYS_setsid) < 0) childFail(a, ChildStep::kProcessGroup, errno);
+    if (::syscall(SYS_setsid) < 0) childFail(a, SpawnStep::kSession, errno);
     if (::syscall(SYS_ioctl, a->controlling_tty_fd, TIOCSCTTY, 0) != 0) {
-      childFail(a, ChildStep::kControllingTerminal, errno);
+      childFail(a, SpawnStep::kControllingTerminal, errno);
     }
   } else if (::syscall(SYS_setpgid, 0, 0) != 0) {
-    childFail(a, ChildStep::kProcessGroup, errno);
+    childFail(a, SpawnStep::kProcessGroup, errno);
   }
   if (a->cgroup_procs != nullptr) {
     const long fd = ::syscall(SYS_openat, AT_FDCWD, a->cgroup_procs, O_WRONLY | O_CLOEXEC);
-    if (fd < 0) childFail(a, ChildStep::kCgroup, errno);
+    if (fd < 0) childFail(a, SpawnStep::kCgroupOpen, errno);
     if (::syscall(SYS_write, fd, "0", 1) != 1) {
       const int error = errno;
       ::syscall(SYS_close, fd);
-      childFail(a, ChildStep::kCgroup, error);
+      childFail(a, SpawnStep::kCgroupWrite, error);
     }
     ::syscall(SYS_close, fd);
   }
   if (::syscall(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) {
-    childFail(a, ChildStep::kParentDeathSignal, errno);
+    childFail(a, SpawnStep::kParentDeathSignal, errno);
   }
   // The agent may have died before prctl; then nobody would kill this worker.
-  if (::syscall(SYS_getppid) != a->agent_pid) childFail(a, ChildStep::kAgentGone, ESRCH);
-  if (!childMoveFd(a->stdin_fd, STDIN_FILENO)) childFail(a, ChildStep::kStdio, errno);
+  if (::syscall(SYS_getppid) != a->agent_pid) childFail(a, SpawnStep::kAgentGone, ESRCH);
+  if (!childMoveFd(a->stdin_fd, STDIN_FILENO)) childFail(a, SpawnStep::kStdin, errno);
   if (a->stdout_fd >= 0 && !childMoveFd(a->stdout_fd, STDOUT_FILENO)) {
-    childFail(a, ChildStep::kStdio, errno);
+    childFail(a, SpawnStep::kStdout, errno);
   }
   if (a->stderr_fd >= 0 && !childMoveFd(a->stderr_fd, STDERR_FILENO)) {
-    childFail(a, ChildStep::kStdio, errno);
+    childFail(a, SpawnStep::kStderr, errno);
   }
   // Nothing of the agent's beyond stdio reaches the worker: not the store's listening socket
   // (a worker outliving its agent would keep the port), not its connections or pipes.
@@ -261,16 +173,16 @@ CPPRUN_NO_SANITIZE int childMain(void* arg) {
     }
   }
   if (a->cpus != nullptr && ::syscall(SYS_sched_setaffinity, 0, a->cpus_bytes, a->cpus) != 0) {
-    childFail(a, ChildStep::kCpuAffinity, errno);
+    childFail(a, SpawnStep::kCpuAffinity, errno);
   }
   if (a->mempolicy_mode >= 0 &&
       ::syscall(SYS_set_mempolicy, a->mempolicy_mode, a->nodemask, a->maxnode) != 0) {
-    childFail(a, ChildStep::kMemoryPolicy, errno);
+    childFail(a, SpawnStep::kMemoryPolicy, errno);
   }
   uint64_t empty = 0;
   ::syscall(SYS_rt_sigprocmask, SIG_SETMASK, &empty, nullptr, kKernelSigsetBytes);
   ::syscall(SYS_execve, a->path, a->argv, a->envp);
-  childFail(a, ChildStep::kExec, errno);
+  childFail(a, SpawnStep::kExec, errno);
 }
 
 #if defined(__SANITIZE_THREAD__)
@@ -303,7 +215,7 @@ pid_t forkChild(ChildArgs& child) {
     while ((n = ::read(report[0], failed, sizeof failed)) < 0 && errno == EINTR) {
     }
     if (n == static_cast<ssize_t>(sizeof failed)) {
-      child.failed_step = static_cast<ChildStep>(failed[0]);
+      child.failed_step = static_cast<SpawnStep>(failed[0]);
       child.error = failed[1];
     }
   }
@@ -327,117 +239,9 @@ class SystemProcessLauncher : public ProcessLauncher {
       return invalidArgument("no program to run");
     }
     if (Status s = prepareOnce(); !s.isOk()) return s;
-    const std::string& program = spec.argv[0];
-    std::vector<std::string> env = mergedEnvironment(spec.env);
-    std::string path = program;
-    if (program.find('/') == std::string::npos) {
-      path = lookUpInPath(program, searchPathOf(env));
-      if (path.empty()) {
-        return invalidArgument("cannot run '" + program + "': not found in PATH");
-      }
-    }
-
-    // The binding, as the kernel takes it.
-    cpu_set_t* cpus = nullptr;
-    size_t cpus_bytes = 0;
-    struct CpuSetFree {
-      void operator()(cpu_set_t* s) const { CPU_FREE(s); }
-    };
-    std::unique_ptr<cpu_set_t, CpuSetFree> cpus_owner;
-    if (!spec.cpus.empty()) {
-      int highest = 0;
-      for (int cpu : spec.cpus) {
-        if (cpu < 0 || cpu > kMaxCpu) {
-          return invalidArgument("cannot run '" + program + "': CPU " + std::to_string(cpu) +
-                                 " in its CPU list " + rangeList(spec.cpus) +
-                                 " is out of range (0 to " + std::to_string(kMaxCpu) + ")");
-        }
-        highest = std::max(highest, cpu);
-      }
-      cpus_owner.reset(CPU_ALLOC(highest + 1));
-      cpus = cpus_owner.get();
-      cpus_bytes = CPU_ALLOC_SIZE(highest + 1);
-      CPU_ZERO_S(cpus_bytes, cpus);
-      for (int cpu : spec.cpus) CPU_SET_S(static_cast<size_t>(cpu), cpus_bytes, cpus);
-    }
-    int mempolicy_mode = -1;
-    std::vector<unsigned long> nodemask;
-    unsigned long maxnode = 0;
-    if (spec.memory_policy != ProcessSpec::MemoryPolicy::kInherit && !spec.memory_nodes.empty()) {
-      mempolicy_mode =
-          spec.memory_policy == ProcessSpec::MemoryPolicy::kBind ? kMpolBind : kMpolPreferred;
-      int highest = 0;
-      for (int node : spec.memory_nodes) {
-        if (node < 0 || node > kMaxNode) {
-          return invalidArgument("cannot run '" + program + "': NUMA node " + std::to_string(node) +
-                                 " in its memory nodes " + rangeList(spec.memory_nodes) +
-                                 " is out of range (0 to " + std::to_string(kMaxNode) + ")");
-        }
-        highest = std::max(highest, node);
-      }
-      constexpr int kBits = static_cast<int>(8 * sizeof(unsigned long));
-      nodemask.assign(static_cast<size_t>(highest / kBits + 1), 0UL);
-      for (int node : spec.memory_nodes) {
-        nodemask[static_cast<size_t>(node / kBits)] |= 1UL << (node % kBits);
-      }
-      // The kernel reads maxnode - 1 bits.
-      maxnode = static_cast<unsigned long>(nodemask.size() * kBits + 1);
-    }
-
-    std::vector<char*> envp;
-    envp.reserve(env.size() + 1);
-    for (auto& entry : env) envp.push_back(entry.data());
-    envp.push_back(nullptr);
-    std::vector<std::string> args = spec.argv;
-    std::vector<char*> argv;
-    argv.reserve(args.size() + 1);
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-
-    ChildArgs child;
-    child.path = path.c_str();
-    child.argv = argv.data();
-    child.envp = envp.data();
-    child.agent_pid = ::getpid();
-    child.stdin_fd = spec.stdin_fd >= 0 ? spec.stdin_fd : dev_null_;
-    child.controlling_tty_fd = spec.controlling_tty_fd;
-    child.stdout_fd = spec.stdout_fd;
-    child.stderr_fd = spec.stderr_fd;
-    child.fd_limit = fd_limit_;
-    child.cpus = cpus;
-    child.cpus_bytes = cpus_bytes;
-    child.cgroup_procs =
-        containment_.cgroup_procs.empty() ? nullptr : containment_.cgroup_procs.c_str();
-    child.mempolicy_mode = mempolicy_mode;
-    child.nodemask = nodemask.empty() ? nullptr : nodemask.data();
-    child.maxnode = maxnode;
-
-    // Every signal blocked from before the clone until the child has reset the handlers (and
-    // in this thread until the clone returns, as the child ran on its memory meanwhile).
-    sigset_t all;
-    sigset_t saved;
-    sigfillset(&all);
-    ::pthread_sigmask(SIG_SETMASK, &all, &saved);
-#ifdef CPPRUN_SPAWN_BY_FORK
-    const pid_t pid = forkChild(child);
-#else
-    const pid_t pid = ::clone(childMain, stackTop(), CLONE_VM | CLONE_VFORK | SIGCHLD, &child);
-#endif
-    const int clone_errno = errno;
-    ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
-    if (pid < 0) {
-      return internalError("cannot run '" + program + "': clone: " + errnoText(clone_errno));
-    }
-    if (child.failed_step != ChildStep::kNone) {
-      // The child has exited (that is why this thread runs again): collect it here, so the
-      // agent's reaper never reports a worker that was not started.
-      int status = 0;
-      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-      }
-      return childError(program, path, spec, child, containment_);
-    }
-    reportGroup('+', pid);
-    return pid;
+    Result<SpawnPlan> plan = prepareSpawn(spec, environ, dev_null_);
+    if (!plan.isOk()) return plan.status();
+    return launch(plan.value(), spec);
   }
 
   Status signalGroup(pid_t pgid, int signo) override {
@@ -517,46 +321,57 @@ class SystemProcessLauncher : public ProcessLauncher {
     (void)!::write(containment_.group_report_fd, line, static_cast<size_t>(n));
   }
 
-  static Status childError(const std::string& program, const std::string& path,
-                           const ProcessSpec& spec, const ChildArgs& child,
-                           const WorkerContainment& containment) {
-    const std::string head = "cannot run '" + program + "'";
-    const std::string why = errnoText(child.error);
-    switch (child.failed_step) {
-      case ChildStep::kExec:
-        return invalidArgument(head + (path != program ? " (" + path + ")" : "") + ": " + why);
-      case ChildStep::kCpuAffinity:
-        return Status(StatusCode::kUnavailable, head + ": cannot bind it to CPUs " +
-                                                    rangeList(spec.cpus) +
-                                                    " (sched_setaffinity): " + why);
-      case ChildStep::kMemoryPolicy:
-        return Status(
-            StatusCode::kUnavailable,
-            head + ": cannot set its memory policy to " +
-                (spec.memory_policy == ProcessSpec::MemoryPolicy::kBind ? "bind" : "preferred") +
-                " on NUMA nodes " + rangeList(spec.memory_nodes) + " (set_mempolicy): " + why);
-      case ChildStep::kSignals:
-        return internalError(head + ": cannot reset its signal handlers: " + why);
-      case ChildStep::kProcessGroup:
-        return internalError(
-            head +
-            ": cannot give it a process group of its own (setpgid, or setsid with a terminal): " +
-            why);
-      case ChildStep::kControllingTerminal:
-        return internalError(head + ": cannot give it its terminal (TIOCSCTTY): " + why);
-      case ChildStep::kCgroup:
-        return internalError(head + ": cannot move it into the job's cgroup (write " +
-                             containment.cgroup_procs + "): " + why);
-      case ChildStep::kParentDeathSignal:
-        return internalError(head + ": cannot set its parent-death signal: " + why);
-      case ChildStep::kAgentGone:
-        return internalError(head + ": the agent was gone before the worker started");
-      case ChildStep::kStdio:
-        return internalError(head + ": cannot set up its stdin, stdout and stderr: " + why);
-      case ChildStep::kNone:
-        break;
+  // Clones the child that runs `plan` and waits until it has exec'd or failed; a failed
+  // child is reaped here, so the agent's reaper never reports a worker that was not started.
+  Result<pid_t> launch(const SpawnPlan& plan, const ProcessSpec& spec) {
+    ChildArgs child;
+    child.path = plan.path.c_str();
+    child.argv = plan.argv.data();
+    child.envp = plan.envp.data();
+    child.agent_pid = ::getpid();
+    child.stdin_fd = plan.stdin_fd;
+    child.controlling_tty_fd = plan.controlling_tty_fd;
+    child.stdout_fd = plan.stdout_fd;
+    child.stderr_fd = plan.stderr_fd;
+    child.fd_limit = fd_limit_;
+    if (!plan.cpu_mask.empty()) {
+      child.cpus = reinterpret_cast<const cpu_set_t*>(plan.cpu_mask.data());
+      child.cpus_bytes = plan.cpuMaskBytes();
     }
-    return internalError(head + ": " + why);
+    child.cgroup_procs =
+        containment_.cgroup_procs.empty() ? nullptr : containment_.cgroup_procs.c_str();
+    child.mempolicy_mode = plan.mempolicy_mode;
+    child.nodemask = plan.nodemask.empty() ? nullptr : plan.nodemask.data();
+    child.maxnode = plan.maxnode;
+
+    // Every signal blocked from before the clone until the child has reset the handlers (and
+    // in this thread until the clone returns, as the child ran on its memory meanwhile).
+    sigset_t all;
+    sigset_t saved;
+    sigfillset(&all);
+    ::pthread_sigmask(SIG_SETMASK, &all, &saved);
+#ifdef CPPRUN_SPAWN_BY_FORK
+    const pid_t pid = forkChild(child);
+    const char* const create_call = "fork";
+#else
+    const pid_t pid = ::clone(childMain, stackTop(), CLONE_VM | CLONE_VFORK | SIGCHLD, &child);
+    const char* const create_call = "clone";
+#endif
+    const int clone_errno = errno;
+    ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+    if (pid < 0) {
+      return internalError("cannot run '" + plan.program + "': " + create_call + ": " +
+                           errnoText(clone_errno));
+    }
+    if (child.failed_step != SpawnStep::kNone) {
+      // The child has exited (that is why this thread runs again).
+      int status = 0;
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      return spawnStepError(plan, spec, containment_.cgroup_procs, child.failed_step, child.error);
+    }
+    reportGroup('+', pid);
+    return pid;
   }
 
   const WorkerContainment containment_;

@@ -1,9 +1,13 @@
 #include "common/system.h"
 
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 namespace cpprun {
 
@@ -54,6 +58,30 @@ std::string findExecutable(const std::string& program, const std::string& path) 
     start = end + 1;
   }
   return "";
+}
+
+Result<std::string> readFile(const std::string& path) {
+  auto failed = [&](const char* call, int error) {
+    return Status(error == ENOENT ? StatusCode::kNotFound : StatusCode::kUnavailable,
+                  std::string(call) + " " + path + ": " + std::strerror(error));
+  };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return failed("open", errno);
+  std::string text;
+  char buffer[64 * 1024];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int error = errno;
+      ::close(fd);
+      return failed("read", error);
+    }
+    if (n == 0) break;
+    text.append(buffer, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return text;
 }
 
 }  // namespace cpprun

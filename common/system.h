@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "common/status.h"
+
 namespace cpprun {
 
 // Raises the soft open-file limit to the hard limit, so one process can hold thousands of
@@ -24,5 +26,9 @@ namespace cpprun {
 // executable file of that name in the directories of `path` (a PATH value; empty:
 // /usr/local/bin:/usr/bin:/bin). "" when there is none.
 std::string findExecutable(const std::string& program, const std::string& path);
+
+// The whole content of the file at `path`. An error (kNotFound when it does not exist, else
+// kUnavailable) names the path, the call and errno: "open /x: No such file or directory".
+Result<std::string> readFile(const std::string& path);
 
 }  // namespace cpprun

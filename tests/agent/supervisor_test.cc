@@ -21,6 +21,7 @@
 
 #include "common/asio.h"
 #include "common/progress_file.h"
+#include "common/system.h"
 #include "tests/support/test_support.h"
 
 namespace {
@@ -138,11 +139,10 @@ class FakeCoordinator : public JobCoordinator {
   DecisionDone decide;
 };
 
-std::string readFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
+// The content of the file at `path`, "" when it cannot be read.
+std::string fileText(const std::string& path) {
+  Result<std::string> text = readFile(path);
+  return text.isOk() ? std::move(text).value() : std::string();
 }
 
 struct Fixture {
@@ -167,7 +167,7 @@ struct Fixture {
   // The console as written so far (the writer thread writes it: wait for what is queued).
   std::string consoleText() {
     REQUIRE(sinks->flush(5s));
-    return readFile(console_path);
+    return fileText(console_path);
   }
 
   void make(SupervisorOptions options) {
@@ -417,7 +417,7 @@ TEST_CASE_METHOD(Fixture,
   REQUIRE(runUntil([&] { return outcome.has_value(); }));
   REQUIRE(sinks->flush(5s));
   const std::string attempt = dir.path() + "/attempt_0";
-  const std::string out = readFile(attempt + "/filtered_stdout.log");
+  const std::string out = fileText(attempt + "/filtered_stdout.log");
   INFO(out);
   REQUIRE_FALSE(out.empty());
   std::vector<std::string> rank0, rank1;
@@ -432,7 +432,7 @@ TEST_CASE_METHOD(Fixture,
         std::vector<std::string>{"[default1]:a,b and c", "[default1]:loss without newline"});
   CHECK(out.back() == '\n');
   CHECK(std::filesystem::exists(attempt + "/filtered_stderr.log"));
-  CHECK(readFile(attempt + "/filtered_stderr.log").empty());
+  CHECK(fileText(attempt + "/filtered_stderr.log").empty());
 }
 
 TEST_CASE_METHOD(Fixture,

@@ -317,7 +317,9 @@ TEST_CASE(
   auto r = launcher->spawn(missing);
   REQUIRE_FALSE(r.isOk());
   CHECK_THAT(r.status().message(),
-             Catch::Contains("'" + dir.path() + "/no-such-program'") && Catch::Contains("ENOENT"));
+             Catch::Contains("'" + dir.path() + "/no-such-program'") &&
+                 Catch::Contains("execve(" + dir.path() + "/no-such-program): ") &&
+                 Catch::Contains("ENOENT"));
   CHECK(noChildren());
 
   const std::string not_executable = dir.path() + "/data.txt";
@@ -342,6 +344,44 @@ TEST_CASE(
   r = launcher->spawn(nothing);
   REQUIRE_FALSE(r.isOk());
   CHECK(r.status().code() == StatusCode::kInvalidArgument);
+  CHECK(noChildren());
+}
+
+TEST_CASE("a child step that fails names its syscall and errno and leaves no child",
+          "[unit][launcher]") {
+  TempDir dir;
+  REQUIRE(noChildren());
+  ProcessSpec spec;
+  spec.argv = {"/bin/true"};
+
+  SECTION("a controlling terminal that is not a terminal") {
+    int pipe_fds[2];
+    REQUIRE(::pipe2(pipe_fds, O_CLOEXEC) == 0);
+    spec.controlling_tty_fd = pipe_fds[0];
+    auto r = makeSystemProcessLauncher()->spawn(spec);
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
+    REQUIRE_FALSE(r.isOk());
+    CHECK_THAT(r.status().message(),
+               Catch::Contains("ioctl(" + std::to_string(pipe_fds[0]) + ", TIOCSCTTY): ") &&
+                   Catch::Contains("ENOTTY"));
+  }
+  SECTION("a job cgroup that does not exist") {
+    WorkerContainment containment;
+    containment.cgroup_procs = dir.path() + "/no-cgroup/cgroup.procs";
+    auto r = makeSystemProcessLauncher(containment)->spawn(spec);
+    REQUIRE_FALSE(r.isOk());
+    CHECK_THAT(
+        r.status().message(),
+        Catch::Contains("openat(" + containment.cgroup_procs + "): ") && Catch::Contains("ENOENT"));
+  }
+  SECTION("a stdout descriptor that is not open") {
+    spec.stdout_fd = 1000;
+    auto r = makeSystemProcessLauncher()->spawn(spec);
+    REQUIRE_FALSE(r.isOk());
+    CHECK_THAT(r.status().message(),
+               Catch::Contains("stdout: dup3(1000, 1): ") && Catch::Contains("EBADF"));
+  }
   CHECK(noChildren());
 }
 

@@ -40,6 +40,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/command_line.h"
 #include "rendezvous/tcp_store_client.h"
 #include "tests/support/http_get.h"
 
@@ -225,41 +226,52 @@ RunResult runJob(const Options& o, const std::string& cpprun, const std::string&
   return result;
 }
 
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr,
+               "http_flood_bench: %s\nusage: http_flood_bench [--peer CPPRUN] [--clients C] "
+               "[--round-trips M] [--runs R] [--nproc N]\n",
+               why.c_str());
+  std::exit(2);
+}
+
+// A numeric flag's value in [min, max], or usage() naming the flag and the text.
+int unsignedValue(const std::string& flag, const std::string& text, uint64_t min, uint64_t max) {
+  cpprun::Result<uint64_t> n = cpprun::parseUnsigned(flag, text, max);
+  if (!n.isOk()) usage(n.status().message());
+  if (n.value() < min) usage(flag + " is at least " + std::to_string(min) + ", not " + text);
+  return static_cast<int>(n.value());
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  cpprun::OptionCursor args(argc, argv);
+  while (args.next()) {
+    const std::string flag = args.name();
+    if (!args.isOption()) usage("unexpected argument " + flag);
+    cpprun::Result<std::string> value = args.value();
+    if (!value.isOk()) usage(value.status().message());
+    const std::string& v = value.value();
+    if (flag == "--peer") {
+      o.peer = v;
+    } else if (flag == "--clients") {
+      o.clients = unsignedValue(flag, v, 1, 100'000);
+    } else if (flag == "--round-trips") {
+      o.round_trips = unsignedValue(flag, v, 100, 100'000'000);
+    } else if (flag == "--runs") {
+      o.runs = unsignedValue(flag, v, 1, 1000);
+    } else if (flag == "--nproc") {
+      o.nproc = unsignedValue(flag, v, 1, 1024);
+    } else {
+      usage("unknown flag " + flag);
+    }
+  }
+  return o;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "http_flood_bench: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--peer") {
-      o.peer = value();
-    } else if (a == "--clients") {
-      o.clients = std::atoi(value().c_str());
-    } else if (a == "--round-trips") {
-      o.round_trips = std::atoi(value().c_str());
-    } else if (a == "--runs") {
-      o.runs = std::atoi(value().c_str());
-    } else if (a == "--nproc") {
-      o.nproc = std::atoi(value().c_str());
-    } else {
-      std::fprintf(stderr,
-                   "usage: http_flood_bench [--peer CPPRUN] [--clients C] [--round-trips M] "
-                   "[--runs R] [--nproc N]\n");
-      return 2;
-    }
-  }
-  if (o.clients < 1 || o.round_trips < 100 || o.runs < 1 || o.nproc < 1) {
-    std::fprintf(stderr,
-                 "http_flood_bench: --clients, --runs, --nproc >= 1, --round-trips >= 100\n");
-    return 2;
-  }
+  const Options o = parse(argc, argv);
   std::vector<std::string> binaries = {CPPRUN_BINARY};
   if (!o.peer.empty()) binaries.push_back(o.peer);
   std::vector<std::vector<RunResult>> results(binaries.size());

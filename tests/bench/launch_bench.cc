@@ -340,8 +340,8 @@ void checkInterrupted() {
 // /proc helpers
 
 std::string readFile(const std::string& path) {
-  std::ifstream f(path);
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  cpprun::Result<std::string> text = cpprun::readFile(path);
+  return text.isOk() ? std::move(text).value() : std::string();
 }
 
 std::string exeOf(pid_t pid) {

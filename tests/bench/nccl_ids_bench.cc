@@ -26,6 +26,7 @@
 
 #include "agent/nccl_id_groups.h"
 #include "agent/nccl_unique_id.h"
+#include "common/command_line.h"
 #include "rendezvous/tcp_store_client.h"
 #include "rendezvous/tcp_store_server.h"
 
@@ -128,30 +129,42 @@ std::vector<Figure> measureWorld(const Options& o, int world, agent::NcclUniqueI
   return f;
 }
 
+[[noreturn]] void usage(const std::string& why, int code = 2) {
+  if (!why.empty()) std::fprintf(stderr, "nccl_ids_bench: %s\n", why.c_str());
+  std::fprintf(code == 0 ? stdout : stderr,
+               "usage: nccl_ids_bench [--nccl-library PATH] [--runs N] [--reps N] "
+               "[--ranks-per-id N]\n");
+  std::exit(code);
+}
+
+// A count flag's value in [1, max], or usage() naming the flag and the text.
+int countValue(const std::string& flag, const std::string& text, uint64_t max) {
+  Result<uint64_t> n = parseUnsigned(flag, text, max);
+  if (!n.isOk()) usage(n.status().message());
+  if (n.value() < 1) usage(flag + " is at least 1, not " + text);
+  return static_cast<int>(n.value());
+}
+
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--nccl-library") {
-      o.library = value();
-    } else if (a == "--runs") {
-      o.runs = std::max(1, std::atoi(value().c_str()));
-    } else if (a == "--reps") {
-      o.reps = std::max(1, std::atoi(value().c_str()));
-    } else if (a == "--ranks-per-id") {
-      o.ranks_per_id = std::max(1, std::atoi(value().c_str()));
+  OptionCursor args(argc, argv);
+  while (args.next()) {
+    const std::string flag = args.name();
+    if (flag == "--help" || flag == "-h") usage("", 0);
+    if (!args.isOption()) usage("unexpected argument " + flag);
+    Result<std::string> value = args.value();
+    if (!value.isOk()) usage(value.status().message());
+    const std::string& v = value.value();
+    if (flag == "--nccl-library") {
+      o.library = v;
+    } else if (flag == "--runs") {
+      o.runs = countValue(flag, v, 1000);
+    } else if (flag == "--reps") {
+      o.reps = countValue(flag, v, 1'000'000);
+    } else if (flag == "--ranks-per-id") {
+      o.ranks_per_id = countValue(flag, v, 1'000'000);
     } else {
-      std::fprintf(stderr,
-                   "usage: nccl_ids_bench [--nccl-library PATH] [--runs N] [--reps N] "
-                   "[--ranks-per-id N]\n");
-      std::exit(a == "--help" ? 0 : 2);
+      usage("unknown flag " + flag);
     }
   }
   return o;

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "agent/process_launcher.h"
+#include "common/command_line.h"
 #include "tests/support/http_get.h"
 
 namespace {
@@ -179,38 +180,50 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr,
+               "observability_bench: %s\nusage: observability_bench [--seconds S] [--nproc N] "
+               "[--step-ms MS] [--runs R]\n",
+               why.c_str());
+  std::exit(2);
+}
+
+// A numeric flag's value in [min, max], or usage() naming the flag and the text.
+int unsignedValue(const std::string& flag, const std::string& text, uint64_t min, uint64_t max) {
+  cpprun::Result<uint64_t> n = cpprun::parseUnsigned(flag, text, max);
+  if (!n.isOk()) usage(n.status().message());
+  if (n.value() < min) usage(flag + " is at least " + std::to_string(min) + ", not " + text);
+  return static_cast<int>(n.value());
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  cpprun::OptionCursor args(argc, argv);
+  while (args.next()) {
+    const std::string flag = args.name();
+    if (!args.isOption()) usage("unexpected argument " + flag);
+    cpprun::Result<std::string> value = args.value();
+    if (!value.isOk()) usage(value.status().message());
+    const std::string& v = value.value();
+    if (flag == "--seconds") {
+      o.seconds = unsignedValue(flag, v, 5, 86'400);
+    } else if (flag == "--nproc") {
+      o.nproc = unsignedValue(flag, v, 1, 1024);
+    } else if (flag == "--step-ms") {
+      o.step_ms = unsignedValue(flag, v, 1, 3'600'000);
+    } else if (flag == "--runs") {
+      o.runs = unsignedValue(flag, v, 1, 1000);
+    } else {
+      usage("unknown flag " + flag);
+    }
+  }
+  return o;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> int {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "observability_bench: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return std::atoi(argv[++i]);
-    };
-    if (a == "--seconds") {
-      o.seconds = value();
-    } else if (a == "--nproc") {
-      o.nproc = value();
-    } else if (a == "--step-ms") {
-      o.step_ms = value();
-    } else if (a == "--runs") {
-      o.runs = value();
-    } else {
-      std::fprintf(stderr,
-                   "usage: observability_bench [--seconds S] [--nproc N] [--step-ms MS] "
-                   "[--runs R]\n");
-      return 2;
-    }
-  }
-  if (o.seconds < 5 || o.nproc < 1 || o.step_ms < 1 || o.runs < 1) {
-    std::fprintf(stderr, "observability_bench: --seconds >= 5, --nproc, --step-ms, --runs >= 1\n");
-    return 2;
-  }
+  const Options o = parse(argc, argv);
   std::vector<double> cpu[2], rss[2];
   int scrapes = 0;
   for (int r = 0; r < o.runs; ++r) {

@@ -188,15 +188,13 @@ double parseDouble(const std::string& flag, const std::string& v, double lo, dou
 }
 
 int parseInt(const std::string& flag, const std::string& v, int lo, int hi) {
-  if (v.empty() || v.size() > 9 || v.find_first_not_of("0123456789") != std::string::npos) {
-    usageError("invalid value '" + v + "' for " + flag + ": expected a positive integer");
-  }
-  int n = std::atoi(v.c_str());
-  if (n < lo || n > hi) {
+  auto n = cpprun::parseUnsigned(flag, v, static_cast<uint64_t>(hi));
+  if (!n.isOk()) usageError(n.status().message());
+  if (n.value() < static_cast<uint64_t>(lo)) {
     usageError("value " + v + " for " + flag + " is out of range (" + std::to_string(lo) + " to " +
                std::to_string(hi) + ")");
   }
-  return n;
+  return static_cast<int>(n.value());
 }
 
 std::vector<int> parseList(const std::string& flag, const std::string& v, int lo, int hi,

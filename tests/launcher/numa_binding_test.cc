@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "launcher/cli.h"
-#include "tests/launcher/cpprun_test_helpers.h"
+#include "tests/support/cpprun_test_helpers.h"
 #include "tests/support/http_get.h"
 #include "tests/support/test_support.h"
 

@@ -20,7 +20,7 @@
 //     code reads has a row; "not supported" only when cpprun's sources never name it, "same" and
 //     "different" only when they do; "different" names its evidence.
 //   * the environment table (torchrun vs cpprun): the variables it marks as differing are exactly
-//     those the differential test allows to differ (tests/launcher/torchrun_env_differences.h).
+//     those the differential test allows to differ (tests/support/torchrun_env_differences.h).
 //   * the deliberate behaviour differences and the exit codes: each row names its evidence.
 #include <unistd.h>
 
@@ -37,10 +37,11 @@
 #include <string>
 #include <vector>
 
+#include "common/system.h"
 #include "launcher/cli.h"
-#include "tests/launcher/torchrun_env_differences.h"
 #include "tests/support/test_support.h"
 #include "tests/support/torch_peers.h"
+#include "tests/support/torchrun_env_differences.h"
 
 namespace {
 
@@ -53,10 +54,8 @@ using cpprun::launcher::parseCommandLine;
 const std::string kDoc = std::string(CPPRUN_SOURCE_DIR) + "/docs/torchrun-compatibility.md";
 
 std::string slurp(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
+  cpprun::Result<std::string> text = cpprun::readFile(path.string());
+  return text.isOk() ? std::move(text).value() : std::string();
 }
 
 std::string trim(std::string s) {

@@ -20,7 +20,7 @@
 #include "examples/mnist/gpu_engine.h"
 #include "examples/mnist/idx_dataset.h"
 #include "examples/mnist/network.h"
-#include "tests/launcher/cpprun_test_helpers.h"
+#include "tests/support/cpprun_test_helpers.h"
 #include "tests/support/test_support.h"
 #include "tests/support/training_results.h"
 

@@ -15,7 +15,7 @@
 #include "examples/mnist/checkpoint.h"
 #include "examples/mnist/gpu_engine.h"
 #include "examples/mnist/network.h"
-#include "tests/launcher/cpprun_test_helpers.h"
+#include "tests/support/cpprun_test_helpers.h"
 #include "tests/support/test_support.h"
 #include "tests/support/training_results.h"
 

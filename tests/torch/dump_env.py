@@ -1,4 +1,4 @@
-"""Worker for the torchrun-vs-cpprun differential test (tests/launcher/torchrun_diff_test.cc).
+"""Worker for the torchrun-vs-cpprun differential test (tests/e2e/torchrun_diff_test.cc).
 
 Usage: dump_env.py OUT_DIR [--fail-rank R]
 

@@ -1,4 +1,4 @@
-"""Worker for tests/launcher/file_timer_test.cc: torch's real FileTimerClient under a launcher.
+"""Worker for tests/e2e/file_timer_test.cc: torch's real FileTimerClient under a launcher.
 
 Usage: file_timer_worker.py MODE [HANG_RANK]
 

@@ -1,4 +1,4 @@
-"""Worker for the error-file checks of tests/launcher/torchrun_diff_test.cc.
+"""Worker for the error-file checks of tests/e2e/torchrun_diff_test.cc.
 
 Usage: record_worker.py FAIL_RANK
 

@@ -11,7 +11,7 @@
 #include <set>
 
 #include "agent/process_launcher.h"
-#include "tests/launcher/cpprun_test_helpers.h"
+#include "tests/support/cpprun_test_helpers.h"
 #include "tests/support/netns_hosts.h"
 #include "tests/support/test_support.h"
 #include "tests/support/torch_peers.h"

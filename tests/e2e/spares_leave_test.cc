@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "tests/launcher/cpprun_test_helpers.h"
+#include "tests/support/cpprun_test_helpers.h"
 #include "tests/support/etcd_cluster.h"
 #include "tests/support/http_get.h"
 #include "tests/support/netns_hosts.h"

@@ -39,11 +39,10 @@ inline std::vector<std::string> cpprunCommand(std::vector<std::string> args) {
   return args;
 }
 
+// The content of the file at `path` (cpprun::readFile), "" when it cannot be read.
 inline std::string readFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
+  Result<std::string> text = cpprun::readFile(path);
+  return text.isOk() ? std::move(text).value() : std::string();
 }
 
 inline Json readJson(const std::string& path) { return Json::parse(readFile(path)); }

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "tests/launcher/cpprun_test_helpers.h"
+#include "tests/support/cpprun_test_helpers.h"
 #include "tests/support/etcd_cluster.h"
 #include "tests/support/netns_hosts.h"
 #include "tests/support/test_support.h"

@@ -22,7 +22,7 @@
 #include "agent/job_containment.h"
 #include "agent/process_launcher.h"
 #include "rendezvous/tcp_store_client.h"
-#include "tests/launcher/cpprun_test_helpers.h"
+#include "tests/support/cpprun_test_helpers.h"
 #include "tests/support/test_support.h"
 
 namespace {

@@ -15,7 +15,7 @@
 #include <sstream>
 #include <thread>
 
-#include "tests/launcher/cpprun_test_helpers.h"
+#include "tests/support/cpprun_test_helpers.h"
 #include "tests/support/etcd_cluster.h"
 #include "tests/support/test_support.h"
 

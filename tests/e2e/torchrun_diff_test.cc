@@ -39,10 +39,10 @@
 #include <string>
 #include <vector>
 
-#include "tests/launcher/cpprun_test_helpers.h"
-#include "tests/launcher/torchrun_env_differences.h"
+#include "tests/support/cpprun_test_helpers.h"
 #include "tests/support/test_support.h"
 #include "tests/support/torch_peers.h"
+#include "tests/support/torchrun_env_differences.h"
 
 namespace {
 

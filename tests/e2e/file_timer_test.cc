@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/launcher/cpprun_test_helpers.h"
+#include "tests/support/cpprun_test_helpers.h"
 #include "tests/support/test_support.h"
 #include "tests/support/torch_peers.h"
 

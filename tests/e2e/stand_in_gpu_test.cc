@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/launcher/cpprun_test_helpers.h"
+#include "tests/support/cpprun_test_helpers.h"
 #include "tests/support/test_support.h"
 
 namespace {

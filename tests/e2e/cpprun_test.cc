@@ -17,7 +17,7 @@
 
 #include "agent/process_launcher.h"
 #include "rendezvous/tcp_store_server.h"
-#include "tests/launcher/cpprun_test_helpers.h"
+#include "tests/support/cpprun_test_helpers.h"
 #include "tests/support/test_support.h"
 
 namespace {

@@ -10,7 +10,7 @@
 #include <memory>
 #include <sstream>
 
-#include "tests/launcher/cpprun_test_helpers.h"
+#include "tests/support/cpprun_test_helpers.h"
 #include "tests/support/etcd_cluster.h"
 #include "tests/support/test_support.h"
 

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "agent/process_launcher.h"
-#include "tests/launcher/cpprun_test_helpers.h"
+#include "tests/support/cpprun_test_helpers.h"
 #include "tests/support/torch_peers.h"
 
 namespace cpprun::testing {
