@@ -45,4 +45,13 @@ Result<uint64_t> parseUnsigned(const std::string& flag, const std::string& text,
   return static_cast<uint64_t>(v);
 }
 
+Result<uint64_t> parseUnsigned(const std::string& flag, const std::string& text, uint64_t min,
+                               uint64_t max) {
+  Result<uint64_t> n = parseUnsigned(flag, text, max);
+  if (n.isOk() && n.value() < min) {
+    return invalidArgument(flag + " is at least " + std::to_string(min) + ", not " + text);
+  }
+  return n;
+}
+
 }  // namespace cpprun

@@ -42,5 +42,8 @@ class OptionCursor {
 
 // Parses a decimal number in [0, max]; the error names `flag` and the text.
 Result<uint64_t> parseUnsigned(const std::string& flag, const std::string& text, uint64_t max);
+// The same in [min, max]: below `min`, "<flag> is at least <min>, not <text>".
+Result<uint64_t> parseUnsigned(const std::string& flag, const std::string& text, uint64_t min,
+                               uint64_t max);
 
 }  // namespace cpprun

@@ -549,16 +549,26 @@ TEST_CASE(
   }
 }
 
+namespace {
+
+// Round 0's next slot holds agent 2's record (Agent(store, 2, ...)) as its first join wrote it,
+// whose reply was lost: takeSlot joins again with a new slot when agent 2 begins.
+void agent2JoinedAndLostItsReply(MemoryStore& store) {
+  const int64_t slot = store.takeTicket(kNoneRun + roundKey(0, "joined"));
+  store.set(kNoneRun + roundKey(0, "agent/" + std::to_string(slot)),
+            agentRecord(AgentInfo{"h2", 2, "agent-2", -1}, -1).dump());
+}
+
+}  // namespace
+
 TEST_CASE(
     "coordinator: elastic, an agent that joined twice is a member by its first slot while it "
     "waits on its last",
     "[unit]") {
   MemoryStore store;
-  // Agent 2's first join: its slot and record are in the store, its reply was lost (takeSlot
-  // joins again with a new slot; the round keeps the first record of an id).
-  const int64_t first = store.takeTicket(kNoneRun + roundKey(0, "joined"));
-  store.set(kNoneRun + roundKey(0, "agent/" + std::to_string(first)),
-            agentRecord(AgentInfo{"h2", 2, "agent-2", -1}, -1).dump());
+  // Agent 2's first join: its slot and record are in the store (the round keeps the first record
+  // of an id).
+  agent2JoinedAndLostItsReply(store);
   // Three distinct agents, at most four slots: the round closes once agent 2's second slot (the
   // fourth) is taken, with agent 2 a member by its first slot.
   const auto elastic = [](StoreCoordinatorOptions& o) {
@@ -594,10 +604,8 @@ TEST_CASE(
     "agents",
     "[unit]") {
   MemoryStore store;
-  // Slot 1: agent 2's first join, whose reply was lost (takeSlot joins again with a new slot).
-  const int64_t first = store.takeTicket(kNoneRun + roundKey(0, "joined"));
-  store.set(kNoneRun + roundKey(0, "agent/" + std::to_string(first)),
-            agentRecord(AgentInfo{"h2", 2, "agent-2", -1}, -1).dump());
+  // Slot 1: agent 2's first join.
+  agent2JoinedAndLostItsReply(store);
   const auto elastic = [](StoreCoordinatorOptions& o) {
     o.elastic = true;
     o.min_nodes = 3;

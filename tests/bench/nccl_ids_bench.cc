@@ -139,9 +139,8 @@ std::vector<Figure> measureWorld(const Options& o, int world, agent::NcclUniqueI
 
 // A count flag's value in [1, max], or usage() naming the flag and the text.
 int countValue(const std::string& flag, const std::string& text, uint64_t max) {
-  Result<uint64_t> n = parseUnsigned(flag, text, max);
+  Result<uint64_t> n = parseUnsigned(flag, text, 1, max);
   if (!n.isOk()) usage(n.status().message());
-  if (n.value() < 1) usage(flag + " is at least 1, not " + text);
   return static_cast<int>(n.value());
 }
 

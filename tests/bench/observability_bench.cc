@@ -190,9 +190,8 @@ double median(std::vector<double> v) {
 
 // A numeric flag's value in [min, max], or usage() naming the flag and the text.
 int unsignedValue(const std::string& flag, const std::string& text, uint64_t min, uint64_t max) {
-  cpprun::Result<uint64_t> n = cpprun::parseUnsigned(flag, text, max);
+  cpprun::Result<uint64_t> n = cpprun::parseUnsigned(flag, text, min, max);
   if (!n.isOk()) usage(n.status().message());
-  if (n.value() < min) usage(flag + " is at least " + std::to_string(min) + ", not " + text);
   return static_cast<int>(n.value());
 }
 

@@ -46,3 +46,13 @@ TEST_CASE("parseUnsigned names the flag and the bound", "[unit]") {
   }
   CHECK_FALSE(parseUnsigned("--n", "99999999999999999999999", UINT64_MAX).isOk());
 }
+
+TEST_CASE("parseUnsigned with a lower bound names the flag, the bound and the text", "[unit]") {
+  CHECK(parseUnsigned("--runs", "1", 1, 100).value() == 1);
+  auto zero = parseUnsigned("--runs", "0", 1, 100);
+  REQUIRE_FALSE(zero.isOk());
+  CHECK(zero.status().message() == "--runs is at least 1, not 0");
+  auto high = parseUnsigned("--runs", "101", 1, 100);
+  REQUIRE_FALSE(high.isOk());
+  CHECK(high.status().message() == "value 101 for --runs is out of range (at most 100)");
+}
