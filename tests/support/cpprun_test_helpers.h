@@ -155,8 +155,9 @@ inline std::vector<pid_t> processesMentioning(const std::string& token) {
   while (dirent* e = ::readdir(proc)) {
     const pid_t pid = static_cast<pid_t>(std::atol(e->d_name));
     if (pid <= 0 || pid == ::getpid()) continue;
-    std::ifstream in(std::string("/proc/") + e->d_name + "/cmdline");
-    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    // readFile, not an istreambuf_iterator: a process that exits mid-read makes read() fail
+    // with ESRCH, which libstdc++'s filebuf throws past the iterator (a TSan run failed so).
+    const std::string cmdline = readFile(std::string("/proc/") + e->d_name + "/cmdline");
     if (cmdline.find(token) != std::string::npos && alive(pid)) found.push_back(pid);
   }
   ::closedir(proc);
