@@ -559,6 +559,19 @@ void agent2JoinedAndLostItsReply(MemoryStore& store) {
             agentRecord(AgentInfo{"h2", 2, "agent-2", -1}, -1).dump());
 }
 
+// Every start of `futures` is attempt 0 of one group of three; returns their group ranks.
+std::set<int> groupRanksOfThree(std::vector<std::future<Result<AttemptStart>>>& futures) {
+  std::set<int> ranks;
+  for (auto& f : futures) {
+    Result<AttemptStart> s = within(f);
+    REQUIRE(s.isOk());
+    CHECK(s.value().attempt == 0);
+    CHECK(s.value().membership.group_world_size == 3);
+    ranks.insert(s.value().membership.group_rank);
+  }
+  return ranks;
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -586,15 +599,7 @@ TEST_CASE(
   // at slot 3 with agent 2 twice in it, short of three agents).
   REQUIRE(eventually([&] { return store.check({kNoneRun + roundKey(0, "agent/3")}); }));
   futures.push_back(all[2]->begin(0));
-  std::set<int> ranks;
-  for (auto& f : futures) {
-    Result<AttemptStart> s = within(f);
-    REQUIRE(s.isOk());
-    CHECK(s.value().attempt == 0);
-    CHECK(s.value().membership.group_world_size == 3);
-    ranks.insert(s.value().membership.group_rank);
-  }
-  CHECK(ranks == std::set<int>{0, 1, 2});
+  CHECK(groupRanksOfThree(futures) == std::set<int>{0, 1, 2});
   // Its last slot's assignment says "not a member"; the members document says otherwise.
   CHECK(all[2]->membersReads() >= 1);
 }
@@ -621,14 +626,7 @@ TEST_CASE(
   futures.push_back(all[2]->begin(0));
   REQUIRE(eventually([&] { return store.check({kNoneRun + roundKey(0, "agent/3")}); }));
   futures.push_back(all[1]->begin(0));
-  std::set<int> ranks;
-  for (auto& f : futures) {
-    Result<AttemptStart> s = within(f);
-    REQUIRE(s.isOk());
-    CHECK(s.value().membership.group_world_size == 3);
-    ranks.insert(s.value().membership.group_rank);
-  }
-  CHECK(ranks == std::set<int>{0, 1, 2});
+  CHECK(groupRanksOfThree(futures) == std::set<int>{0, 1, 2});
 }
 
 namespace {
