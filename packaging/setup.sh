@@ -37,7 +37,7 @@ build_packages=(
 )
 packages=(
   # toolchain
-  build-essential cmake g++ make ninja-build clang clang-format libclang-rt-14-dev pkg-config git
+  build-essential cmake g++ make ninja-build clang clang-format clang-tidy libclang-rt-14-dev pkg-config git
   # libraries
   libboost-dev nlohmann-json3-dev catch2 zlib1g-dev
   # the bundled MNIST trainer's CPU data parallelism
