@@ -26,6 +26,7 @@ import resource
 import signal
 import sys
 import threading
+import time
 
 
 def raise_open_file_limit():
@@ -44,10 +45,12 @@ def main():
     parser.add_argument("--listen", choices=["default", "ipv4"], default="default")
     args = parser.parse_args()
     raise_open_file_limit()
-    stop = threading.Event()
+    # A list, not a threading.Event: a handler that calls Event.set() deadlocks when the signal
+    # lands while the main thread holds the event's lock inside Event.wait.
+    stopping = []
 
     def on_signal(signo, frame):
-        stop.set()
+        stopping.append(signo)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -84,11 +87,11 @@ def main():
                 pass
         except OSError:
             pass
-        stop.set()
+        stopping.append(0)
 
     threading.Thread(target=watch_stdin, daemon=True).start()
-    while not stop.wait(0.5):
-        pass
+    while not stopping:
+        time.sleep(0.1)
     # The server thread belongs to `store`; the process exits without joining it.
     sys.stdout.flush()
     os._exit(0)
