@@ -463,8 +463,10 @@ std::optional<RendezvousRounds::RoundResult> RendezvousRounds::awaitMinNodes(Sto
                          std::to_string(opts_.min_nodes) + " nodes joined within " +
                          formatSeconds(opts_.join_timeout) + " (--rdzv-conf join_timeout)"));
     publishAssignments(store, r, members, joinedIn(store, r));
-    if (members.is_object() && members.contains("error")) {
-      throw Abandoned{timeoutError(members["error"].get<std::string>())};
+    // The round's error is this agent's; another closer's members (etcd) are taken as they are.
+    const Result<RoundDocument> doc = roundDocumentFromJson(members, r);
+    if (doc.isOk() && doc.value().kind == RoundDocument::Kind::kError) {
+      throw Abandoned{timeoutError(doc.value().message)};
     }
     return RoundResult{members, json()};
   }
