@@ -1,5 +1,6 @@
 // RendezvousRounds (rendezvous_rounds.h) over a MemoryStore: an elastic round closing at
 // max_nodes, past max_nodes, after the last call with min_nodes, and failing below min_nodes;
+// on etcd (host_per_round) closed by the agent in slot min_nodes, or in its place when it is lost;
 // the per-slot assignments it publishes; and the pure member selection (selectRoundMembers).
 // Agents are RendezvousRounds objects on one store; the test waits for their keys in the store,
 // and every wait has a bound.
@@ -195,6 +196,61 @@ TEST_CASE("rendezvous rounds: fewer than min_nodes within the join timeout fail 
   REQUIRE(doc.isOk());
   CHECK(doc.value().kind == RoundDocument::Kind::kError);
   CHECK(assignmentIn(store, 0, 1).kind == RoundAssignment::Kind::kError);
+  CHECK(store.check({roundClosedKey(0)}));
+}
+
+TEST_CASE("rendezvous rounds: etcd, the agent in slot min_nodes closes the round for the others",
+          "[unit]") {
+  rendezvous::MemoryStore store;
+  NoWaits waits;
+  AlwaysAlive liveness;
+  StoreCoordinatorOptions first_opts = elastic({"a", 2, "id-a", -1, "a:1"}, 2, 2, false);
+  first_opts.host_per_round = true;
+  first_opts.keep_alive_interval = 1s;  // its wait for the closer: 4 s (the keep-alive bound)
+  StoreCoordinatorOptions closer_opts = first_opts;
+  closer_opts.self = {"b", 3, "id-b", -1, "b:1"};
+  RendezvousRounds first(first_opts, waits);
+  auto first_joined = std::async(std::launch::async, [&] {
+    int attempt = -1;
+    return first.joinElastic(store, liveness, 0, &attempt);
+  });
+  store.wait({roundAgentKey(0, 1)}, kBound);
+  RendezvousRounds closer(closer_opts, waits);
+  int attempt = -1;
+  const Membership cm = closer.joinElastic(store, liveness, 0, &attempt);
+  REQUIRE(first_joined.wait_for(kBound) == std::future_status::ready);
+  const Membership fm = first_joined.get();
+  // Join order; node 0's store is the workers' (MASTER_ADDR).
+  CHECK(fm.group_rank == 0);
+  CHECK(cm.group_rank == 1);
+  CHECK(cm.base_rank == 2);
+  CHECK(fm.world_size == 5);
+  CHECK(fm.node0_store_endpoint == "a:1");
+  CHECK(cm.node0_store_endpoint == "a:1");
+  CHECK(memberIds(store, 0) == std::vector<std::string>{"id-a", "id-b"});
+}
+
+TEST_CASE("rendezvous rounds: etcd, a closer that never closes is replaced after the grace",
+          "[unit]") {
+  rendezvous::MemoryStore store;
+  NoWaits waits;
+  AlwaysAlive liveness;
+  StoreCoordinatorOptions opts = elastic({"a", 1, "id-a", -1}, 2, 2, false);
+  opts.host_per_round = true;
+  opts.keep_alive_max_attempt = 1;  // the grace under test: 2 intervals, 100 ms
+  RendezvousRounds first(opts, waits);
+  auto first_joined = std::async(std::launch::async, [&] {
+    int attempt = -1;
+    return first.joinElastic(store, liveness, 0, &attempt);
+  });
+  store.wait({roundAgentKey(0, 1)}, kBound);
+  // Slot 2 (min_nodes: the closer) joined and was lost before it closed the round.
+  REQUIRE(joinAs(store, 0, {"b", 1, "id-b", -1}) == 2);
+  REQUIRE(first_joined.wait_for(kBound) == std::future_status::ready);
+  const Membership m = first_joined.get();
+  CHECK(m.group_rank == 0);
+  CHECK(m.group_world_size == 2);
+  CHECK(assignmentIn(store, 0, 2).membership.group_rank == 1);
   CHECK(store.check({roundClosedKey(0)}));
 }
 
