@@ -256,7 +256,7 @@ void RendezvousRounds::waitForRunningRound(Store& store, int r, int64_t my_slot,
   // Whether a member of round r-1 has joined round r (its attempt is over even without a
   // decision: its node 0 was lost before the go) or (etcd) none of them is alive any more.
   const auto roundOver = [&] {
-    for (const RoundMember& c : roundRecords(store, r, store.tickets(roundJoinedKey(r)))) {
+    for (const RoundMember& c : roundRecords(store, r, joinedIn(store, r))) {
       if (previous_ids_.count(c.agent.id)) return true;
     }
     if (!opts_.host_per_round) return false;  // heartbeats: the store host decides
@@ -345,7 +345,7 @@ void RendezvousRounds::lastCallForSurvivors(Store& store, int r) {
                     opts_.keep_alive_interval);
   const int wanted_survivors = std::min(expected_survivors_, opts_.max_nodes);
   while (true) {
-    const int64_t joined = store.tickets(roundJoinedKey(r));
+    const int64_t joined = joinedIn(store, r);
     int survivors = 0;
     int total = 0;
     for (const RoundMember& c : roundRecords(store, r, joined)) {
