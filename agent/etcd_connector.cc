@@ -73,7 +73,7 @@ StoreConnector etcdStoreConnector(const EtcdConnectorOptions& options) {
   connector.liveness = [options](const LivenessOptions& liveness) {
     return std::unique_ptr<MemberLiveness>(std::make_unique<LeaseLiveness>(
         connectClient(options, liveness.bound, std::min(liveness.interval, liveness.bound)),
-        kEtcdRoot + jobNamespace(options.run_id) + "/" + kAliveKeyPrefix, liveness,
+        kEtcdRoot + namespacedKey(options.run_id, kAliveKeyPrefix), liveness,
         liveness.bound * static_cast<int>(std::max<size_t>(options.endpoints.size(), 1))));
   };
   return connector;

@@ -9,15 +9,56 @@ namespace cpprun::agent {
 using nlohmann::json;
 using SystemClock = std::chrono::system_clock;
 
+namespace {
+
+std::string roundPrefix(int round) { return "rdzv/round/" + std::to_string(round) + "/"; }
+std::string attemptPrefix(int attempt) { return "attempt/" + std::to_string(attempt) + "/"; }
+
+}  // namespace
+
 std::string storedRunId(const std::string& run_id) { return run_id.empty() ? "none" : run_id; }
 std::string jobNamespace(const std::string& run_id) { return "cpprun/" + storedRunId(run_id); }
-std::string attemptKey(int attempt, const std::string& what) {
-  return "attempt/" + std::to_string(attempt) + "/" + what;
+std::string namespacedKey(const std::string& run_id, const std::string& key) {
+  return jobNamespace(run_id) + "/" + key;
 }
+
 std::string nodeKey(int rank) { return "rdzv/node/" + std::to_string(rank); }
+
+std::string roundJoinedKey(int round) { return roundPrefix(round) + "joined"; }
+std::string roundAgentKey(int round, int64_t slot) {
+  return roundPrefix(round) + "agent/" + std::to_string(slot);
+}
+std::string roundMembersKey(int round) { return roundPrefix(round) + "members"; }
+std::string roundAssignedKey(int round, int64_t slot) {
+  return roundPrefix(round) + "assigned/" + std::to_string(slot);
+}
+std::string roundClosedKey(int round) { return roundPrefix(round) + "closed"; }
+
 std::string heartbeatKey(const std::string& agent_id) { return "heartbeat/" + agent_id; }
-std::string roundKey(int round, const std::string& what) {
-  return "rdzv/round/" + std::to_string(round) + "/" + what;
+std::string aliveKey(const std::string& agent_id) { return kAliveKeyPrefix + agent_id; }
+std::string aliveSnapshotKey(const std::string& alive_prefix, int attempt,
+                             const std::string& digest) {
+  const bool slash = !alive_prefix.empty() && alive_prefix.back() == '/';
+  return alive_prefix.substr(0, alive_prefix.size() - (slash ? 1 : 0)) + ".snapshot/" +
+         std::to_string(attempt) + "/" + digest;
+}
+
+std::string attemptReadyKey(int attempt, int rank) {
+  return attemptPrefix(attempt) + "ready/" + std::to_string(rank);
+}
+std::string attemptGoKey(int attempt) { return attemptPrefix(attempt) + "go"; }
+std::string attemptNcclIdsPrefix(int attempt) { return attemptPrefix(attempt) + "nccl_ids/"; }
+std::string attemptStopKey(int attempt) { return attemptPrefix(attempt) + "stop"; }
+std::string attemptStopAcksKey(int attempt) { return attemptPrefix(attempt) + "stop_acks"; }
+std::string attemptReportKey(int attempt, int rank) {
+  return attemptPrefix(attempt) + "report/" + std::to_string(rank);
+}
+std::string attemptDecisionKey(int attempt) { return attemptPrefix(attempt) + "decision"; }
+std::string attemptDoneKey(int attempt) { return attemptPrefix(attempt) + "done"; }
+std::string attemptAllDoneKey(int attempt) { return attemptPrefix(attempt) + "all_done"; }
+std::string attemptSparesDoneKey(int attempt) { return attemptPrefix(attempt) + "spares_done"; }
+std::string attemptSparesAllDoneKey(int attempt) {
+  return attemptPrefix(attempt) + "spares_all_done";
 }
 
 json failureToJson(const WorkerFailure& f) {
@@ -275,6 +316,26 @@ std::string membersDigest(const std::vector<AgentInfo>& agents) {
   return hex;
 }
 
+Result<RoundMember> roundMemberFromRecord(const json& record, int64_t slot,
+                                          const std::string& where) {
+  Result<AgentInfo> agent = agentFromRecord(record, where);
+  if (!agent.isOk()) return agent.status();
+  return RoundMember{agent.value(), record.value("previous_rank", -1), slot};
+}
+
+json roundMembersToJson(int attempt, int round, const std::vector<RoundMember>& members) {
+  json doc = {{"attempt", attempt}, {"round", round}, {"members", json::array()}};
+  for (const RoundMember& m : members) {
+    json record = agentRecord(m.agent, m.previous_rank);
+    record["index"] = m.slot;
+    doc["members"].push_back(std::move(record));
+  }
+  return doc;
+}
+
+json roundErrorToJson(const std::string& error) { return {{"error", error}}; }
+json roundJobOverToJson(const std::string& outcome) { return {{"job_over", outcome}}; }
+
 Result<RoundMembers> roundMembersFromJson(const json& doc, int round) {
   const std::string where = "rendezvous round " + std::to_string(round) + "'s members";
   if (!doc.is_object() || !doc.contains("members") || !doc["members"].is_array()) {
@@ -289,6 +350,25 @@ Result<RoundMembers> roundMembersFromJson(const json& doc, int round) {
     out.agents.push_back(agent.value());
     out.slots.push_back(m.is_object() ? m.value("index", int64_t{-1}) : -1);
   }
+  return out;
+}
+
+Result<RoundDocument> roundDocumentFromJson(const json& doc, int round) {
+  RoundDocument out;
+  for (const auto& [field, kind] : {std::pair{"error", RoundDocument::Kind::kError},
+                                    std::pair{"job_over", RoundDocument::Kind::kJobOver}}) {
+    if (!doc.is_object() || !doc.contains(field)) continue;
+    if (!doc[field].is_string()) {
+      return internalError("rendezvous: rendezvous round " + std::to_string(round) + "'s " + field +
+                           " is malformed in the store");
+    }
+    out.kind = kind;
+    out.message = doc[field].get<std::string>();
+    return out;
+  }
+  Result<RoundMembers> members = roundMembersFromJson(doc, round);
+  if (!members.isOk()) return members.status();
+  out.members = std::move(members.value());
   return out;
 }
 

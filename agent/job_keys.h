@@ -7,39 +7,10 @@
 // Every job key lives in its run's namespace, "cpprun/<run id>/" (jobNamespace; torch's c10d
 // rendezvous keys its state by run id the same way, "torch.rendezvous.<run id>"), so two jobs
 // that meet in one store (one TCP store endpoint, one etcd cluster) never see each other's keys.
-// The coordinator applies the namespace (a PrefixStore over every connection); the names below
-// are relative to it. They are kept across attempts (the per-attempt clean-up spares "cpprun/"):
-//   rdzv/node/<rank>               static: an agent's record
-//   rdzv/joined                    static: tickets of joined agents (Store::takeTicket)
-//   rdzv/complete                  static: every node's record is written (set by the agent
-//                                  whose ticket completed the count, after one CHECK of all)
-//   rdzv/round                     elastic: the round agents join now
-//   rdzv/round/<r>/joined          elastic: slots taken in round r (tickets)
-//   rdzv/round/<r>/agent/<slot>    elastic: an agent's record
-//   rdzv/round/<r>/members         elastic: the round's members (or its error, or job_over);
-//                                  read by the closer, node 0, a spare and a decider taking over
-//   rdzv/round/<r>/assigned/<slot> elastic: what the agent in <slot> needs of the round (its
-//                                  rank, the sizes, node 0's store; or not a member, the error,
-//                                  job_over): one small key each, so an agent's reads do not
-//                                  grow with the job (written by the closer with one multiSet)
-//   rdzv/round/<r>/closed          elastic: set after every assigned/<slot> of slots 1..<n>:
-//                                  {"slots": n} (and the error or job_over). "Not a member" (a
-//                                  later slot, or a slot the round did not take) is confirmed
-//                                  in the members document, by id: an agent that joined twice
-//                                  is a member by its first slot and waits on its last
-//   heartbeat/<agent id>           a counter each agent bumps every keep-alive interval
-//   alive/<agent id>               etcd: the agent's host, under its lease (LeaseLiveness)
-//   attempt/<n>/ready/<rank>       static: the agent tore attempt n-1 down
-//   attempt/<n>/go                 the host's NCCL id ("!<error>": the attempt failed)
-//   attempt/<n>/stop               the first stop claim (compare-and-set)
-//   attempt/<n>/stop_acks          c10d: "<rank>\n" appended by each live member's agent as soon
-//                                  as it sees the stop (before its teardown); the decider gives
-//                                  up a member that has not within kStopAckBound
-//   attempt/<n>/report/<rank>      how an agent's workers ended
-//   attempt/<n>/decision           the host's decision for the job
-//   attempt/<n>/done, all_done     agents that read the final decision (done: tickets)
-//   exclusion/failures             one line per root-cause failure of a node (appended by the
-//                                  decider; node_exclusion.h)
+// The coordinator applies the namespace (a PrefixStore over every connection); the keys built
+// below are relative to it. They are kept across attempts (the per-attempt clean-up spares
+// "cpprun/"). The scheme is the builders below, one per key, and nothing else spells a key:
+// docs/rendezvous.md lists the same keys, and job_keys_test pins every builder's output.
 //
 // One key outside every namespace: kServedRunIdKey, the run id of the job whose agent serves a
 // TCP store, set by that agent before it answers anyone. An agent of another run id that
@@ -60,17 +31,6 @@
 
 namespace cpprun::agent {
 
-inline constexpr const char* kStaticJoinedKey = "rdzv/joined";
-inline constexpr const char* kStaticCompleteKey = "rdzv/complete";
-inline constexpr const char* kRoundCounterKey = "rdzv/round";
-inline constexpr const char* kAliveKeyPrefix = "alive/";
-// In attempt/<n>/: spares that saw the job's final decision (a ticket each), and the mark the
-// last of them sets (the round they waited in counts them); the store host waits for it.
-inline constexpr const char* kSparesDoneKey = "spares_done";
-inline constexpr const char* kSparesAllDoneKey = "spares_all_done";
-// In attempt/<n>/: the members that saw the attempt's stop (heartbeat liveness only).
-inline constexpr const char* kStopAcksKey = "stop_acks";
-inline constexpr const char* kExclusionHistoryKey = "exclusion/failures";
 // At the root of a TCP store served by an agent (not in a namespace).
 inline constexpr const char* kServedRunIdKey = "cpprun/served_run_id";
 
@@ -79,11 +39,88 @@ std::string storedRunId(const std::string& run_id);
 // "cpprun/<stored run id>": the job's namespace, a PrefixStore's prefix (keys become
 // "cpprun/<run id>/<key>").
 std::string jobNamespace(const std::string& run_id);
+// "cpprun/<stored run id>/<key>": `key` (one of the keys below) as it lies in the store.
+std::string namespacedKey(const std::string& run_id, const std::string& key);
 
-std::string attemptKey(int attempt, const std::string& what);
+// --- The static join (a fixed rank and number of agents) ---
+
+// "rdzv/node/<rank>": the agent of group rank `rank`'s record (agentRecord).
 std::string nodeKey(int rank);
+// "rdzv/joined": tickets of joined agents (Store::takeTicket).
+inline constexpr const char* kStaticJoinedKey = "rdzv/joined";
+// "rdzv/complete": every node's record is written (set by the agent whose ticket completed the
+// count, after one CHECK of all).
+inline constexpr const char* kStaticCompleteKey = "rdzv/complete";
+
+// --- Elastic rounds ---
+
+// "rdzv/round": the round agents join now.
+inline constexpr const char* kRoundCounterKey = "rdzv/round";
+// "rdzv/round/<r>/joined": slots taken in round r (tickets).
+std::string roundJoinedKey(int round);
+// "rdzv/round/<r>/agent/<slot>": the record of the agent in `slot` (1-based).
+std::string roundAgentKey(int round, int64_t slot);
+// "rdzv/round/<r>/members": the round's members document (roundMembersToJson; or its error,
+// or job_over). Read by the closer, node 0, a spare and a decider taking over.
+std::string roundMembersKey(int round);
+// "rdzv/round/<r>/assigned/<slot>": what the agent in `slot` needs of the round (its rank, the
+// sizes, node 0's store; or not a member, the error, job_over): one small key each, so an
+// agent's reads do not grow with the job (written by the closer with one multiSet).
+std::string roundAssignedKey(int round, int64_t slot);
+// "rdzv/round/<r>/closed": set after every assigned/<slot> of slots 1..<n>: {"slots": n} (and
+// the error or job_over; closedMarker). "Not a member" (a later slot, or a slot the round did
+// not take) is confirmed in the members document, by id: an agent that joined twice is a
+// member by its first slot and waits on its last.
+std::string roundClosedKey(int round);
+
+// --- Liveness ---
+
+// "heartbeat/<agent id>": a counter each agent bumps every keep-alive interval (TCP store).
 std::string heartbeatKey(const std::string& agent_id);
-std::string roundKey(int round, const std::string& what);
+// "alive/<agent id>" (etcd): the agent's host, under its lease (LeaseLiveness). The prefix is
+// what LeaseLiveness watches.
+inline constexpr const char* kAliveKeyPrefix = "alive/";
+std::string aliveKey(const std::string& agent_id);
+// "<alive prefix without its '/'>.snapshot/<attempt>/<digest>" (etcd; in the job's namespace:
+// "alive.snapshot/<n>/<digest>"): node 0's read of which members' alive keys existed when
+// attempt n began, under its lease. `alive_prefix`: where the alive keys lie.
+std::string aliveSnapshotKey(const std::string& alive_prefix, int attempt,
+                             const std::string& digest);
+
+// --- One attempt (attempt/<n>/...) ---
+
+// "attempt/<n>/ready/<rank>": static: the agent tore attempt n-1 down.
+std::string attemptReadyKey(int attempt, int rank);
+// "attempt/<n>/go": the host's NCCL id ("!<error>": the attempt failed).
+std::string attemptGoKey(int attempt);
+// "attempt/<n>/nccl_ids/": the prefix of the attempt's scalable NCCL ids; id i is at
+// "attempt/<n>/nccl_ids/<i>" (exchangeNcclIds, nccl_id_groups.h).
+std::string attemptNcclIdsPrefix(int attempt);
+// "attempt/<n>/stop": the first stop claim (compare-and-set; stopToJson).
+std::string attemptStopKey(int attempt);
+// "attempt/<n>/stop_acks": c10d: "<rank>\n" appended by each live member's agent as soon as it
+// sees the stop (before its teardown); the decider gives up a member that has not within
+// kStopAckBound.
+std::string attemptStopAcksKey(int attempt);
+// "attempt/<n>/report/<rank>": how an agent's workers ended (reportToJson).
+std::string attemptReportKey(int attempt, int rank);
+// "attempt/<n>/decision": the host's decision for the job (decisionToJson).
+std::string attemptDecisionKey(int attempt);
+// "attempt/<n>/done" (tickets), "attempt/<n>/all_done": agents that read the final decision,
+// and the mark the last of them sets.
+std::string attemptDoneKey(int attempt);
+std::string attemptAllDoneKey(int attempt);
+// "attempt/<n>/spares_done" (tickets), "attempt/<n>/spares_all_done": spares that saw the
+// job's final decision, and the mark the last of them sets (the round they waited in counts
+// them); the store host waits for it.
+std::string attemptSparesDoneKey(int attempt);
+std::string attemptSparesAllDoneKey(int attempt);
+
+// --- Across attempts ---
+
+// "exclusion/failures": one line per root-cause failure of a node (appended by the decider;
+// node_exclusion.h).
+inline constexpr const char* kExclusionHistoryKey = "exclusion/failures";
 
 // JSON form of a failure as it crosses the store (time as epoch microseconds).
 nlohmann::json failureToJson(const WorkerFailure& failure);
@@ -129,15 +166,46 @@ Membership membershipOf(const std::vector<AgentInfo>& agents, int my_rank);
 // Names one membership: its ids in rank order (FNV-1a, 16 hex digits, the same in every build).
 std::string membersDigest(const std::vector<AgentInfo>& agents);
 
-// An elastic round's members document ({"attempt", "round", "members": [record + "index": its
-// slot]}, or {"error"} or {"job_over"}): this agent's place in it. kInternal naming the round
-// when it is malformed.
+// An elastic round's members document (rdzv/round/<r>/members): {"attempt", "round",
+// "members": [agentRecord + "index": its slot]} in rank order, or {"error": why} (the round
+// failed), or {"job_over": outcome} (the job ended before the round closed).
+//
+// One member: its record and the slot it joined in.
+struct RoundMember {
+  AgentInfo agent;
+  int previous_rank = -1;  // its rank in the round before (agentRecord), or -1
+  int64_t slot = -1;
+};
+// A round member from the record in slot `slot`. kInternal naming `where` when the record is
+// malformed (agentFromRecord).
+Result<RoundMember> roundMemberFromRecord(const nlohmann::json& record, int64_t slot,
+                                          const std::string& where);
+// The members document of round `round`, members in rank order, starting attempt `attempt`.
+nlohmann::json roundMembersToJson(int attempt, int round, const std::vector<RoundMember>& members);
+// The members document of a round that failed (`error` says why) or that the end of the job
+// closed (`outcome`: decisionKindName or the job's end).
+nlohmann::json roundErrorToJson(const std::string& error);
+nlohmann::json roundJobOverToJson(const std::string& outcome);
+
+// A members document's members. kInternal naming the round when it is malformed (an error or
+// job_over document is malformed here: see roundDocumentFromJson).
 struct RoundMembers {
   int attempt = 0;
   std::vector<AgentInfo> agents;  // by group rank
   std::vector<int64_t> slots;     // agents[i]'s slot
 };
 Result<RoundMembers> roundMembersFromJson(const nlohmann::json& doc, int round);
+
+// Any members document: the members, or the round's error, or the end of the job. kInternal
+// naming the round when it is none of these (not an object, an error or job_over that is not
+// text, members that are malformed).
+struct RoundDocument {
+  enum class Kind { kMembers, kError, kJobOver };
+  Kind kind = Kind::kMembers;
+  std::string message;   // kError: why; kJobOver: the outcome
+  RoundMembers members;  // kMembers
+};
+Result<RoundDocument> roundDocumentFromJson(const nlohmann::json& doc, int round);
 
 // What the agent in one slot of a closed round learns (rdzv/round/<r>/assigned/<slot>).
 struct RoundAssignment {

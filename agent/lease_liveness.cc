@@ -134,7 +134,7 @@ struct LeaseLiveness::Shared {
     members_key.clear();
     const size_t alive = prefix.rfind(kAliveKeyPrefix);
     if (m.agents.empty() && m.round >= 0 && alive != std::string::npos) {
-      members_key = prefix.substr(0, alive) + roundKey(m.round, "members");
+      members_key = prefix.substr(0, alive) + roundMembersKey(m.round);
     }
     members = std::move(m);
     reported.clear();
@@ -470,9 +470,7 @@ bool LeaseLiveness::renew(rendezvous::Store& /*store*/) {
 
 std::string LeaseLiveness::snapshotKey(const std::string& prefix, int attempt,
                                        const Membership& m) {
-  const bool slash = !prefix.empty() && prefix.back() == '/';
-  return prefix.substr(0, prefix.size() - (slash ? 1 : 0)) + ".snapshot/" +
-         std::to_string(attempt) + "/" + membershipDigest(m);
+  return aliveSnapshotKey(prefix, attempt, membershipDigest(m));
 }
 
 // Node 0 reads which members' keys exist and publishes what it read under its lease; every

@@ -175,28 +175,32 @@ Membership RendezvousRounds::joinStatic(Store& store, MemberLiveness& liveness) 
 // CHECK per 8,192 slots says so, and only then is each slot checked on its own. (Before, one
 // CHECK per slot every time: the store host's last call for survivors re-reads the round at
 // every joiner, so N survivors cost it O(N^2) requests; issue 26's simulation found it.)
-std::vector<RendezvousRounds::SlotRecord> RendezvousRounds::roundRecords(Store& store, int r,
-                                                                         int64_t joined,
-                                                                         bool all_written) {
+std::vector<RoundMember> RendezvousRounds::roundRecords(Store& store, int r, int64_t joined,
+                                                        bool all_written) {
   std::vector<std::string> slots;
   slots.reserve(static_cast<size_t>(std::max<int64_t>(joined, 0)));
-  for (int64_t i = 1; i <= joined; ++i) slots.push_back(roundKey(r, "agent/" + std::to_string(i)));
+  for (int64_t i = 1; i <= joined; ++i) slots.push_back(roundAgentKey(r, i));
   // Usually every slot holds its record: one CHECK of them all (etcd: one txn per 128 keys)
   // says so; only otherwise is each slot checked on its own.
   if (!all_written && !slots.empty()) all_written = checkAll(store, slots);
   std::vector<std::string> present;
-  for (const std::string& key : slots) {
-    if (all_written || store.check({key})) present.push_back(key);
+  std::vector<int64_t> present_slots;
+  for (int64_t i = 1; i <= joined; ++i) {
+    const std::string& key = slots[static_cast<size_t>(i - 1)];
+    if (!all_written && !store.check({key})) continue;
+    present.push_back(key);
+    present_slots.push_back(i);
   }
-  std::vector<SlotRecord> records;
+  std::vector<RoundMember> records;
   if (present.empty()) return records;
   auto values = store.multiGet(present);
   std::set<std::string> ids;
   for (size_t i = 0; i < present.size(); ++i) {
-    json doc = json::parse(toString(values[i]), nullptr, false);
-    agentOf(doc, present[i]);  // validates
-    if (!ids.insert(doc.value("id", "")).second) continue;
-    records.push_back({std::stoll(present[i].substr(present[i].rfind('/') + 1)), doc});
+    Result<RoundMember> member = roundMemberFromRecord(
+        json::parse(toString(values[i]), nullptr, false), present_slots[i], present[i]);
+    if (!member.isOk()) throw Abandoned{member.status()};
+    if (!ids.insert(member.value().agent.id).second) continue;
+    records.push_back(std::move(member.value()));
   }
   return records;
 }
@@ -222,13 +226,13 @@ void RendezvousRounds::waitForRunningRound(Store& store, int r, int64_t my_slot,
     previous_unread_ = true;
     return;
   }
-  if (!store.check({roundKey(r - 1, "members")})) {
+  if (!store.check({roundMembersKey(r - 1)})) {
     // The counter moved to round r as round r-1 began closing; its members come within moments
     // (the closer gives slots one interval to be written; on etcd another agent closes in a lost
     // closer's place after the last call and the keep-alive bound). Before, an agent that came
     // in that moment skipped the spare's wait and counted the join timeout instead.
     try {
-      waitKeys(waits_, store, {roundKey(r - 1, "members")},
+      waitKeys(waits_, store, {roundMembersKey(r - 1)},
                opts_.last_call_timeout +
                    keepAliveBound(opts_.keep_alive_interval, opts_.keep_alive_max_attempt) +
                    2 * opts_.keep_alive_interval,
@@ -238,25 +242,22 @@ void RendezvousRounds::waitForRunningRound(Store& store, int r, int64_t my_slot,
       return;
     }
   }
-  const json previous =
-      json::parse(toString(store.get(roundKey(r - 1, "members"))), nullptr, false);
-  if (!previous.is_object() || !previous.contains("members") || !previous["members"].is_array()) {
-    return;  // an error or the end of the job: nothing runs
-  }
+  const Result<RoundMembers> previous = roundMembersFromJson(
+      json::parse(toString(store.get(roundMembersKey(r - 1))), nullptr, false), r - 1);
+  if (!previous.isOk()) return;  // an error or the end of the job: nothing runs
   std::vector<std::string> alive_keys;
-  for (const json& m : previous["members"]) {
-    const std::string id = m.value("id", "");
-    previous_ids_.insert(id);
-    alive_keys.push_back(std::string(kAliveKeyPrefix) + id);
+  for (const AgentInfo& m : previous.value().agents) {
+    previous_ids_.insert(m.id);
+    alive_keys.push_back(aliveKey(m.id));
   }
-  const int attempt = previous.value("attempt", 0);
+  const int attempt = previous.value().attempt;
   previous_attempt_ = attempt;
-  const std::string decision = attemptKey(attempt, "decision");
+  const std::string decision = attemptDecisionKey(attempt);
   // Whether a member of round r-1 has joined round r (its attempt is over even without a
   // decision: its node 0 was lost before the go) or (etcd) none of them is alive any more.
   const auto roundOver = [&] {
-    for (const SlotRecord& c : roundRecords(store, r, store.tickets(roundKey(r, "joined")))) {
-      if (previous_ids_.count(c.record.value("id", ""))) return true;
+    for (const RoundMember& c : roundRecords(store, r, joinedIn(store, r))) {
+      if (previous_ids_.count(c.agent.id)) return true;
     }
     if (!opts_.host_per_round) return false;  // heartbeats: the store host decides
     for (const std::string& key : alive_keys) {
@@ -272,13 +273,10 @@ void RendezvousRounds::waitForRunningRound(Store& store, int r, int64_t my_slot,
     // never counts this agent in.
     const auto leaveIfAsked = [&] {
       if (!waits_.leaveRequested()) return;
-      store.deleteKey(roundKey(r, "agent/" + std::to_string(my_slot)));
+      store.deleteKey(roundAgentKey(r, my_slot));
       // Counted out as a spare that read the outcome, so a store host ending the job does not
       // linger for it (finishJob).
-      if (store.takeTicket(attemptKey(attempt, kSparesDoneKey)) >=
-          store.tickets(roundKey(r, "joined"))) {
-        store.set(attemptKey(attempt, kSparesAllDoneKey), "1");
-      }
+      countSpareOut(store, r, attempt);
       CPPRUN_LOG(kInfo) << "rendezvous round " << r
                         << ": leaving the job as asked; this spare gave up its place";
       throw Abandoned{Status(StatusCode::kAlreadyExists, kLeftWhileSpare)};
@@ -311,10 +309,7 @@ void RendezvousRounds::waitForRunningRound(Store& store, int r, int64_t my_slot,
   if (record.value().decision.kind != JobDecision::Kind::kRestart) {
     // The job is over. Count this spare out, so the store host (c10d) keeps serving until every
     // spare has read that (bounded by its final linger, as for the members).
-    if (store.takeTicket(attemptKey(attempt, kSparesDoneKey)) >=
-        store.tickets(roundKey(r, "joined"))) {
-      store.set(attemptKey(attempt, kSparesAllDoneKey), "1");
-    }
+    countSpareOut(store, r, attempt);
     throw Abandoned{Status(
         StatusCode::kAlreadyExists,
         std::string(kJobOverBeforeJoin) + ": " + decisionKindName(record.value().decision.kind))};
@@ -324,10 +319,18 @@ void RendezvousRounds::waitForRunningRound(Store& store, int r, int64_t my_slot,
   // An excluded node (node_exclusion.h) read the decision but does not come back.
   if (record.value().decision.excluded && expected_survivors_ > 0) --expected_survivors_;
   // Nor does the node that asked to leave.
-  if (store.check({attemptKey(attempt, "stop")})) {
+  if (store.check({attemptStopKey(attempt)})) {
     const StopClaim stop =
-        stopFromJson(json::parse(toString(store.get(attemptKey(attempt, "stop"))), nullptr, false));
+        stopFromJson(json::parse(toString(store.get(attemptStopKey(attempt))), nullptr, false));
     if (stop.cause == StopCause::kLeave && expected_survivors_ > 0) --expected_survivors_;
+  }
+}
+
+// Counts this spare out of attempt n's final decision (a ticket); the last of the spares waiting
+// in round r sets the mark the store host waits for (finishJob).
+void RendezvousRounds::countSpareOut(Store& store, int r, int attempt) {
+  if (store.takeTicket(attemptSparesDoneKey(attempt)) >= joinedIn(store, r)) {
+    store.set(attemptSparesAllDoneKey(attempt), "1");
   }
 }
 
@@ -342,12 +345,12 @@ void RendezvousRounds::lastCallForSurvivors(Store& store, int r) {
                     opts_.keep_alive_interval);
   const int wanted_survivors = std::min(expected_survivors_, opts_.max_nodes);
   while (true) {
-    const int64_t joined = store.tickets(roundKey(r, "joined"));
+    const int64_t joined = joinedIn(store, r);
     int survivors = 0;
     int total = 0;
-    for (const SlotRecord& c : roundRecords(store, r, joined)) {
+    for (const RoundMember& c : roundRecords(store, r, joined)) {
       ++total;
-      if (previous_ids_.count(c.record.value("id", ""))) ++survivors;
+      if (previous_ids_.count(c.agent.id)) ++survivors;
     }
     if (total >= opts_.max_nodes &&
         (survivors >= wanted_survivors || SteadyClock::now() >= survivors_deadline)) {
@@ -358,51 +361,181 @@ void RendezvousRounds::lastCallForSurvivors(Store& store, int r) {
     if (left <= std::chrono::milliseconds(0)) return;
     waits_.checkAbandoned();
     try {  // the next slot's record, or a slice
-      store.wait({roundKey(r, "agent/" + std::to_string(joined + 1))},
-                 std::min(left, opts_.keep_alive_interval));
+      store.wait({roundAgentKey(r, joined + 1)}, std::min(left, opts_.keep_alive_interval));
     } catch (const StoreTimeout&) {
     }
   }
 }
 
-// The members document of round r from its candidates: the previous round's survivors first, at
-// most max_nodes (this agent always among them: it closes the round), in a stable order.
-json RendezvousRounds::membersOf(std::vector<SlotRecord> candidates, int r,
-                                 int next_attempt) const {
-  // The previous round's survivors first (a spare takes a lost node's place, never a live
-  // one's), then the first to join, and always this agent (it closes the round).
-  std::stable_partition(candidates.begin(), candidates.end(), [&](const SlotRecord& c) {
-    return previous_ids_.count(c.record.value("id", "")) > 0;
-  });
-  if (static_cast<int>(candidates.size()) > opts_.max_nodes) {
-    auto mine = std::find_if(candidates.begin(), candidates.end(), [&](const SlotRecord& c) {
-      return c.record.value("id", "") == opts_.self.id;
-    });
-    if (mine != candidates.end() && mine - candidates.begin() >= opts_.max_nodes) {
-      std::swap(*mine, candidates[static_cast<size_t>(opts_.max_nodes - 1)]);
+// The previous round's survivors first (a spare takes a lost node's place, never a live one's),
+// then the first to join, and always this agent (it closes the round); then a stable order.
+std::vector<RoundMember> selectRoundMembers(std::vector<RoundMember> candidates,
+                                            const std::set<std::string>& survivors, int max_nodes,
+                                            const std::string& self_id) {
+  std::stable_partition(candidates.begin(), candidates.end(),
+                        [&](const RoundMember& c) { return survivors.count(c.agent.id) > 0; });
+  if (static_cast<int>(candidates.size()) > max_nodes) {
+    auto mine = std::find_if(candidates.begin(), candidates.end(),
+                             [&](const RoundMember& c) { return c.agent.id == self_id; });
+    if (mine != candidates.end() && mine - candidates.begin() >= max_nodes) {
+      std::swap(*mine, candidates[static_cast<size_t>(max_nodes - 1)]);
     }
-    candidates.resize(static_cast<size_t>(opts_.max_nodes));
+    candidates.resize(static_cast<size_t>(max_nodes));
   }
   // Stable order: the scheduler's rank, else the previous round's rank, else join order.
-  auto order_key = [](const SlotRecord& c) {
-    const int sched = c.record.value("scheduler_rank", -1);
-    const int previous = c.record.value("previous_rank", -1);
+  auto order_key = [](const RoundMember& c) {
+    const int sched = c.agent.scheduler_rank;
+    const int previous = c.previous_rank;
     return std::make_tuple(sched >= 0 ? sched : INT_MAX, previous >= 0 ? previous : INT_MAX,
-                           c.index);
+                           c.slot);
   };
   std::stable_sort(
       candidates.begin(), candidates.end(),
-      [&](const SlotRecord& a, const SlotRecord& b) { return order_key(a) < order_key(b); });
+      [&](const RoundMember& a, const RoundMember& b) { return order_key(a) < order_key(b); });
+  return candidates;
+}
+
+int64_t RendezvousRounds::joinedIn(Store& store, int r) { return store.tickets(roundJoinedKey(r)); }
+
+// host_per_round: every waiting agent closes the round; the first to publish its members
+// (compareSet on an absent key: the store decides) wins, and the others take those.
+json RendezvousRounds::publishMembers(Store& store, int r, const json& doc) {
+  if (!opts_.host_per_round) {
+    store.set(roundMembersKey(r), doc.dump());
+    return doc;
+  }
+  const std::string stored =
+      toString(store.compareSet(roundMembersKey(r), {}, rendezvous::toBytes(doc.dump())));
+  return json::parse(stored, nullptr, false);
+}
+
+bool RendezvousRounds::closedByOther(Store& store, int r) {
+  return opts_.host_per_round && store.check({roundMembersKey(r)});
+}
+
+// Agents with a record in the round's first `joined` slots: an agent that joined twice (its
+// first request's reply was lost, takeSlot) holds two slots and counts once.
+int64_t RendezvousRounds::distinctAgents(Store& store, int r, int64_t joined) {
+  std::set<std::string> ids;
+  for (const RoundMember& c : roundRecords(store, r, joined)) ids.insert(c.agent.id);
+  return static_cast<int64_t>(ids.size());
+}
+
+// Usually the min_nodes-th slot's record says enough have joined. A slot left empty would hold
+// that up for the whole join timeout, so every slice also counts the records (only once enough
+// slots are taken: one check per slot). Each agent that holds two slots makes the round wait for
+// one slot more. Within the join timeout, else the round fails: its error is published (unless
+// another closer published first) and thrown.
+std::optional<RendezvousRounds::RoundResult> RendezvousRounds::awaitMinNodes(Store& store, int r) {
+  try {
+    const auto deadline = SteadyClock::now() + opts_.join_timeout;
+    int64_t awaited_slot = opts_.min_nodes;
+    for (;;) {
+      waitKeys(
+          waits_, store, {roundAgentKey(r, awaited_slot)},
+          std::max(
+              std::chrono::milliseconds(0),
+              std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now())),
+          opts_.keep_alive_interval, "rendezvous round " + std::to_string(r),
+          [&] {
+            if (closedByOther(store, r)) return true;
+            const int64_t joined = joinedIn(store, r);
+            return joined >= opts_.min_nodes && distinctAgents(store, r, joined) >= opts_.min_nodes;
+          },
+          [&] {
+            // The slots taken (one ADD), not the records written (one CHECK per slot).
+            const int64_t joined = std::min<int64_t>(joinedIn(store, r), opts_.min_nodes);
+            return "rendezvous round " + std::to_string(r) + ": waiting for " +
+                   withThousands(opts_.min_nodes - joined) + " more node(s) (" +
+                   withThousands(joined) + " of at least " + withThousands(opts_.min_nodes) +
+                   " joined)";
+          });
+      if (closedByOther(store, r)) return std::nullopt;
+      const int64_t distinct = distinctAgents(store, r, joinedIn(store, r));
+      if (distinct >= opts_.min_nodes) return std::nullopt;
+      awaited_slot += opts_.min_nodes - distinct;
+    }
+  } catch (const Abandoned& a) {
+    const auto joined = distinctAgents(store, r, joinedIn(store, r));
+    const json members = publishMembers(
+        store, r,
+        roundErrorToJson("rendezvous: only " + std::to_string(joined) + " of at least " +
+                         std::to_string(opts_.min_nodes) + " nodes joined within " +
+                         formatSeconds(opts_.join_timeout) + " (--rdzv-conf join_timeout)"));
+    publishAssignments(store, r, members, joinedIn(store, r));
+    // The round's error is this agent's; another closer's members (etcd) are taken as they are.
+    const Result<RoundDocument> doc = roundDocumentFromJson(members, r);
+    if (doc.isOk() && doc.value().kind == RoundDocument::Kind::kError) {
+      throw Abandoned{timeoutError(doc.value().message)};
+    }
+    return RoundResult{members, json()};
+  }
+}
+
+// host_per_round, an agent not in slot min_nodes: waits for that agent's members (it takes the
+// last call), and closes the round in its place only if they do not come (it was lost). Reading
+// every record is then one agent's work, not every agent's: N agents make O(N) requests, not
+// O(N^2). nullopt: this agent closes the round.
+std::optional<RendezvousRounds::RoundResult> RendezvousRounds::awaitCloser(Store& store, int r,
+                                                                           int64_t my_slot) {
+  const auto grace = keepAliveBound(opts_.keep_alive_interval, opts_.keep_alive_max_attempt) +
+                     opts_.keep_alive_interval;
+  try {
+    return RoundResult{
+        json(), awaitAssignment(store, r, my_slot,
+                                (opts_.max_nodes > opts_.min_nodes ? opts_.last_call_timeout
+                                                                   : std::chrono::milliseconds(0)) +
+                                    grace)};
+  } catch (const Abandoned& a) {
+    if (a.status.code() != StatusCode::kTimeout) throw;
+    CPPRUN_LOG(kWarn) << "rendezvous round " << r << ": the agent that joined as number "
+                      << opts_.min_nodes << " did not close it; closing it in its place";
+  }
+  if (closedByOther(store, r)) return RoundResult{readClosedRound(store, r), json()};
+  // A survivor skipped round r-1's members; closing, it needs them.
+  if (previous_unread_) waitForRunningRound(store, r, my_slot, false);
+  return std::nullopt;
+}
+
+// The last call once min_nodes are in: re-forming, until the previous round's survivors are
+// in too (spares may hold the first slots); else until max_nodes joined. Bounded by
+// last_call_timeout.
+void RendezvousRounds::lastCall(Store& store, int r) {
+  if (!previous_ids_.empty() && expected_survivors_ >= 0) {
+    lastCallForSurvivors(store, r);
+  } else if (opts_.max_nodes > opts_.min_nodes) {
+    try {  // more may come, up to max_nodes
+      store.wait({roundAgentKey(r, opts_.max_nodes)}, opts_.last_call_timeout);
+    } catch (const StoreTimeout&) {
+    }
+  }
+}
+
+// Closes round r with the records in its slots: moves the round counter on (later joiners see
+// the next round), publishes the members and every slot's assignment.
+json RendezvousRounds::closeWithMembers(Store& store, int r, int next_attempt) {
+  store.set(kRoundCounterKey, std::to_string(r + 1));
+  const int64_t joined = joinedIn(store, r);
+  // Slots taken a moment ago may not hold their record yet: give them one interval. Usually all
+  // are written, and then no slot needs a check of its own.
+  bool all_written = true;
+  {
+    std::vector<std::string> slots;
+    for (int64_t i = 1; i <= joined; ++i) slots.push_back(roundAgentKey(r, i));
+    try {
+      store.wait(slots, opts_.keep_alive_interval);
+    } catch (const StoreTimeout&) {
+      all_written = false;
+    }
+  }
   // An agent that never ran an attempt (a spare closing the round, etcd) knows the job's
   // attempt number from the previous round only: the next one comes after that round's.
-  json members = {{"attempt", std::max(next_attempt, previous_attempt_ + 1)},
-                  {"round", r},
-                  {"members", json::array()}};
-  for (const SlotRecord& c : candidates) {
-    json m = c.record;
-    m["index"] = c.index;
-    members["members"].push_back(m);
-  }
+  const json members = publishMembers(
+      store, r,
+      roundMembersToJson(std::max(next_attempt, previous_attempt_ + 1), r,
+                         selectRoundMembers(roundRecords(store, r, joined, all_written),
+                                            previous_ids_, opts_.max_nodes, opts_.self.id)));
+  publishAssignments(store, r, members, joined);
   return members;
 }
 
@@ -411,136 +544,24 @@ json RendezvousRounds::membersOf(std::vector<SlotRecord> candidates, int r,
 // members document.
 RendezvousRounds::RoundResult RendezvousRounds::closeRound(Store& store, int r, int64_t my_slot,
                                                            int next_attempt) {
-  const auto joinedNow = [&] { return store.tickets(roundKey(r, "joined")); };
-  // host_per_round: every waiting agent closes the round; the first to publish its members
-  // (compareSet on an absent key: the store decides) wins, and the others take those.
-  const auto publish = [&](const json& doc) {
-    if (!opts_.host_per_round) {
-      store.set(roundKey(r, "members"), doc.dump());
-      return doc;
-    }
-    const std::string stored =
-        toString(store.compareSet(roundKey(r, "members"), {}, rendezvous::toBytes(doc.dump())));
-    return json::parse(stored, nullptr, false);
-  };
-  const auto closedAlready = [&] {
-    return opts_.host_per_round && store.check({roundKey(r, "members")});
-  };
-  if (closedAlready()) return {readClosedRound(store, r), json()};
-  // Agents with a record in the round's first `joined` slots: an agent that joined twice (its
-  // first request's reply was lost, takeSlot) holds two slots and counts once.
-  const auto distinctAgents = [&](int64_t joined) {
-    std::set<std::string> ids;
-    for (const SlotRecord& c : roundRecords(store, r, joined)) ids.insert(c.record.value("id", ""));
-    return static_cast<int64_t>(ids.size());
-  };
-  try {
-    // Usually the min_nodes-th slot's record says enough have joined. A slot left empty would
-    // hold that up for the whole join timeout, so every slice also counts the records (only
-    // once enough slots are taken: one check per slot). Each agent that holds two slots makes
-    // the round wait for one slot more.
-    const auto deadline = SteadyClock::now() + opts_.join_timeout;
-    int64_t awaited_slot = opts_.min_nodes;
-    for (;;) {
-      waitKeys(
-          waits_, store, {roundKey(r, "agent/" + std::to_string(awaited_slot))},
-          std::max(
-              std::chrono::milliseconds(0),
-              std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now())),
-          opts_.keep_alive_interval, "rendezvous round " + std::to_string(r),
-          [&] {
-            if (closedAlready()) return true;
-            const int64_t joined = joinedNow();
-            return joined >= opts_.min_nodes && distinctAgents(joined) >= opts_.min_nodes;
-          },
-          [&] {
-            // The slots taken (one ADD), not the records written (one CHECK per slot).
-            const int64_t joined = std::min<int64_t>(joinedNow(), opts_.min_nodes);
-            return "rendezvous round " + std::to_string(r) + ": waiting for " +
-                   withThousands(opts_.min_nodes - joined) + " more node(s) (" +
-                   withThousands(joined) + " of at least " + withThousands(opts_.min_nodes) +
-                   " joined)";
-          });
-      if (closedAlready()) break;
-      const int64_t distinct = distinctAgents(joinedNow());
-      if (distinct >= opts_.min_nodes) break;
-      awaited_slot += opts_.min_nodes - distinct;
-    }
-  } catch (const Abandoned& a) {
-    const auto joined = distinctAgents(joinedNow());
-    json members = {{"error", "rendezvous: only " + std::to_string(joined) + " of at least " +
-                                  std::to_string(opts_.min_nodes) + " nodes joined within " +
-                                  formatSeconds(opts_.join_timeout) +
-                                  " (--rdzv-conf join_timeout)"}};
-    members = publish(members);
-    publishAssignments(store, r, members, joinedNow());
-    if (members.is_object() && members.contains("error")) {
-      throw Abandoned{timeoutError(members["error"].get<std::string>())};
-    }
-    return {members, json()};
-  }
+  if (closedByOther(store, r)) return {readClosedRound(store, r), json()};
+  if (std::optional<RoundResult> failed = awaitMinNodes(store, r)) return *failed;
   // host_per_round: the agent in slot min_nodes closes the round; the others wait for its
-  // members below, which reads them at once when they are there (no check of its own first).
+  // members (awaitCloser), which reads them at once when they are there (no check of its own
+  // first).
   const bool closer = !opts_.host_per_round || my_slot == opts_.min_nodes;
-  if (closer && closedAlready()) return {readClosedRound(store, r), json()};
-  // host_per_round: the agent in slot min_nodes closes the round (it takes the last call); the
-  // others wait for its members and close in its place only if they do not come (it was lost).
-  // Reading every record is then one agent's work, not every agent's: N agents make O(N)
-  // requests, not O(N^2).
-  if (opts_.host_per_round && my_slot != opts_.min_nodes) {
-    const auto grace = keepAliveBound(opts_.keep_alive_interval, opts_.keep_alive_max_attempt) +
-                       opts_.keep_alive_interval;
-    try {
-      return {json(),
-              awaitAssignment(store, r, my_slot,
-                              (opts_.max_nodes > opts_.min_nodes ? opts_.last_call_timeout
-                                                                 : std::chrono::milliseconds(0)) +
-                                  grace)};
-    } catch (const Abandoned& a) {
-      if (a.status.code() != StatusCode::kTimeout) throw;
-      CPPRUN_LOG(kWarn) << "rendezvous round " << r << ": the agent that joined as number "
-                        << opts_.min_nodes << " did not close it; closing it in its place";
-    }
-    if (closedAlready()) return {readClosedRound(store, r), json()};
-    // A survivor skipped round r-1's members; closing, it needs them.
-    if (previous_unread_) waitForRunningRound(store, r, my_slot, false);
+  if (closer && closedByOther(store, r)) return {readClosedRound(store, r), json()};
+  if (!closer) {
+    if (std::optional<RoundResult> closed = awaitCloser(store, r, my_slot)) return *closed;
   }
-  if (!previous_ids_.empty() && expected_survivors_ >= 0) {
-    // Re-forming: spares may hold the first slots; wait for the previous round's survivors too.
-    lastCallForSurvivors(store, r);
-  } else if (opts_.max_nodes > opts_.min_nodes) {
-    try {  // last call: more may come, up to max_nodes
-      store.wait({roundKey(r, "agent/" + std::to_string(opts_.max_nodes))},
-                 opts_.last_call_timeout);
-    } catch (const StoreTimeout&) {
-    }
-  }
-  // Later joiners see the next round; this one is closing.
-  store.set(kRoundCounterKey, std::to_string(r + 1));
-  const int64_t joined = joinedNow();
-  // Slots taken a moment ago may not hold their record yet: give them one interval. Usually all
-  // are written, and then no slot needs a check of its own.
-  bool all_written = true;
-  {
-    std::vector<std::string> slots;
-    for (int64_t i = 1; i <= joined; ++i)
-      slots.push_back(roundKey(r, "agent/" + std::to_string(i)));
-    try {
-      store.wait(slots, opts_.keep_alive_interval);
-    } catch (const StoreTimeout&) {
-      all_written = false;
-    }
-  }
-  std::vector<SlotRecord> candidates = roundRecords(store, r, joined, all_written);
-  json members = publish(membersOf(std::move(candidates), r, next_attempt));
-  publishAssignments(store, r, members, joined);
-  return {members, json()};
+  lastCall(store, r);
+  return {closeWithMembers(store, r, next_attempt), json()};
 }
 
 json RendezvousRounds::readClosedRound(Store& store, int r) {
-  json members = json::parse(toString(store.get(roundKey(r, "members"))), nullptr, false);
-  if (!store.check({roundKey(r, "closed")})) {
-    publishAssignments(store, r, members, store.tickets(roundKey(r, "joined")));
+  json members = json::parse(toString(store.get(roundMembersKey(r))), nullptr, false);
+  if (!store.check({roundClosedKey(r)})) {
+    publishAssignments(store, r, members, joinedIn(store, r));
   }
   return members;
 }
@@ -554,17 +575,17 @@ void RendezvousRounds::publishAssignments(Store& store, int r, const json& membe
   std::vector<rendezvous::Bytes> values;
   int64_t slot = 0;
   for (std::string& value : roundAssignments(members, r, slots)) {
-    keys.push_back(roundKey(r, "assigned/" + std::to_string(++slot)));
+    keys.push_back(roundAssignedKey(r, ++slot));
     values.push_back(rendezvous::toBytes(value));
   }
   if (!keys.empty()) store.multiSet(keys, values);
-  store.set(roundKey(r, "closed"), closedMarker(members, slots));
+  store.set(roundClosedKey(r), closedMarker(members, slots));
 }
 
 json RendezvousRounds::awaitAssignment(Store& store, int r, int64_t slot,
                                        std::chrono::milliseconds total) {
-  const std::string mine = roundKey(r, "assigned/" + std::to_string(slot));
-  const std::string closed = roundKey(r, "closed");
+  const std::string mine = roundAssignedKey(r, slot);
+  const std::string closed = roundClosedKey(r);
   bool closed_seen = false;
   // Each slice also looks for the closed mark: a slot taken after the closer counted the slots
   // gets no assignment (it waits for the next round, as before a member list without it did).
@@ -572,7 +593,7 @@ json RendezvousRounds::awaitAssignment(Store& store, int r, int64_t slot,
       waits_, store, {mine}, total, opts_.keep_alive_interval,
       "rendezvous round " + std::to_string(r), [&] { return closed_seen = store.check({closed}); },
       [&] {
-        const int64_t joined = store.tickets(roundKey(r, "joined"));
+        const int64_t joined = joinedIn(store, r);
         return "rendezvous round " + std::to_string(r) + ": waiting for " +
                (opts_.host_per_round ? "its closer" : "the store host") + " to close it (" +
                std::to_string(joined) + " joined, " + std::to_string(opts_.min_nodes) + ".." +
@@ -595,8 +616,8 @@ int64_t RendezvousRounds::takeSlot(Store& store, int r, const std::string& recor
   const auto deadline = SteadyClock::now() + opts_.join_timeout;
   while (true) {
     try {
-      const int64_t index = store.takeTicket(roundKey(r, "joined"));
-      store.set(roundKey(r, "agent/" + std::to_string(index)), record);
+      const int64_t index = store.takeTicket(roundJoinedKey(r));
+      store.set(roundAgentKey(r, index), record);
       return index;
     } catch (const StoreTimeout& e) {
       if (SteadyClock::now() >= deadline) throw;
@@ -662,7 +683,7 @@ std::optional<Membership> RendezvousRounds::membershipFrom(Store& store, int r,
         // request's reply was lost, takeSlot) may be a member by its first slot while it waits
         // on its last. Only the members document says it is not a member (a spare the round did
         // not take reads it too: a rare path).
-        members = json::parse(toString(store.get(roundKey(r, "members"))), nullptr, false);
+        members = json::parse(toString(store.get(roundMembersKey(r))), nullptr, false);
         break;
       case RoundAssignment::Kind::kError:
         throw Abandoned{unavailable(a.value().message)};
@@ -674,29 +695,31 @@ std::optional<Membership> RendezvousRounds::membershipFrom(Store& store, int r,
         Membership m = a.value().membership;
         if (m.group_rank != 0) return m;
         // Node 0 decides (and polls the heartbeats): it reads every member's record.
-        members = json::parse(toString(store.get(roundKey(r, "members"))), nullptr, false);
+        members = json::parse(toString(store.get(roundMembersKey(r))), nullptr, false);
         break;
       }
     }
   }
   if (!members.is_object()) throw Abandoned{internalError("malformed round in the store")};
-  if (members.contains("error")) {
-    throw Abandoned{unavailable(members["error"].get<std::string>())};
+  Result<RoundDocument> doc = roundDocumentFromJson(members, r);
+  if (!doc.isOk()) throw Abandoned{doc.status()};
+  switch (doc.value().kind) {
+    case RoundDocument::Kind::kError:
+      throw Abandoned{unavailable(doc.value().message)};
+    case RoundDocument::Kind::kJobOver:
+      throw Abandoned{Status(StatusCode::kAlreadyExists,
+                             std::string(kJobOverBeforeJoin) + ": " + doc.value().message)};
+    case RoundDocument::Kind::kMembers:
+      break;
   }
-  if (members.contains("job_over")) {
-    throw Abandoned{
-        Status(StatusCode::kAlreadyExists,
-               std::string(kJobOverBeforeJoin) + ": " + members.value("job_over", std::string()))};
-  }
-  Result<RoundMembers> rm = roundMembersFromJson(members, r);
-  if (!rm.isOk()) throw Abandoned{rm.status()};
-  const std::vector<AgentInfo>& agents = rm.value().agents;
+  const RoundMembers& rm = doc.value().members;
+  const std::vector<AgentInfo>& agents = rm.agents;
   int my_rank = -1;
   for (size_t i = 0; i < agents.size(); ++i) {
     if (agents[i].id == opts_.self.id) my_rank = static_cast<int>(i);
   }
   if (my_rank < 0) return std::nullopt;
-  *attempt = rm.value().attempt;
+  *attempt = rm.attempt;
   Membership m = membershipOf(agents, my_rank);
   m.round = r;
   return m;
@@ -704,15 +727,15 @@ std::optional<Membership> RendezvousRounds::membershipFrom(Store& store, int r,
 
 int RendezvousRounds::waitingIn(Store& store, int r) {
   if (r < 0) return 0;
-  return static_cast<int>(roundRecords(store, r, store.tickets(roundKey(r, "joined"))).size());
+  return static_cast<int>(roundRecords(store, r, joinedIn(store, r)).size());
 }
 
 void RendezvousRounds::endRounds(Store& store, const std::string& outcome) {
-  json over = {{"job_over", outcome}};
+  const json over = roundJobOverToJson(outcome);
   const int r = nextRound();
-  store.set(roundKey(r, "members"), over.dump());
+  store.set(roundMembersKey(r), over.dump());
   // Agents waiting for their assignment in round r (spares) read the end from it.
-  publishAssignments(store, r, over, store.tickets(roundKey(r, "joined")));
+  publishAssignments(store, r, over, joinedIn(store, r));
 }
 
 }  // namespace cpprun::agent

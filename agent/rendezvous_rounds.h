@@ -27,6 +27,7 @@
 
 #include "agent/coordinator_waits.h"
 #include "agent/job_coordinator.h"
+#include "agent/job_keys.h"
 #include "agent/liveness.h"
 
 namespace cpprun::rendezvous {
@@ -34,6 +35,14 @@ class Store;
 }
 
 namespace cpprun::agent {
+
+// A round's members from its candidates (the records in its slots, one per agent): round r-1's
+// `survivors` first (a spare takes a lost node's place, never a live one's), then the first to
+// join, at most `max_nodes`, always with the closing agent `self_id`; in a stable order: the
+// scheduler's rank, else the previous round's rank, else the slot. Pure.
+std::vector<RoundMember> selectRoundMembers(std::vector<RoundMember> candidates,
+                                            const std::set<std::string>& survivors, int max_nodes,
+                                            const std::string& self_id);
 
 class RendezvousRounds {
  public:
@@ -66,18 +75,20 @@ class RendezvousRounds {
   RendezvousProgress progress() const;
 
  private:
-  struct SlotRecord {
-    int64_t index;
-    nlohmann::json record;
-  };
-  std::vector<SlotRecord> roundRecords(rendezvous::Store& store, int r, int64_t joined,
-                                       bool all_written = false);
+  // The records in round r's slots 1..joined, in slot order, one per agent (see the .cc).
+  std::vector<RoundMember> roundRecords(rendezvous::Store& store, int r, int64_t joined,
+                                        bool all_written = false);
+  // The slots taken in round r (one ADD).
+  static int64_t joinedIn(rendezvous::Store& store, int r);
   // How round r closed for this agent: the whole members document (the closer, an agent that
   // came after the close) or only this agent's assignment (everyone else).
   struct RoundResult {
     nlohmann::json members;     // null when `assignment` holds it
     nlohmann::json assignment;  // rdzv/round/<r>/assigned/<slot>
   };
+  // closeRound, in its steps: wait for min_nodes (awaitMinNodes; a round that fails publishes
+  // its error), on etcd let the agent in slot min_nodes close it (awaitCloser), the last call
+  // (lastCall), then publish the members and every slot's assignment (closeWithMembers).
   RoundResult closeRound(rendezvous::Store& store, int r, int64_t my_slot, int next_attempt);
   // The members document of round r, read from the store, with every slot's assignment
   // published when nobody did yet (the closer was lost in between; host_per_round).
@@ -93,7 +104,6 @@ class RendezvousRounds {
   // Abandoned for the round's error and for the end of the job.
   std::optional<Membership> membershipFrom(rendezvous::Store& store, int r,
                                            const RoundResult& result, int* attempt);
-  nlohmann::json membersOf(std::vector<SlotRecord> candidates, int r, int next_attempt) const;
   int64_t takeSlot(rendezvous::Store& store, int r, const std::string& record);
   void started(int round);
   void completed(int round, const Membership& m);
@@ -112,6 +122,20 @@ class RendezvousRounds {
   // closeRound's last call when round r-1's survivors are known: until they all joined and
   // max_nodes are in, bounded by last_call_timeout.
   void lastCallForSurvivors(rendezvous::Store& store, int r);
+  // closeRound's steps (see the .cc). nullopt: go on to the next step.
+  std::optional<RoundResult> awaitMinNodes(rendezvous::Store& store, int r);
+  std::optional<RoundResult> awaitCloser(rendezvous::Store& store, int r, int64_t my_slot);
+  void lastCall(rendezvous::Store& store, int r);
+  nlohmann::json closeWithMembers(rendezvous::Store& store, int r, int next_attempt);
+  // Publishes round r's members document `doc`; returns the one in the store (on etcd another
+  // closer's may have won).
+  nlohmann::json publishMembers(rendezvous::Store& store, int r, const nlohmann::json& doc);
+  // Whether another agent closed round r already (etcd, host_per_round).
+  bool closedByOther(rendezvous::Store& store, int r);
+  // The distinct agents with a record in round r's first `joined` slots.
+  int64_t distinctAgents(rendezvous::Store& store, int r, int64_t joined);
+  // A spare counts itself out of attempt n's final decision (the store host waits for all).
+  void countSpareOut(rendezvous::Store& store, int r, int attempt);
 
   const StoreCoordinatorOptions& opts_;
   WaitContext& waits_;

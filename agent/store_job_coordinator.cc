@@ -131,8 +131,8 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
                                   ") left the job (" + reason + ")",
                               StopCause::kLeave, 0};
         const std::string mine = stopToJson(claim).dump();
-        const std::string stored = toString(
-            control_client_->compareSet(attemptKey(n, "stop"), {}, rendezvous::toBytes(mine)));
+        const std::string stored =
+            toString(control_client_->compareSet(attemptStopKey(n), {}, rendezvous::toBytes(mine)));
         if (stored != mine) {
           throw Abandoned{Status(StatusCode::kAlreadyExists,
                                  "attempt " + std::to_string(n) +
@@ -188,18 +188,18 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
   JobDecision publishDecision(int n, const JobDecision& decision, int readers) {
     const std::string doc = decisionToJson(decision, readers).dump();
     if (!opts_.host_per_round) {
-      control_client_->set(attemptKey(n, "decision"), doc);
+      control_client_->set(attemptDecisionKey(n), doc);
       return decision;
     }
-    const std::string stored = toString(
-        control_client_->compareSet(attemptKey(n, "decision"), {}, rendezvous::toBytes(doc)));
+    const std::string stored =
+        toString(control_client_->compareSet(attemptDecisionKey(n), {}, rendezvous::toBytes(doc)));
     if (stored == doc) return decision;
     return readDecision(n);
   }
 
   JobDecision readDecision(int n) {
     Result<DecisionRecord> record = decisionFromJson(
-        json::parse(toString(control_client_->get(attemptKey(n, "decision"))), nullptr, false),
+        json::parse(toString(control_client_->get(attemptDecisionKey(n))), nullptr, false),
         worldSize());
     if (!record.isOk()) throw Abandoned{record.status()};
     decision_readers_ = record.value().readers;
@@ -368,7 +368,7 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
     Membership m = currentMembership();
     if (!m.agents.empty() || m.round < 0) return m;
     const nlohmann::json doc =
-        nlohmann::json::parse(toString(client.get(roundKey(m.round, "members"))), nullptr, false);
+        nlohmann::json::parse(toString(client.get(roundMembersKey(m.round))), nullptr, false);
     Result<RoundMembers> members = roundMembersFromJson(doc, m.round);
     if (!members.isOk()) throw Abandoned{members.status()};
     if (static_cast<int>(members.value().agents.size()) != m.group_world_size) {
@@ -478,10 +478,10 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
     if (isHost()) {
       if (!opts_.elastic) {
         // Static: every node must have torn its previous attempt down.
-        control_client_->set(attemptKey(attempt, "ready/" + std::to_string(myRank())), "1");
+        control_client_->set(attemptReadyKey(attempt, myRank()), "1");
         std::vector<std::string> keys;
         for (int r = 0; r < world; ++r) {
-          keys.push_back(attemptKey(attempt, "ready/" + std::to_string(r)));
+          keys.push_back(attemptReadyKey(attempt, r));
         }
         try {
           waitKeys(
@@ -501,20 +501,20 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
                                   " nodes to tear their previous attempt down");
               });
         } catch (const Abandoned& a) {
-          control_client_->set(attemptKey(attempt, "go"), "!" + a.status.message());
+          control_client_->set(attemptGoKey(attempt), "!" + a.status.message());
           throw;
         }
       }
       // Elastic: joining the round was the barrier (members join after their teardown).
       go = runOnLoop([this, attempt] { return host_prepare_(attempt); });
-      control_client_->set(attemptKey(attempt, "go"), go);
+      control_client_->set(attemptGoKey(attempt), go);
     } else {
       if (!opts_.elastic) {
-        control_client_->set(attemptKey(attempt, "ready/" + std::to_string(myRank())), "1");
+        control_client_->set(attemptReadyKey(attempt, myRank()), "1");
       }
       while (true) {
         waitKeys(
-            {attemptKey(attempt, "go")}, opts_.join_timeout,
+            {attemptGoKey(attempt)}, opts_.join_timeout,
             "attempt " + std::to_string(attempt) + ": waiting for " + deciderName() + "'s go",
             [&] { return deciderLostBeforeGo(); },
             [&] {
@@ -522,7 +522,7 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
                      "'s go (every node ready)";
             });
         // The store is asked only when node 0 is lost (one request less per agent otherwise).
-        if (!deciderLostBeforeGo() || control_client_->check({attemptKey(attempt, "go")})) break;
+        if (!deciderLostBeforeGo() || control_client_->check({attemptGoKey(attempt)})) break;
         // Node 0 closed the round and was lost before it started the attempt: nobody got the
         // go, so every member meets again in the next round (no restart used).
         CPPRUN_LOG(kWarn) << "attempt " << attempt << ": " << lostReason(0)
@@ -531,11 +531,11 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
         join(next_attempt_, &attempt);
         if (isHost()) {
           go = runOnLoop([this, attempt] { return host_prepare_(attempt); });
-          control_client_->set(attemptKey(attempt, "go"), go);
+          control_client_->set(attemptGoKey(attempt), go);
           break;
         }
       }
-      if (go.empty()) go = toString(control_client_->get(attemptKey(attempt, "go")));
+      if (go.empty()) go = toString(control_client_->get(attemptGoKey(attempt)));
       if (!go.empty() && go[0] == '!') throw Abandoned{unavailable(go.substr(1))};
     }
     // Before the attempt is watched: a node lost meanwhile ends the wait as in the go's.
@@ -572,7 +572,7 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
                  return false;
                });
     };
-    auto ids = exchangeNcclIds(*control_client_, attemptKey(attempt, "nccl_ids/"), node_ranks,
+    auto ids = exchangeNcclIds(*control_client_, attemptNcclIdsPrefix(attempt), node_ranks,
                                m.group_rank, nid, opts_.make_nccl_id, opts_.join_timeout, wait);
     if (!ids.isOk()) {
       CPPRUN_LOG(kWarn) << "attempt " << attempt << ": " << ids.status().message()
@@ -602,11 +602,11 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
 
   // The first claim of attempt n's stop wins (compare-and-set: the store decides who was first).
   static void claimStop(Store& client, int n, const StopClaim& stop) {
-    client.compareSet(attemptKey(n, "stop"), {}, rendezvous::toBytes(stopToJson(stop).dump()));
+    client.compareSet(attemptStopKey(n), {}, rendezvous::toBytes(stopToJson(stop).dump()));
   }
 
   JobDecision doEndAttempt(int n, const AttemptReport& report) {
-    control_client_->set(attemptKey(n, "report/" + std::to_string(myRank())),
+    control_client_->set(attemptReportKey(n, myRank()),
                          reportToJson(report, opts_.self.host).dump());
     JobDecision decision;
     bool decides = isHost();
@@ -616,7 +616,7 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
       // store host ends it (store_status_), a lost node makes the host decide without it, and
       // (host_per_round) a lost node 0 makes the lowest live member decide.
       waitKeys(
-          {attemptKey(n, "decision")}, kNoDeadline,
+          {attemptDecisionKey(n)}, kNoDeadline,
           "attempt " + std::to_string(n) + ": waiting for " + deciderName() + "'s decision",
           [&] {
             if (!takesOverDecision()) return false;
@@ -628,7 +628,7 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
                    ": this node's workers are done; waiting for the other nodes' workers "
                    "(the job's outcome)";
           });
-      if (decides && control_client_->check({attemptKey(n, "decision")})) decides = false;
+      if (decides && control_client_->check({attemptDecisionKey(n)})) decides = false;
       if (decides) {
         CPPRUN_LOG(kWarn) << "attempt " << n
                           << ": node 0 was lost; this node decides for the job in its place";
@@ -677,12 +677,12 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
           outcomes[r] = NodeOutcome{true, lost->second, {}};
           continue;
         }
-        missing.push_back(attemptKey(n, "report/" + std::to_string(r)));
+        missing.push_back(attemptReportKey(n, r));
         missing_ranks.push_back(r);
       }
       if (missing.empty()) break;
       auto slice = opts_.keep_alive_interval;
-      if (acksStops() && seen.attempt != n && control_client_->check({attemptKey(n, "stop")})) {
+      if (acksStops() && seen.attempt != n && control_client_->check({attemptStopKey(n)})) {
         seen = noteStopSeen(*control_client_, n, SteadyClock::now());
       }
       if (seen.attempt == n) {
@@ -711,9 +711,9 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
       }
     }
     StopClaim stop;
-    if (control_client_->check({attemptKey(n, "stop")})) {
+    if (control_client_->check({attemptStopKey(n)})) {
       stop = stopFromJson(
-          json::parse(toString(control_client_->get(attemptKey(n, "stop"))), nullptr, false));
+          json::parse(toString(control_client_->get(attemptStopKey(n))), nullptr, false));
     }
     DecisionPolicy policy;
     policy.max_restarts = opts_.max_restarts;
@@ -782,16 +782,15 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
       rounds_.endRounds(*control_client_, decisionKindName(decision.kind));
     }
     // Lost agents never read it: the host counts only the live ones in ("readers").
-    const int64_t out = control_client_->takeTicket(attemptKey(n, "done"));
-    if (out >= decision_readers_) control_client_->set(attemptKey(n, "all_done"), "1");
+    const int64_t out = control_client_->takeTicket(attemptDoneKey(n));
+    if (out >= decision_readers_) control_client_->set(attemptAllDoneKey(n), "1");
     if (isHost()) {
       const auto linger_end = SteadyClock::now() + opts_.final_linger;
       try {
-        control_client_->wait({attemptKey(n, "all_done")}, opts_.final_linger);
+        control_client_->wait({attemptAllDoneKey(n)}, opts_.final_linger);
         // Spares waiting in the next round read the outcome too (c10d: from this store).
-        if (opts_.elastic &&
-            control_client_->tickets(roundKey(rounds_.nextRound(), "joined")) > 0) {
-          control_client_->wait({attemptKey(n, kSparesAllDoneKey)},
+        if (opts_.elastic && control_client_->tickets(roundJoinedKey(rounds_.nextRound())) > 0) {
+          control_client_->wait({attemptSparesAllDoneKey(n)},
                                 std::max(std::chrono::milliseconds(1),
                                          std::chrono::duration_cast<std::chrono::milliseconds>(
                                              linger_end - SteadyClock::now())));
@@ -840,9 +839,9 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
       try {
         if (n != handled_stop && n >= 0) {
           try {
-            client->wait({attemptKey(n, "stop")}, opts_.keep_alive_interval);
-            const StopClaim stop = stopFromJson(
-                json::parse(toString(client->get(attemptKey(n, "stop"))), nullptr, false));
+            client->wait({attemptStopKey(n)}, opts_.keep_alive_interval);
+            const StopClaim stop =
+                stopFromJson(json::parse(toString(client->get(attemptStopKey(n))), nullptr, false));
             handled_stop = n;
             if (acksStops()) acknowledgeStop(*client, n);
             if (stop.by != myRank() && stop.by != kByNobody) {
@@ -893,8 +892,7 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
   // teardown); the decider notes when it saw the stop and the other members' heartbeats then.
   void acknowledgeStop(Store& client, int n) {
     const auto seen_at = SteadyClock::now();
-    client.append(attemptKey(n, kStopAcksKey),
-                  rendezvous::toBytes(std::to_string(myRank()) + "\n"));
+    client.append(attemptStopAcksKey(n), rendezvous::toBytes(std::to_string(myRank()) + "\n"));
     if (isHost()) noteStopSeen(client, n, seen_at);
   }
 
@@ -920,7 +918,7 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
   bool giveUpUnacknowledged(int n, const Membership& m, const std::vector<int>& missing,
                             const StopSeen& seen) {
     std::set<int> acked;
-    const std::string acks_key = attemptKey(n, kStopAcksKey);
+    const std::string acks_key = attemptStopAcksKey(n);
     if (control_client_->check({acks_key})) {
       std::istringstream in(toString(control_client_->get(acks_key)));
       for (std::string line; std::getline(in, line);) {
@@ -1006,7 +1004,7 @@ class StoreCoordinator : public JobCoordinator, private WaitContext {
   // stop the attempt so the group re-forms with them (no restart budget used).
   void checkJoiners(Store& client, int n) {
     if (waiting_claimed_ || worldSize() >= opts_.max_nodes) return;
-    const int64_t waiting = client.tickets(roundKey(rounds_.nextRound(), "joined"));
+    const int64_t waiting = client.tickets(roundJoinedKey(rounds_.nextRound()));
     if (waiting <= 0) return;
     waiting_claimed_ = true;
     const std::string reason =

@@ -554,8 +554,8 @@ namespace {
 // Round 0's next slot holds agent 2's record (Agent(store, 2, ...)) as its first join wrote it,
 // whose reply was lost: takeSlot joins again with a new slot when agent 2 begins.
 void agent2JoinedAndLostItsReply(MemoryStore& store) {
-  const int64_t slot = store.takeTicket(kNoneRun + roundKey(0, "joined"));
-  store.set(kNoneRun + roundKey(0, "agent/" + std::to_string(slot)),
+  const int64_t slot = store.takeTicket(kNoneRun + roundJoinedKey(0));
+  store.set(kNoneRun + roundAgentKey(0, slot),
             agentRecord(AgentInfo{"h2", 2, "agent-2", -1}, -1).dump());
 }
 
@@ -597,7 +597,7 @@ TEST_CASE(
   futures.push_back(all[1]->begin(0));
   // Agent 2 joins again only after the others took slots 2 and 3 (else the round could close
   // at slot 3 with agent 2 twice in it, short of three agents).
-  REQUIRE(eventually([&] { return store.check({kNoneRun + roundKey(0, "agent/3")}); }));
+  REQUIRE(eventually([&] { return store.check({kNoneRun + roundAgentKey(0, 3)}); }));
   futures.push_back(all[2]->begin(0));
   CHECK(groupRanksOfThree(futures) == std::set<int>{0, 1, 2});
   // Its last slot's assignment says "not a member"; the members document says otherwise.
@@ -622,9 +622,9 @@ TEST_CASE(
   // the round must not close short of min_nodes (it did: it closed at slot 3 with two members).
   std::vector<std::future<Result<AttemptStart>>> futures;
   futures.push_back(all[0]->begin(0));
-  REQUIRE(eventually([&] { return store.check({kNoneRun + roundKey(0, "agent/2")}); }));
+  REQUIRE(eventually([&] { return store.check({kNoneRun + roundAgentKey(0, 2)}); }));
   futures.push_back(all[2]->begin(0));
-  REQUIRE(eventually([&] { return store.check({kNoneRun + roundKey(0, "agent/3")}); }));
+  REQUIRE(eventually([&] { return store.check({kNoneRun + roundAgentKey(0, 3)}); }));
   futures.push_back(all[1]->begin(0));
   CHECK(groupRanksOfThree(futures) == std::set<int>{0, 1, 2});
 }
@@ -661,8 +661,8 @@ TEST_CASE(
   // Node 0 of round 0 joins (its record in a slot, scheduler rank 0 orders it first) and dies
   // before it gives the go: nobody else could start attempt 0.
   const AgentInfo dead{"h-dead", 2, "agent-dead", 0};
-  const int64_t slot = store.takeTicket(kNoneRun + roundKey(0, "joined"));
-  store.set(kNoneRun + roundKey(0, "agent/" + std::to_string(slot)), agentRecord(dead, -1).dump());
+  const int64_t slot = store.takeTicket(kNoneRun + roundJoinedKey(0));
+  store.set(kNoneRun + roundAgentKey(0, slot), agentRecord(dead, -1).dump());
   const auto etcd_like = [&](StoreCoordinatorOptions& o) {
     o.elastic = true;
     o.host_per_round = true;
@@ -691,8 +691,8 @@ TEST_CASE(
     ranks.insert(s.value().membership.group_rank);
   }
   CHECK(ranks == std::set<int>{0, 1});
-  CHECK(store.check({kNoneRun + roundKey(0, "members")}));
-  CHECK_FALSE(store.check({kNoneRun + attemptKey(0, "go")}));
+  CHECK(store.check({kNoneRun + roundMembersKey(0)}));
+  CHECK_FALSE(store.check({kNoneRun + attemptGoKey(0)}));
   for (auto& a : all) {
     CHECK(a->progress().rounds_completed == 2);
     CHECK(a->peerStops().empty());  // attempt 0 never started; attempt 1 has no one lost
@@ -810,9 +810,8 @@ TEST_CASE("rendezvous rounds: reading a round of written slots is one CHECK, not
   constexpr int kSlots = 500;
   for (int i = 1; i <= kSlots; ++i) {
     const AgentInfo a{"h" + std::to_string(i), 1, "agent-" + std::to_string(i), -1};
-    shared.set(kNoneRun + roundKey(0, "agent/" + std::to_string(i)),
-               rendezvous::toBytes(agentRecord(a, -1).dump()));
-    shared.add(kNoneRun + roundKey(0, "joined"), 1);
+    shared.set(kNoneRun + roundAgentKey(0, i), rendezvous::toBytes(agentRecord(a, -1).dump()));
+    shared.add(kNoneRun + roundJoinedKey(0), 1);
   }
   StoreCoordinatorOptions options;
   NoWaits waits;
@@ -822,7 +821,7 @@ TEST_CASE("rendezvous rounds: reading a round of written slots is one CHECK, not
   CHECK(rounds.waitingIn(view, 0) == kSlots);
   CHECK(store->checks == 1);
   // A slot left empty (its joiner died): each slot is then checked, and the empty one skipped.
-  shared.deleteKey(kNoneRun + roundKey(0, "agent/7"));
+  shared.deleteKey(kNoneRun + roundAgentKey(0, 7));
   store->checks = 0;
   CHECK(rounds.waitingIn(view, 0) == kSlots - 1);
   CHECK(store->checks == 1 + kSlots);

@@ -1,5 +1,7 @@
-// Job keys (job_keys.h): the codec of an elastic round's per-slot assignments and its closed
-// mark, pure functions on values.
+// Job keys (job_keys.h): every key builder's exact output (the wire's key names: a change here
+// is a protocol change, and docs/rendezvous.md lists the same keys), the round's members
+// document and the codec of an elastic round's per-slot assignments and its closed mark, pure
+// functions on values.
 #include "agent/job_keys.h"
 
 #include <catch2/catch.hpp>
@@ -130,4 +132,120 @@ TEST_CASE("job keys: a malformed assignment is an error naming it, not an except
   Result<RoundMembers> m = roundMembersFromJson(json({{"members", {json({{"host", "x"}})}}}), 5);
   REQUIRE_FALSE(m.isOk());
   CHECK_THAT(m.status().message(), Catch::Contains("round 5"));
+}
+
+TEST_CASE("job keys: every builder spells its key as the store has always held it", "[unit]") {
+  CHECK(storedRunId("") == "none");
+  CHECK(storedRunId("job-a") == "job-a");
+  CHECK(jobNamespace("") == "cpprun/none");
+  CHECK(jobNamespace("job-a") == "cpprun/job-a");
+  CHECK(namespacedKey("job-a", "rdzv/round") == "cpprun/job-a/rdzv/round");
+  CHECK(namespacedKey("", kAliveKeyPrefix) == "cpprun/none/alive/");
+  CHECK(std::string(kServedRunIdKey) == "cpprun/served_run_id");
+  // The static join.
+  CHECK(nodeKey(0) == "rdzv/node/0");
+  CHECK(nodeKey(12345) == "rdzv/node/12345");
+  CHECK(std::string(kStaticJoinedKey) == "rdzv/joined");
+  CHECK(std::string(kStaticCompleteKey) == "rdzv/complete");
+  // Elastic rounds.
+  CHECK(std::string(kRoundCounterKey) == "rdzv/round");
+  CHECK(roundJoinedKey(0) == "rdzv/round/0/joined");
+  CHECK(roundAgentKey(3, 1) == "rdzv/round/3/agent/1");
+  CHECK(roundAgentKey(3, int64_t{100000}) == "rdzv/round/3/agent/100000");
+  CHECK(roundMembersKey(7) == "rdzv/round/7/members");
+  CHECK(roundAssignedKey(7, 2) == "rdzv/round/7/assigned/2");
+  CHECK(roundClosedKey(7) == "rdzv/round/7/closed");
+  // Liveness.
+  CHECK(heartbeatKey("h1-42-abc") == "heartbeat/h1-42-abc");
+  CHECK(std::string(kAliveKeyPrefix) == "alive/");
+  CHECK(aliveKey("h1-42-abc") == "alive/h1-42-abc");
+  CHECK(aliveSnapshotKey("/cpprun/job-a/alive/", 4, "00ff") ==
+        "/cpprun/job-a/alive.snapshot/4/00ff");
+  CHECK(aliveSnapshotKey("alive", 4, "00ff") == "alive.snapshot/4/00ff");
+  // One attempt.
+  CHECK(attemptReadyKey(2, 5) == "attempt/2/ready/5");
+  CHECK(attemptGoKey(2) == "attempt/2/go");
+  CHECK(attemptNcclIdsPrefix(2) == "attempt/2/nccl_ids/");
+  CHECK(attemptStopKey(2) == "attempt/2/stop");
+  CHECK(attemptStopAcksKey(2) == "attempt/2/stop_acks");
+  CHECK(attemptReportKey(2, 5) == "attempt/2/report/5");
+  CHECK(attemptDecisionKey(2) == "attempt/2/decision");
+  CHECK(attemptDoneKey(2) == "attempt/2/done");
+  CHECK(attemptAllDoneKey(2) == "attempt/2/all_done");
+  CHECK(attemptSparesDoneKey(2) == "attempt/2/spares_done");
+  CHECK(attemptSparesAllDoneKey(2) == "attempt/2/spares_all_done");
+  // Across attempts.
+  CHECK(std::string(kExclusionHistoryKey) == "exclusion/failures");
+}
+
+TEST_CASE("job keys: a members document is the bytes the closer has always written", "[unit]") {
+  const std::vector<RoundMember> members = {{{"n0", 4, "id-0", 1, "n0:29500"}, 0, 3},
+                                            {{"n1", 1, "id-1", -1}, -1, 1}};
+  const json doc = roundMembersToJson(5, 2, members);
+  CHECK(doc.dump() ==
+        R"({"attempt":5,"members":[{"host":"n0","id":"id-0","index":3,"nproc":4,)"
+        R"("previous_rank":0,"scheduler_rank":1,"store":"n0:29500"},{"host":"n1","id":"id-1",)"
+        R"("index":1,"nproc":1,"previous_rank":-1,"scheduler_rank":-1}],"round":2})");
+  CHECK(roundErrorToJson("why").dump() == R"({"error":"why"})");
+  CHECK(roundJobOverToJson("succeeded").dump() == R"({"job_over":"succeeded"})");
+}
+
+TEST_CASE("job keys: a members document round-trips, nproc mixed", "[unit]") {
+  const std::vector<RoundMember> members = {{{"a", 8, "id-a", -1, "a:1"}, 2, 4},
+                                            {{"b", 1, "id-b", 0}, -1, 2},
+                                            {{"c", 3, "id-c", -1}, 1, 1}};
+  const json doc = roundMembersToJson(9, 4, members);
+  Result<RoundDocument> back = roundDocumentFromJson(json::parse(doc.dump()), 4);
+  REQUIRE(back.isOk());
+  REQUIRE(back.value().kind == RoundDocument::Kind::kMembers);
+  const RoundMembers& rm = back.value().members;
+  CHECK(rm.attempt == 9);
+  REQUIRE(rm.agents.size() == 3);
+  CHECK(rm.slots == std::vector<int64_t>{4, 2, 1});
+  for (size_t i = 0; i < members.size(); ++i) {
+    CHECK(rm.agents[i].host == members[i].agent.host);
+    CHECK(rm.agents[i].nproc == members[i].agent.nproc);
+    CHECK(rm.agents[i].id == members[i].agent.id);
+    CHECK(rm.agents[i].scheduler_rank == members[i].agent.scheduler_rank);
+    CHECK(rm.agents[i].store_endpoint == members[i].agent.store_endpoint);
+  }
+  // The mixed nproc gives each member its base rank: 0, 8, 9 of 12.
+  const Membership m = membershipOf(rm.agents, 2);
+  CHECK(m.base_rank == 9);
+  CHECK(m.world_size == 12);
+  // Each record in the document reads back as the member it came from, slot and previous rank
+  // included.
+  for (size_t i = 0; i < members.size(); ++i) {
+    Result<RoundMember> one =
+        roundMemberFromRecord(doc["members"][i], members[i].slot, "member " + std::to_string(i));
+    REQUIRE(one.isOk());
+    CHECK(one.value().previous_rank == members[i].previous_rank);
+    CHECK(one.value().slot == members[i].slot);
+    CHECK(one.value().agent.id == members[i].agent.id);
+  }
+  // An error, the end of the job.
+  Result<RoundDocument> error = roundDocumentFromJson(roundErrorToJson("too few"), 4);
+  REQUIRE(error.isOk());
+  CHECK(error.value().kind == RoundDocument::Kind::kError);
+  CHECK(error.value().message == "too few");
+  Result<RoundDocument> over = roundDocumentFromJson(roundJobOverToJson("stopped"), 4);
+  REQUIRE(over.isOk());
+  CHECK(over.value().kind == RoundDocument::Kind::kJobOver);
+  CHECK(over.value().message == "stopped");
+}
+
+TEST_CASE("job keys: a malformed members document is an error naming its round", "[unit]") {
+  for (const json& bad :
+       {json("text"), json(nullptr), json::object(), json({{"members", "x"}}), json({{"error", 3}}),
+        json({{"job_over", json::array()}}),
+        json({{"attempt", 0}, {"members", {json({{"host", "x"}, {"nproc", "2"}})}}}),
+        json({{"attempt", 0}, {"members", {json("not a record")}}})}) {
+    Result<RoundDocument> doc = roundDocumentFromJson(bad, 6);
+    REQUIRE_FALSE(doc.isOk());
+    CHECK(doc.status().code() == StatusCode::kInternal);
+    CHECK_THAT(doc.status().message(), Catch::Contains("round 6"));
+  }
+  Result<RoundMember> record = roundMemberFromRecord(json({{"host", "x"}}), 3, "slot 3's record");
+  REQUIRE_FALSE(record.isOk());
+  CHECK_THAT(record.status().message(), Catch::Contains("slot 3's record"));
 }

@@ -243,7 +243,7 @@ TEST_CASE(
     doc["members"].push_back(m);
   }
   auto raw = rawClient(cluster);
-  REQUIRE(raw->put("/cpprun/lease-test/" + roundKey(7, "members"), doc.dump()).isOk());
+  REQUIRE(raw->put("/cpprun/lease-test/" + roundMembersKey(7), doc.dump()).isOk());
   Membership full = membershipOf(agents, 0);
   full.round = 7;
   a0.liveness().watch(0, full);
