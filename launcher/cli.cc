@@ -12,6 +12,7 @@
 #include <set>
 
 #include "common/clip.h"
+#include "common/network_address.h"
 #include "launcher/launch_limits.h"
 #include "launcher/numa_binding.h"
 
@@ -497,24 +498,22 @@ Status applyStdin(LaunchConfig& c, const std::string& v, const std::string& sour
 // [HOST:]PORT, IPv6 as [ADDR]:PORT.
 Status applyMetricsPort(LaunchConfig& c, const std::string& v, const std::string& source) {
   const char* expected = "PORT or HOST:PORT (IPv6 as [ADDR]:PORT), port 0-65535";
-  std::string host = "127.0.0.1";
-  std::string port = v;
-  if (!v.empty() && v.front() == '[') {
-    const size_t close = v.find(']');
-    if (close == std::string::npos || close + 1 >= v.size() || v[close + 1] != ':') {
-      return badValue(v, source, expected);
+  NetworkAddress address{"127.0.0.1", 0};
+  if (v.find_first_of("[:") == std::string::npos) {
+    auto port = parsePort(v);
+    if (!port.isOk()) {
+      return badValue(v, source, std::string(expected) + "; " + port.status().message());
     }
-    host = v.substr(1, close - 1);
-    port = v.substr(close + 2);
-  } else if (const size_t colon = v.rfind(':'); colon != std::string::npos) {
-    if (v.find(':') != colon) return badValue(v, source, expected);  // bare IPv6
-    host = v.substr(0, colon);
-    port = v.substr(colon + 1);
+    address.port = port.value();
+  } else {
+    auto parsed = parseNetworkAddress(v);
+    if (!parsed.isOk()) {
+      return badValue(v, source, std::string(expected) + "; " + parsed.status().message());
+    }
+    address = parsed.value();
   }
-  if (host.empty() || !parseIntIn(port, 0, 65535, c.metrics_port)) {
-    return badValue(v, source, expected);
-  }
-  c.metrics_host = host;
+  c.metrics_host = address.host;
+  c.metrics_port = address.port;
   return Status::ok();
 }
 

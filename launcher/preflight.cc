@@ -21,6 +21,7 @@
 #include "agent/nccl_unique_id.h"
 #include "common/clip.h"
 #include "common/environment.h"
+#include "common/network_address.h"
 #include "common/system.h"
 #include "launcher/cuda_driver.h"
 #include "launcher/launch_plan.h"
@@ -146,34 +147,27 @@ void probeInterfaces(SystemFacts& f) {
 }
 
 std::string resolveFirst(const std::string& host, std::string* error) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* resolved = nullptr;
-  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &resolved);
-  if (rc != 0) {
-    if (error) *error = ::gai_strerror(rc);
+  // An empty host names nothing here (resolveTcp would take it for the loopback).
+  if (host.empty()) {
+    if (error) *error = ::gai_strerror(EAI_NONAME);
     return "";
   }
-  char text[NI_MAXHOST] = {};
-  ::getnameinfo(resolved->ai_addr, resolved->ai_addrlen, text, sizeof text, nullptr, 0,
-                NI_NUMERICHOST);
-  ::freeaddrinfo(resolved);
-  return text;
+  auto resolved = resolveTcp(host, 0);
+  if (!resolved.isOk()) {
+    if (error) *error = resolved.status().message();
+    return "";
+  }
+  return numericHost(resolved.value().front());
 }
 
 // Binds (or, with `connect_instead`, connects within 2 s to) host:port; nullopt on success.
 std::optional<std::string> tryEndpoint(const std::string& host, int port, bool connect_instead) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = connect_instead ? 0 : AI_PASSIVE;
-  addrinfo* resolved = nullptr;
-  const std::string service = std::to_string(port);
-  const int rc =
-      ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &resolved);
-  if (rc != 0) return std::string(::gai_strerror(rc));
+  auto resolved =
+      resolveTcp(host, port, connect_instead ? ResolveFor::kConnect : ResolveFor::kBind);
+  if (!resolved.isOk()) return resolved.status().message();
   std::optional<std::string> error = std::string("no address");
-  for (addrinfo* a = resolved; a != nullptr && error; a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  for (auto a = resolved.value().begin(); a != resolved.value().end() && error; ++a) {
+    const int fd = ::socket(a->family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) {
       error = std::strerror(errno);
       continue;
@@ -181,12 +175,12 @@ std::optional<std::string> tryEndpoint(const std::string& host, int port, bool c
     if (!connect_instead) {
       const int one = 1;
       ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-      if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      if (::bind(fd, a->sockaddrPtr(), a->length) == 0) {
         error.reset();
       } else {
         error = std::strerror(errno);
       }
-    } else if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+    } else if (::connect(fd, a->sockaddrPtr(), a->length) == 0) {
       error.reset();
     } else if (errno != EINPROGRESS) {
       error = std::strerror(errno);
@@ -207,7 +201,6 @@ std::optional<std::string> tryEndpoint(const std::string& host, int port, bool c
     }
     ::close(fd);
   }
-  ::freeaddrinfo(resolved);
   return error;
 }
 
@@ -358,7 +351,7 @@ void checkNetwork(const RendezvousSettings& rdzv, const std::map<std::string, st
 }
 
 void checkRendezvous(const RendezvousSettings& rdzv, const SystemFacts& f, Findings& out) {
-  const std::string where = rdzv.store.host + ":" + std::to_string(rdzv.store.port);
+  const std::string where = formatHostPort(rdzv.store.host, rdzv.store.port);
   if (!f.endpoint_resolve_error.empty()) {
     out.fail("rendezvous", rdzv.store.host + " does not resolve (" + f.endpoint_resolve_error +
                                "): no node can reach the store");
@@ -372,8 +365,8 @@ void checkRendezvous(const RendezvousSettings& rdzv, const SystemFacts& f, Findi
       out.ok("rendezvous", "this node serves the store on " + rdzv.store.host +
                                "; a free port is picked at start (MASTER_PORT)");
     } else if (f.endpoint_bind_error) {
-      const std::string bind_where = (rdzv.bind_host.empty() ? rdzv.store.host : rdzv.bind_host) +
-                                     ":" + std::to_string(rdzv.store.port);
+      const std::string bind_where = formatHostPort(
+          rdzv.bind_host.empty() ? rdzv.store.host : rdzv.bind_host, rdzv.store.port);
       out.fail("rendezvous", "this node serves the store, but " + bind_where +
                                  " cannot be bound: " + *f.endpoint_bind_error +
                                  " (another job on this port? pick another --master-port)");
@@ -647,7 +640,7 @@ PreflightReport runPreflight(const LaunchConfig& config, const RendezvousSetting
     }
   }
   if (f.metrics_bind_error) {
-    const std::string where = config.metrics_host + ":" + std::to_string(config.metrics_port);
+    const std::string where = formatHostPort(config.metrics_host, config.metrics_port);
     if (f.metrics_bind_error->empty()) {
       out.ok("metrics", where + " is free for --metrics-port");
     } else {

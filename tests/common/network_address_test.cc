@@ -50,7 +50,7 @@ TEST_CASE("IPv6 hosts are formatted in brackets and round-trip", "[unit]") {
   CHECK(parsed(v6.toString()) == v6);
 }
 
-TEST_CASE("a port is digits in range; every error names the text", "[unit]") {
+TEST_CASE("a port is digits in range, and every error names the text", "[unit]") {
   CHECK_THAT(errorOf("h:70000"),
              Catch::Contains("'h:70000'") && Catch::Contains("port 70000 is out of range 0-65535"));
   CHECK_THAT(errorOf("h:65536"), Catch::Contains("out of range"));
@@ -78,7 +78,8 @@ TEST_CASE("host:port refuses a missing host or port and unbracketed IPv6", "[uni
   CHECK_THAT(errorOf("::1:29500"), Catch::Contains("IPv6 addresses go in brackets"));
 }
 
-TEST_CASE("a default port makes the port optional; bare IPv6 only where allowed", "[unit]") {
+TEST_CASE("a default port makes the port optional, and a bare IPv6 host is one only where allowed",
+          "[unit]") {
   AddressSyntax optional;
   optional.default_port = 7;
   CHECK(parsed("n1", optional) == NetworkAddress{"n1", 7});
