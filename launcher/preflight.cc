@@ -20,6 +20,7 @@
 
 #include "agent/nccl_unique_id.h"
 #include "common/clip.h"
+#include "common/cpu_list.h"
 #include "common/environment.h"
 #include "common/network_address.h"
 #include "common/system.h"
@@ -54,30 +55,6 @@ std::string versionText(int code, int major_div, int minor_div) {
   std::string out = std::to_string(major) + "." + std::to_string(minor);
   if (minor_div > 1) out += "." + std::to_string(code % minor_div);
   return out;
-}
-
-std::string cpuList(const std::vector<int>& cpus) {
-  std::string out;
-  for (size_t i = 0; i < cpus.size();) {
-    size_t j = i;
-    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
-    if (!out.empty()) out += ",";
-    out += std::to_string(cpus[i]);
-    if (j > i) out += "-" + std::to_string(cpus[j]);
-    i = j + 1;
-  }
-  return out.empty() ? "none" : out;
-}
-
-std::vector<int> parseCpuList(const std::string& text) {
-  std::vector<int> cpus;
-  for (const std::string& part : splitComma(text)) {
-    const size_t dash = part.find('-');
-    const int first = std::atoi(part.substr(0, dash).c_str());
-    const int last = dash == std::string::npos ? first : std::atoi(part.substr(dash + 1).c_str());
-    for (int c = first; c <= last && c - first < 65536; ++c) cpus.push_back(c);
-  }
-  return cpus;
 }
 
 std::string readFirstLine(const std::string& path) {
@@ -218,7 +195,9 @@ void probeNuma(SystemFacts& f) {
       }
       NumaNode node;
       node.id = std::atoi(name.c_str() + 4);
-      for (int cpu : parseCpuList(readFirstLine("/sys/devices/system/node/" + name + "/cpulist"))) {
+      // A cpulist the kernel wrote is well formed; one that is not counts as no CPUs.
+      auto cpus = CpuList::parse(readFirstLine("/sys/devices/system/node/" + name + "/cpulist"));
+      for (int cpu : cpus.isOk() ? cpus.value().cpus() : std::vector<int>()) {
         if (!have_mask || (cpu < CPU_SETSIZE && CPU_ISSET(cpu, &mask))) node.cpus.push_back(cpu);
       }
       f.numa.push_back(node);
@@ -659,7 +638,7 @@ PreflightReport runPreflight(const LaunchConfig& config, const RendezvousSetting
   std::string layout;
   for (const auto& n : f.numa) {
     layout += (layout.empty() ? "" : "; ") + std::string("NUMA ") + std::to_string(n.id) +
-              ": CPUs " + cpuList(n.cpus);
+              ": CPUs " + (n.cpus.empty() ? "none" : CpuList(n.cpus).toString());
   }
   const std::string omp = envOr(env, "OMP_NUM_THREADS");
   const std::string threads =
