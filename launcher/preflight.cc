@@ -521,14 +521,11 @@ SystemFacts probeSystem(const LaunchConfig& config, const RendezvousSettings& rd
   return f;
 }
 
-PreflightReport runPreflight(const LaunchConfig& config, const RendezvousSettings& rdzv,
-                             const NodeResources& node, int nproc,
-                             const std::map<std::string, std::string>& env, const SystemFacts& f) {
-  Findings out;
-  const int nodes = rdzv.multi_node ? config.max_nodes : 1;
-  const int world = nproc * nodes;
+namespace {
 
-  // The program.
+// The program the workers run, as they will run it.
+void checkProgram(const LaunchConfig& config, const std::map<std::string, std::string>& env,
+                  const SystemFacts& f, Findings& out) {
   if (config.entrypoint.empty()) {
     out.ok("program", "none given (only the node is checked)");
   } else if (!f.program_error.empty()) {
@@ -538,8 +535,10 @@ PreflightReport runPreflight(const LaunchConfig& config, const RendezvousSetting
     for (const auto& a : workerCommand(config, env, 0)) cmd += (cmd.empty() ? "" : " ") + a;
     out.ok("program", cmd + " (" + f.program_path + ")");
   }
+}
 
-  // GPUs and the driver.
+// The CUDA driver and the GPUs the workers are given.
+void checkGpus(const NodeResources& node, int nproc, const SystemFacts& f, Findings& out) {
   std::string gpus_text =
       std::to_string(node.gpus.size()) + " visible to the workers (from " + node.gpu_source + ")";
   if (f.cuda_error.empty()) {
@@ -575,8 +574,9 @@ PreflightReport runPreflight(const LaunchConfig& config, const RendezvousSetting
   } else {
     out.ok("GPUs", gpus_text + " for " + std::to_string(nproc) + " worker(s)");
   }
+}
 
-  // NCCL.
+void checkNccl(const NodeResources& node, const SystemFacts& f, Findings& out) {
   if (f.nccl_error.empty()) {
     out.ok("NCCL", (f.nccl_version ? versionText(f.nccl_version, 10000, 100) : "version unknown") +
                        " (" + f.nccl_library + "): the agent hands the workers an NCCL unique id");
@@ -586,11 +586,12 @@ PreflightReport runPreflight(const LaunchConfig& config, const RendezvousSetting
   } else {
     out.ok("NCCL", "not loadable (" + f.nccl_error + "); not needed without GPUs");
   }
+}
 
-  checkNetwork(rdzv, env, f, out);
-  checkRendezvous(rdzv, f, out);
-
-  // Open files: the limit the workers inherit (cpprun raises its soft limit to the hard one).
+// Open files: the limit the workers inherit (cpprun raises its soft limit to the hard one).
+void checkOpenFiles(const RendezvousSettings& rdzv, int nodes, int nproc, const SystemFacts& f,
+                    Findings& out) {
+  const int world = nproc * nodes;
   const uint64_t worker_need = workerOpenFilesNeeded(world);
   const uint64_t agent_need = agentOpenFilesNeeded(world, nproc, servesStore(rdzv));
   const uint64_t need = std::max(worker_need, agent_need);
@@ -605,8 +606,10 @@ PreflightReport runPreflight(const LaunchConfig& config, const RendezvousSetting
   } else {
     out.ok("open files", limit_text + " >= " + need_text);
   }
+}
 
-  // Operations.
+// Operations: stall stacks, the metrics endpoint, the event log.
+void checkOperations(const LaunchConfig& config, const SystemFacts& f, Findings& out) {
   if (config.stall_timeout > 0) {
     if (f.gdb_path.empty()) {
       out.warn("stall stacks",
@@ -633,8 +636,11 @@ PreflightReport runPreflight(const LaunchConfig& config, const RendezvousSetting
       out.fail("event log", config.event_log + " cannot be opened: " + *f.event_log_error);
     }
   }
+}
 
-  // CPUs and NUMA.
+// CPUs and NUMA.
+void checkCpus(const LaunchConfig& config, const NodeResources& node, int nproc,
+               const std::map<std::string, std::string>& env, const SystemFacts& f, Findings& out) {
   std::string layout;
   for (const auto& n : f.numa) {
     layout += (layout.empty() ? "" : "; ") + std::string("NUMA ") + std::to_string(n.id) +
@@ -658,6 +664,23 @@ PreflightReport runPreflight(const LaunchConfig& config, const RendezvousSetting
   } else {
     out.ok("CPUs", cpu_text);
   }
+}
+
+}  // namespace
+
+PreflightReport runPreflight(const LaunchConfig& config, const RendezvousSettings& rdzv,
+                             const NodeResources& node, int nproc,
+                             const std::map<std::string, std::string>& env, const SystemFacts& f) {
+  Findings out;
+  const int nodes = rdzv.multi_node ? config.max_nodes : 1;
+  checkProgram(config, env, f, out);
+  checkGpus(node, nproc, f, out);
+  checkNccl(node, f, out);
+  checkNetwork(rdzv, env, f, out);
+  checkRendezvous(rdzv, f, out);
+  checkOpenFiles(rdzv, nodes, nproc, f, out);
+  checkOperations(config, f, out);
+  checkCpus(config, node, nproc, env, f, out);
   return out.report;
 }
 
