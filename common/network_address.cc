@@ -18,10 +18,7 @@ std::string formatHostPort(const std::string& host, int port) {
   return bracketedHost(host) + ":" + std::to_string(port);
 }
 
-namespace {
-
-// The port's own problem, without the whole text: "port 'http' is not a number".
-Result<int> checkPort(std::string_view text, int min_port) {
+Result<int> parsePort(std::string_view text, int min_port) {
   if (text.empty()) return invalidArgument("empty port");
   if (text.find_first_not_of("0123456789") != std::string_view::npos) {
     return invalidArgument("port '" + clipValue(text) + "' is not a number");
@@ -37,10 +34,6 @@ Result<int> checkPort(std::string_view text, int min_port) {
   }
   return static_cast<int>(value);
 }
-
-}  // namespace
-
-Result<int> parsePort(std::string_view text, int min_port) { return checkPort(text, min_port); }
 
 Result<NetworkAddress> parseNetworkAddress(std::string_view text, const AddressSyntax& syntax) {
   const auto bad = [text](const std::string& why) -> Status {
@@ -77,7 +70,7 @@ Result<NetworkAddress> parseNetworkAddress(std::string_view text, const AddressS
     out.port = *syntax.default_port;
     return out;
   }
-  Result<int> value = checkPort(*port, syntax.min_port);
+  Result<int> value = parsePort(*port, syntax.min_port);
   if (!value.isOk()) return bad(value.status().message());
   out.port = value.value();
   return out;
