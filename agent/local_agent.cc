@@ -1,6 +1,5 @@
 #include "agent/local_agent.h"
 
-#include <netdb.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -28,6 +27,7 @@
 #include "agent/single_node_rendezvous.h"
 #include "common/asio.h"
 #include "common/logging.h"
+#include "common/network_address.h"
 #include "rendezvous/tcp_store_server.h"
 
 namespace cpprun::agent {
@@ -39,22 +39,16 @@ bool somethingAccepts(const std::string& host, uint16_t port) {
   std::string target = host;
   if (target.empty() || target == "0.0.0.0") target = "127.0.0.1";
   if (target == "::") target = "::1";
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  if (::getaddrinfo(target.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) {
-    return false;
-  }
-  bool accepted = false;
-  for (addrinfo* a = found; a != nullptr && !accepted; a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  auto found = resolveTcp(target, port);
+  if (!found.isOk()) return false;
+  for (const ResolvedAddress& a : found.value()) {
+    const int fd = ::socket(a.family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) continue;
-    accepted = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+    const bool accepted = ::connect(fd, a.sockaddrPtr(), a.length) == 0;
     ::close(fd);
+    if (accepted) return true;
   }
-  ::freeaddrinfo(found);
-  return accepted;
+  return false;
 }
 
 // NCCL as the agent's first attempt finds it: the provider (or why there is none) and, when
@@ -235,11 +229,11 @@ Result<StoreEndpoint> openStore(asio::io_context& io, const LocalAgentOptions& o
     if (options.store_bind_host.empty()) endpoint.host = endpoint.server->host();
     endpoint.port = endpoint.server->port();
     if (options.host_store_if_free) {
-      CPPRUN_LOG(kInfo) << "this agent serves the job's store on " << so.host << ":"
-                        << endpoint.port;
+      CPPRUN_LOG(kInfo) << "this agent serves the job's store on "
+                        << formatHostPort(so.host, endpoint.port);
     }
   } else if (options.host_store_if_free && created.status().code() == StatusCode::kAlreadyExists) {
-    CPPRUN_LOG(kInfo) << "another process holds " << so.host << ":" << so.port
+    CPPRUN_LOG(kInfo) << "another process holds " << formatHostPort(so.host, so.port)
                       << "; this agent joins the store there (" << created.status().message()
                       << ")";
   } else {
@@ -248,22 +242,20 @@ Result<StoreEndpoint> openStore(asio::io_context& io, const LocalAgentOptions& o
   return endpoint;
 }
 
-// "host:port" with an IPv6 host in brackets.
-std::string hostPort(const std::string& host, int port) {
-  return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
-         std::to_string(port);
-}
-
-// The workers' store of an attempt when every agent serves one: the round's node 0's.
+// The workers' store of an attempt when every agent serves one: the round's node 0's, as its
+// join record gives it (formatHostPort). One that does not parse leaves the context's store.
 void useRoundStore(const Membership& membership, AttemptContext& context) {
   const std::string& endpoint = membership.node0_store_endpoint;
-  if (const size_t colon = endpoint.rfind(':'); colon != std::string::npos) {
-    context.store_host = endpoint.substr(0, colon);
-    if (context.store_host.size() > 1 && context.store_host.front() == '[') {
-      context.store_host = context.store_host.substr(1, context.store_host.size() - 2);
-    }
-    context.store_port = std::atoi(endpoint.c_str() + colon + 1);
+  if (endpoint.empty()) return;
+  auto address = parseNetworkAddress(endpoint);
+  if (!address.isOk()) {
+    CPPRUN_LOG(kWarn) << "the round's node 0 store endpoint " << address.status().message()
+                      << "; the workers keep the store at "
+                      << formatHostPort(context.store_host, context.store_port);
+    return;
   }
+  context.store_host = address.value().host;
+  context.store_port = address.value().port;
 }
 
 // One node's agent: its parts, as members in the order they are made — each may use those above
@@ -402,12 +394,12 @@ void LocalAgent::makeCoordinatorAndSupervisor() {
     co.event_log = event_log_.get();
     co.is_host = is_store_host;
     co.store_host = is_store_host ? "127.0.0.1" : store_.host;
-    if (is_store_host && store_.host.find(':') != std::string::npos) co.store_host = "::1";
+    if (is_store_host && isIpv6Literal(store_.host)) co.store_host = "::1";
     co.store_port = store_.port;
     // Every agent serves a store (the etcd backend): the others learn it from its join record
     // and the round's node 0's is the workers' store.
     if (co.host_per_round && store_.server) {
-      co.self.store_endpoint = hostPort(store_.host, store_.port);
+      co.self.store_endpoint = formatHostPort(store_.host, store_.port);
     }
     co.max_restarts = options_.supervisor.max_restarts;
     if (options_.use_nccl) {
@@ -475,7 +467,7 @@ Status LocalAgent::openMetrics() {
     return Status(created.status().code(), "--metrics-port: " + created.status().message());
   }
   metrics_ = std::move(created).value();
-  CPPRUN_LOG(kInfo) << "metrics on http://" << hostPort(metrics_->host(), metrics_->port())
+  CPPRUN_LOG(kInfo) << "metrics on http://" << formatHostPort(metrics_->host(), metrics_->port())
                     << "/metrics (also /healthz, /status; POST /leave drains this node)";
   emitEvent(event_log_.get(), "metrics_listening",
             {{"address", metrics_->host()}, {"port", metrics_->port()}});
@@ -632,7 +624,7 @@ AgentStatus LocalAgent::statusNow() const {
   s.supervisor = supervisor_->snapshot();
   s.rendezvous = coordinator_ ? coordinator_->progress() : single_node_->progress();
   if (store_.server) s.store = store_.server->stats();
-  s.store_endpoint = store_.host + ":" + std::to_string(store_.port);
+  s.store_endpoint = formatHostPort(store_.host, store_.port);
   return s;
 }
 

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <map>
 
+#include "common/cpu_list.h"
+
 namespace cpprun::agent {
 namespace {
 
@@ -64,7 +66,7 @@ Result<int> highestInRange(const std::string& program, const std::vector<int>& v
   for (int v : values) {
     if (v < 0 || v > max) {
       return invalidArgument("cannot run '" + program + "': " + one + " " + std::to_string(v) +
-                             " in its " + list + " " + rangeList(values) +
+                             " in its " + list + " " + formatIndexList(values) +
                              " is out of range (0 to " + std::to_string(max) + ")");
     }
     highest = std::max(highest, v);
@@ -115,21 +117,6 @@ std::string errnoText(int error) {
          (abbrev != nullptr ? std::string(abbrev) : "errno " + std::to_string(error)) + ")";
 }
 
-std::string rangeList(std::vector<int> values) {
-  std::sort(values.begin(), values.end());
-  values.erase(std::unique(values.begin(), values.end()), values.end());
-  std::string out;
-  for (size_t i = 0; i < values.size();) {
-    size_t j = i;
-    while (j + 1 < values.size() && values[j + 1] == values[j] + 1) ++j;
-    if (!out.empty()) out += ",";
-    out += std::to_string(values[i]);
-    if (j > i) out += "-" + std::to_string(values[j]);
-    i = j + 1;
-  }
-  return out;
-}
-
 Result<SpawnPlan> prepareSpawn(const ProcessSpec& spec, char* const* agent_environ,
                                int dev_null_fd) {
   if (spec.argv.empty() || spec.argv[0].empty()) return invalidArgument("no program to run");
@@ -169,14 +156,14 @@ Status spawnStepError(const SpawnPlan& plan, const ProcessSpec& spec,
     case SpawnStep::kExec:
       return invalidArgument(head + "execve(" + plan.path + "): " + why);
     case SpawnStep::kCpuAffinity:
-      return Status(
-          StatusCode::kUnavailable,
-          head + "cannot bind it to CPUs " + rangeList(spec.cpus) + ": sched_setaffinity: " + why);
+      return Status(StatusCode::kUnavailable, head + "cannot bind it to CPUs " +
+                                                  formatIndexList(spec.cpus) +
+                                                  ": sched_setaffinity: " + why);
     case SpawnStep::kMemoryPolicy:
       return Status(StatusCode::kUnavailable,
                     head + "cannot set its memory policy to " +
                         (plan.mempolicy_mode == kMpolBind ? "bind" : "preferred") +
-                        " on NUMA nodes " + rangeList(spec.memory_nodes) +
+                        " on NUMA nodes " + formatIndexList(spec.memory_nodes) +
                         ": set_mempolicy: " + why);
     case SpawnStep::kSignals:
       return internal("cannot reset its signal handlers", "rt_sigaction");

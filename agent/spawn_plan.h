@@ -87,9 +87,6 @@ enum class SpawnStep : int {
 // "Operation not permitted (EPERM)".
 std::string errnoText(int error);
 
-// "0-3,8,10-11"
-std::string rangeList(std::vector<int> values);
-
 // The error of a spawn whose child failed at `step` with `error`: "cannot run '<program>': <what>:
 // <syscall>: <errno text>". kExec is kInvalidArgument, the bindings kUnavailable, the rest
 // kInternal.

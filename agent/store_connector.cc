@@ -1,12 +1,13 @@
 // tcpStoreConnector (job_coordinator.h): the coordination seam over cpprun's TCP store.
 #include "agent/job_coordinator.h"
+#include "common/network_address.h"
 #include "rendezvous/tcp_store_client.h"
 
 namespace cpprun::agent {
 
 StoreConnector tcpStoreConnector(const std::string& host, int port,
                                  const std::string& server_name) {
-  const std::string address = host + ":" + std::to_string(port);
+  const std::string address = formatHostPort(host, port);
   StoreConnector connector;
   connector.where = "the job's store at " + address + " (served by the store host's agent)";
   connector.server = server_name + " at " + address;

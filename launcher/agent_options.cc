@@ -8,6 +8,7 @@
 #include "agent/nccl_id_groups.h"
 #include "agent/nccl_unique_id.h"
 #include "common/environment.h"
+#include "common/network_address.h"
 #include "launcher/node_health.h"
 
 namespace cpprun::launcher {
@@ -68,7 +69,7 @@ agent::StoreCoordinatorOptions coordinatorOptions(const AgentOptionsInputs& in,
     options.store_host = !config.local_addr.empty() ? config.local_addr
                          : etcd_local               ? "127.0.0.1"
                                                     : in.node.hostname;
-    options.store_bind_host = options.store_host.find(':') != std::string::npos ? "::" : "0.0.0.0";
+    options.store_bind_host = isIpv6Literal(options.store_host) ? "::" : "0.0.0.0";
   }
   return co;
 }

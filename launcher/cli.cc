@@ -12,6 +12,7 @@
 #include <set>
 
 #include "common/clip.h"
+#include "common/network_address.h"
 #include "launcher/launch_limits.h"
 #include "launcher/numa_binding.h"
 
@@ -497,24 +498,22 @@ Status applyStdin(LaunchConfig& c, const std::string& v, const std::string& sour
 // [HOST:]PORT, IPv6 as [ADDR]:PORT.
 Status applyMetricsPort(LaunchConfig& c, const std::string& v, const std::string& source) {
   const char* expected = "PORT or HOST:PORT (IPv6 as [ADDR]:PORT), port 0-65535";
-  std::string host = "127.0.0.1";
-  std::string port = v;
-  if (!v.empty() && v.front() == '[') {
-    const size_t close = v.find(']');
-    if (close == std::string::npos || close + 1 >= v.size() || v[close + 1] != ':') {
-      return badValue(v, source, expected);
+  NetworkAddress address{"127.0.0.1", 0};
+  if (v.find_first_of("[:") == std::string::npos) {
+    auto port = parsePort(v);
+    if (!port.isOk()) {
+      return badValue(v, source, std::string(expected) + "; " + port.status().message());
     }
-    host = v.substr(1, close - 1);
-    port = v.substr(close + 2);
-  } else if (const size_t colon = v.rfind(':'); colon != std::string::npos) {
-    if (v.find(':') != colon) return badValue(v, source, expected);  // bare IPv6
-    host = v.substr(0, colon);
-    port = v.substr(colon + 1);
+    address.port = port.value();
+  } else {
+    auto parsed = parseNetworkAddress(v);
+    if (!parsed.isOk()) {
+      return badValue(v, source, std::string(expected) + "; " + parsed.status().message());
+    }
+    address = parsed.value();
   }
-  if (host.empty() || !parseIntIn(port, 0, 65535, c.metrics_port)) {
-    return badValue(v, source, expected);
-  }
-  c.metrics_host = host;
+  c.metrics_host = address.host;
+  c.metrics_port = address.port;
   return Status::ok();
 }
 
@@ -899,12 +898,90 @@ std::string randomUuid4() {
 
 }  // namespace internal
 
-Result<CliResult> parseCommandLine(const std::vector<std::string>& args, const Env& env) {
-  CliResult result;
-  LaunchConfig& config = result.config;
-  std::set<const OptionSpec*> given;
-  bool have_entrypoint = false;
+namespace {
 
+// One option as typed: which one it is and the value written into it ("--x=v", "-r3").
+struct TypedOption {
+  const OptionSpec* spec = nullptr;
+  bool has_inline = false;
+  std::string inline_value;
+};
+
+// The option `arg` (which looksLikeOption) names: a long one by its full name or an unambiguous
+// abbreviation, or a short one.
+Result<TypedOption> identifyOption(const std::string& arg) {
+  TypedOption typed;
+  if (arg.compare(0, 2, "--") == 0) {
+    auto eq = arg.find('=');
+    std::string name = arg.substr(0, eq);
+    std::replace(name.begin() + 2, name.end(), '_', '-');
+    if (eq != std::string::npos) {
+      typed.has_inline = true;
+      typed.inline_value = arg.substr(eq + 1);
+    }
+    auto resolved = internal::resolveLongOption(name, longNames());
+    if (!resolved.isOk()) {
+      // cpprun's own options never make an abbreviation of one of torchrun's ambiguous: a
+      // torchrun command line ("--he" for --help) means under cpprun what it means there.
+      auto torchrun = internal::resolveLongOption(name, torchrunLongNames());
+      if (!torchrun.isOk()) return resolved.status();
+      resolved = std::move(torchrun);
+    }
+    typed.spec = findLong(resolved.value());
+    return typed;
+  }
+  typed.spec = findShort(arg[1]);
+  if (typed.spec == nullptr) {
+    return invalidArgument("unrecognized option '" + clipValue(arg) + "' (see cpprun --help)");
+  }
+  if (arg.size() > 2) {  // "-r3" or "-r=3"
+    typed.has_inline = true;
+    typed.inline_value = arg.substr(arg[2] == '=' ? 3 : 2);
+  }
+  return typed;
+}
+
+// Applies the option `arg` typed; a value not written into it is args[i] (then consumed).
+// True: --help or --version, which end the parse.
+Result<bool> applyTypedOption(const TypedOption& typed, const std::string& arg,
+                              const std::vector<std::string>& args, size_t& i, CliResult& result) {
+  const OptionSpec& spec = *typed.spec;
+  const std::string source = displayName(spec);
+  if (spec.arity != Arity::kValue && typed.has_inline) {
+    return invalidArgument("option " + source + " takes no value (got '" + clipValue(arg) + "')");
+  }
+  switch (spec.arity) {
+    case Arity::kHelp:
+    case Arity::kVersion:
+      (spec.arity == Arity::kHelp ? result.show_help : result.show_version) = true;
+      return true;
+    case Arity::kFlag: {
+      Status s = spec.apply(result.config, "1", source);
+      if (!s.isOk()) return s;
+      break;
+    }
+    case Arity::kValue: {
+      std::string value = typed.inline_value;
+      if (!typed.has_inline) {
+        if (i >= args.size() || looksLikeOption(args[i])) {
+          return invalidArgument("option " + source + " needs a value");
+        }
+        value = args[i++];
+      }
+      Status s = spec.apply(result.config, value, source);
+      if (!s.isOk()) return s;
+      result.config.sources[spec.name] = source;
+      break;
+    }
+  }
+  return false;
+}
+
+// What the command line says: its options (into `given`) up to the entry point, which it
+// records with its arguments. True: --help or --version ended the parse.
+Result<bool> applyCommandLine(const std::vector<std::string>& args, CliResult& result,
+                              std::set<const OptionSpec*>& given, bool& have_entrypoint) {
+  LaunchConfig& config = result.config;
   size_t i = 0;
   while (i < args.size()) {
     const std::string& arg = args[i++];
@@ -920,77 +997,19 @@ Result<CliResult> parseCommandLine(const std::vector<std::string>& args, const E
       have_entrypoint = true;
       break;
     }
-
-    const OptionSpec* spec = nullptr;
-    bool has_inline = false;
-    std::string inline_value;
-    if (arg.compare(0, 2, "--") == 0) {
-      auto eq = arg.find('=');
-      std::string typed = arg.substr(0, eq);
-      std::replace(typed.begin() + 2, typed.end(), '_', '-');
-      if (eq != std::string::npos) {
-        has_inline = true;
-        inline_value = arg.substr(eq + 1);
-      }
-      auto resolved = internal::resolveLongOption(typed, longNames());
-      if (!resolved.isOk()) {
-        // cpprun's own options never make an abbreviation of one of torchrun's ambiguous: a
-        // torchrun command line ("--he" for --help) means under cpprun what it means there.
-        auto torchrun = internal::resolveLongOption(typed, torchrunLongNames());
-        if (!torchrun.isOk()) return resolved.status();
-        resolved = std::move(torchrun);
-      }
-      spec = findLong(resolved.value());
-    } else {
-      spec = findShort(arg[1]);
-      if (spec == nullptr) {
-        return invalidArgument("unrecognized option '" + clipValue(arg) + "' (see cpprun --help)");
-      }
-      if (arg.size() > 2) {  // "-r3" or "-r=3"
-        has_inline = true;
-        inline_value = arg.substr(arg[2] == '=' ? 3 : 2);
-      }
-    }
-
-    const std::string source = displayName(*spec);
-    switch (spec->arity) {
-      case Arity::kHelp:
-      case Arity::kVersion:
-        if (has_inline) {
-          return invalidArgument("option " + source + " takes no value (got '" + clipValue(arg) +
-                                 "')");
-        }
-        (spec->arity == Arity::kHelp ? result.show_help : result.show_version) = true;
-        return result;
-      case Arity::kFlag: {
-        if (has_inline) {
-          return invalidArgument("option " + source + " takes no value (got '" + clipValue(arg) +
-                                 "')");
-        }
-        Status s = spec->apply(config, "1", source);
-        if (!s.isOk()) return s;
-        break;
-      }
-      case Arity::kValue: {
-        std::string value = inline_value;
-        if (!has_inline) {
-          if (i >= args.size() || looksLikeOption(args[i])) {
-            return invalidArgument("option " + source + " needs a value");
-          }
-          value = args[i++];
-        }
-        Status s = spec->apply(config, value, source);
-        if (!s.isOk()) return s;
-        config.sources[spec->name] = source;
-        break;
-      }
-    }
-    given.insert(spec);
+    auto typed = identifyOption(arg);
+    if (!typed.isOk()) return typed.status();
+    auto stop = applyTypedOption(typed.value(), arg, args, i, result);
+    if (!stop.isOk() || stop.value()) return stop;
+    given.insert(typed.value().spec);
   }
   // REMAINDER: everything after the entry point belongs to it.
   config.entrypoint_args.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+  return false;
+}
 
-  // PET_<NAME> for every E/B option the command line left out.
+// PET_<NAME> for every E/B option the command line left out.
+Status applyPetVariables(const Env& env, LaunchConfig& config, std::set<const OptionSpec*>& given) {
   for (const OptionSpec& spec : kOptions) {
     if (!spec.env || given.count(&spec) != 0) continue;
     std::string var = envName(spec);
@@ -1002,9 +1021,12 @@ Result<CliResult> parseCommandLine(const std::vector<std::string>& args, const E
     config.sources[spec.name] = source;
     given.insert(&spec);
   }
+  return Status::ok();
+}
 
-  for (const OptionSpec* spec : given) config.given.insert(spec->name);
-
+// The defaults torch's own variables set for options neither the command line nor PET_ gave.
+Status applyTorchDefaults(const Env& env, const std::set<const OptionSpec*>& given,
+                          LaunchConfig& config) {
   if (given.count(findLong("--shutdown-timeout")) == 0) {
     auto it = env.find("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
     if (it != env.end()) {
@@ -1029,7 +1051,11 @@ Result<CliResult> parseCommandLine(const std::vector<std::string>& args, const E
   if (given.count(findLong("--signals-to-handle")) == 0) {
     config.signals_to_handle = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
   }
+  return Status::ok();
+}
 
+// Options that need or exclude one another, and the entry point.
+Status checkCombinations(const LaunchConfig& config, bool have_entrypoint) {
   if (config.module && config.no_python) {
     return invalidArgument(
         "-m/--module and --no-python cannot be used together: -m runs the entry point as a "
@@ -1053,6 +1079,27 @@ Result<CliResult> parseCommandLine(const std::vector<std::string>& args, const E
   if (have_entrypoint && config.entrypoint.empty()) {
     return invalidArgument("the training script (or program) to run is an empty string");
   }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<CliResult> parseCommandLine(const std::vector<std::string>& args, const Env& env) {
+  CliResult result;
+  LaunchConfig& config = result.config;
+  std::set<const OptionSpec*> given;
+  bool have_entrypoint = false;
+  auto stop = applyCommandLine(args, result, given, have_entrypoint);
+  if (!stop.isOk()) return stop.status();
+  if (stop.value()) return result;  // --help, --version
+
+  Status s = applyPetVariables(env, config, given);
+  if (!s.isOk()) return s;
+  for (const OptionSpec* spec : given) config.given.insert(spec->name);
+  s = applyTorchDefaults(env, given, config);
+  if (!s.isOk()) return s;
+  s = checkCombinations(config, have_entrypoint);
+  if (!s.isOk()) return s;
 
   if (config.standalone) {  // torchrun: explicit rendezvous options are overridden
     config.rdzv_backend = "c10d";

@@ -16,6 +16,7 @@
 #include "common/asio.h"
 #include "common/command_line.h"
 #include "common/logging.h"
+#include "common/network_address.h"
 #include "common/system.h"
 #include "rendezvous/tcp_store_server.h"
 
@@ -170,10 +171,8 @@ int main(int argc, char** argv) {
     server.value()->stop();
     io.stop();
   });
-  const std::string& host = server.value()->host();
-  std::string shown = host.find(':') != std::string::npos ? "[" + host + "]" : host;
-  std::printf("cpprun-store listening on %s:%u\n", shown.c_str(),
-              static_cast<unsigned>(server.value()->port()));
+  const std::string shown = cpprun::formatHostPort(server.value()->host(), server.value()->port());
+  std::printf("cpprun-store listening on %s\n", shown.c_str());
   std::fflush(stdout);
   io.run();
   return 0;

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "common/environment.h"
+#include "common/network_address.h"
 #include "launcher/python_interpreter.h"
 
 namespace cpprun::launcher {
@@ -298,7 +299,7 @@ std::string describeLaunchPlan(const LaunchConfig& config, const NodeResources& 
   out << ", rdzv backend " << config.rdzv_backend << ")\n";
   out << "  run id      " << rdzv.run_id << ", attempt " << rdzv.restart_count << ", max restarts "
       << config.max_restarts << "\n";
-  out << "  store       " << rdzv.master_addr << ":" << rdzv.master_port
+  out << "  store       " << formatHostPort(rdzv.master_addr, rdzv.master_port)
       << (config.worker_hosts_store ? " (hosted by worker rank 0)" : " (served by the agent)")
       << "\n";
   out << "  GPUs        " << (node.gpus.empty() ? "none" : joinList(node.gpus)) << " (from "
@@ -352,7 +353,7 @@ std::string describeDryRun(const LaunchConfig& config, const RendezvousSettings&
     out +=
         "  (ranks shown as if this node came first: the rendezvous decides the base rank and "
         "the world size; node 0 serves the store on " +
-        settings.bind_host + ":" + std::to_string(settings.store.port) + ")\n";
+        formatHostPort(settings.bind_host, settings.store.port) + ")\n";
   }
   if (rdzv.master_port == 0) {
     out += "  (store port 0: the agent binds a free port at start; MASTER_PORT is that port)\n";

@@ -126,7 +126,11 @@ void keepPciAccessResident() {
   (void)kept;
 }
 
-Result<NodeTopology> loadNodeTopology(const std::string& xml_path) {
+namespace {
+
+// hwloc's topology of this machine, or of `xml_path` when given, loaded with the parts the
+// plan reads.
+Result<TopologyPtr> loadHwloc(const std::string& xml_path) {
   if (xml_path.empty() && std::getenv("HWLOC_XMLFILE") == nullptr) keepPciAccessResident();
   hwloc_topology_t raw = nullptr;
   if (hwloc_topology_init(&raw) != 0) {
@@ -150,18 +154,19 @@ Result<NodeTopology> loadNodeTopology(const std::string& xml_path) {
         xml_path.empty() ? "this machine's topology" : "the hwloc topology XML file " + xml_path;
     return invalidArgument("hwloc cannot load " + what + ": " + std::strerror(errno));
   }
+  return topo;
+}
 
-  NodeTopology out;
-  out.this_machine = hwloc_topology_is_thissystem(raw) != 0;
-  if (!xml_path.empty()) {
-    out.source = "XML file " + xml_path;
-  } else if (out.this_machine) {
-    out.source = std::string("this machine (hwloc ") + HWLOC_VERSION + ")";
-  } else {
-    const char* env = std::getenv("HWLOC_XMLFILE");
-    out.source = std::string("XML file ") + (env != nullptr ? env : "(HWLOC_XMLFILE)");
-  }
+// Where the topology came from, for --check.
+std::string sourceOf(const std::string& xml_path, bool this_machine) {
+  if (!xml_path.empty()) return "XML file " + xml_path;
+  if (this_machine) return std::string("this machine (hwloc ") + HWLOC_VERSION + ")";
+  const char* env = std::getenv("HWLOC_XMLFILE");
+  return std::string("XML file ") + (env != nullptr ? env : "(HWLOC_XMLFILE)");
+}
 
+// The NUMA nodes into `out`; their hwloc objects, in hwloc's order.
+std::vector<hwloc_obj_t> readNumaNodes(hwloc_topology_t raw, NodeTopology& out) {
   std::vector<hwloc_obj_t> numa_objs;
   for (hwloc_obj_t n = hwloc_get_next_obj_by_type(raw, HWLOC_OBJ_NUMANODE, nullptr); n != nullptr;
        n = hwloc_get_next_obj_by_type(raw, HWLOC_OBJ_NUMANODE, n)) {
@@ -169,37 +174,38 @@ Result<NodeTopology> loadNodeTopology(const std::string& xml_path) {
     out.numa_nodes.push_back(static_cast<int>(n->os_index));
   }
   std::sort(out.numa_nodes.begin(), out.numa_nodes.end());
+  return numa_objs;
+}
 
-  for (hwloc_obj_t pu = hwloc_get_next_obj_by_type(raw, HWLOC_OBJ_PU, nullptr); pu != nullptr;
-       pu = hwloc_get_next_obj_by_type(raw, HWLOC_OBJ_PU, pu)) {
-    TopologyCpu cpu;
-    cpu.os_index = static_cast<int>(pu->os_index);
-    hwloc_obj_t core = ancestorOfType(pu, HWLOC_OBJ_CORE);
-    cpu.core = core != nullptr ? hwloc_bitmap_first(core->complete_cpuset) : cpu.os_index;
-    hwloc_obj_t cache = nullptr;
-    for (hwloc_obj_t o = pu->parent; o != nullptr; o = o->parent) {
-      if (!hwloc_obj_type_is_dcache(o->type) ||
-          o->attr->cache.type == HWLOC_OBJ_CACHE_INSTRUCTION) {
-        continue;
-      }
-      if (cache == nullptr || o->attr->cache.depth > cache->attr->cache.depth) cache = o;
+// One PU: its core, highest-level data cache group, package and NUMA node.
+TopologyCpu cpuOf(hwloc_obj_t pu, const std::vector<hwloc_obj_t>& numa_objs) {
+  TopologyCpu cpu;
+  cpu.os_index = static_cast<int>(pu->os_index);
+  hwloc_obj_t core = ancestorOfType(pu, HWLOC_OBJ_CORE);
+  cpu.core = core != nullptr ? hwloc_bitmap_first(core->complete_cpuset) : cpu.os_index;
+  hwloc_obj_t cache = nullptr;
+  for (hwloc_obj_t o = pu->parent; o != nullptr; o = o->parent) {
+    if (!hwloc_obj_type_is_dcache(o->type) || o->attr->cache.type == HWLOC_OBJ_CACHE_INSTRUCTION) {
+      continue;
     }
-    if (cache != nullptr) cpu.cache_group = hwloc_bitmap_first(cache->complete_cpuset);
-    if (hwloc_obj_t pkg = ancestorOfType(pu, HWLOC_OBJ_PACKAGE); pkg != nullptr) {
-      cpu.package = static_cast<int>(pkg->os_index);
-    }
-    for (hwloc_obj_t n : numa_objs) {
-      if (hwloc_bitmap_isset(n->cpuset, pu->os_index)) {
-        cpu.numa_node = static_cast<int>(n->os_index);
-        break;
-      }
-    }
-    out.cpus.push_back(cpu);
+    if (cache == nullptr || o->attr->cache.depth > cache->attr->cache.depth) cache = o;
   }
-  std::sort(out.cpus.begin(), out.cpus.end(),
-            [](const TopologyCpu& a, const TopologyCpu& b) { return a.os_index < b.os_index; });
+  if (cache != nullptr) cpu.cache_group = hwloc_bitmap_first(cache->complete_cpuset);
+  if (hwloc_obj_t pkg = ancestorOfType(pu, HWLOC_OBJ_PACKAGE); pkg != nullptr) {
+    cpu.package = static_cast<int>(pkg->os_index);
+  }
+  for (hwloc_obj_t n : numa_objs) {
+    if (hwloc_bitmap_isset(n->cpuset, pu->os_index)) {
+      cpu.numa_node = static_cast<int>(n->os_index);
+      break;
+    }
+  }
+  return cpu;
+}
 
-  // NICs: PCI devices with an OpenFabrics or network OS device.
+// NICs: PCI devices with an OpenFabrics or network OS device, by bus id, into `out`; their
+// hwloc PCI objects in the same order.
+std::vector<hwloc_obj_t> readNics(hwloc_topology_t raw, NodeTopology& out) {
   std::map<std::string, std::pair<TopologyNic, hwloc_obj_t>> nics;
   for (hwloc_obj_t os = hwloc_get_next_osdev(raw, nullptr); os != nullptr;
        os = hwloc_get_next_osdev(raw, os)) {
@@ -218,30 +224,58 @@ Result<NodeTopology> loadNodeTopology(const std::string& xml_path) {
     out.nics.push_back(entry.first);
     nic_objs.push_back(entry.second);
   }
+  return nic_objs;
+}
 
+// One PCI device: its NUMA node(s) and nearest NIC.
+TopologyPciDevice pciDeviceOf(hwloc_topology_t raw, hwloc_obj_t p, bool this_machine,
+                              const std::vector<hwloc_obj_t>& nic_objs) {
+  TopologyPciDevice d;
+  d.bus_id = busIdOf(p);
+  d.vendor_id = p->attr->pcidev.vendor_id;
+  d.class_id = p->attr->pcidev.class_id;
+  const int sysfs_node = this_machine ? sysfsNumaNode(d.bus_id) : -1;
+  if (sysfs_node >= 0) {
+    d.numa_nodes = {sysfs_node};
+  } else if (hwloc_obj_t local = hwloc_get_non_io_ancestor_obj(raw, p); local != nullptr) {
+    d.numa_nodes = nodesOf(local->nodeset);
+  }
+  int best_hops = 0;
+  for (size_t i = 0; i < nic_objs.size(); ++i) {  // by bus id: the lower wins a tie
+    auto [hops, common] = hopsBetween(p, nic_objs[i]);
+    if (d.nearest_nic < 0 || hops < best_hops) {
+      d.nearest_nic = static_cast<int>(i);
+      best_hops = hops;
+      d.nic_hops = hops;
+      d.nic_relation = relationOf(common);
+    }
+  }
+  return d;
+}
+
+}  // namespace
+
+Result<NodeTopology> loadNodeTopology(const std::string& xml_path) {
+  auto loaded = loadHwloc(xml_path);
+  if (!loaded.isOk()) return loaded.status();
+  hwloc_topology_t raw = loaded.value().get();
+
+  NodeTopology out;
+  out.this_machine = hwloc_topology_is_thissystem(raw) != 0;
+  out.source = sourceOf(xml_path, out.this_machine);
+
+  const std::vector<hwloc_obj_t> numa_objs = readNumaNodes(raw, out);
+  for (hwloc_obj_t pu = hwloc_get_next_obj_by_type(raw, HWLOC_OBJ_PU, nullptr); pu != nullptr;
+       pu = hwloc_get_next_obj_by_type(raw, HWLOC_OBJ_PU, pu)) {
+    out.cpus.push_back(cpuOf(pu, numa_objs));
+  }
+  std::sort(out.cpus.begin(), out.cpus.end(),
+            [](const TopologyCpu& a, const TopologyCpu& b) { return a.os_index < b.os_index; });
+
+  const std::vector<hwloc_obj_t> nic_objs = readNics(raw, out);
   for (hwloc_obj_t p = hwloc_get_next_pcidev(raw, nullptr); p != nullptr;
        p = hwloc_get_next_pcidev(raw, p)) {
-    TopologyPciDevice d;
-    d.bus_id = busIdOf(p);
-    d.vendor_id = p->attr->pcidev.vendor_id;
-    d.class_id = p->attr->pcidev.class_id;
-    const int sysfs_node = out.this_machine ? sysfsNumaNode(d.bus_id) : -1;
-    if (sysfs_node >= 0) {
-      d.numa_nodes = {sysfs_node};
-    } else if (hwloc_obj_t local = hwloc_get_non_io_ancestor_obj(raw, p); local != nullptr) {
-      d.numa_nodes = nodesOf(local->nodeset);
-    }
-    int best_hops = 0;
-    for (size_t i = 0; i < nic_objs.size(); ++i) {  // by bus id: the lower wins a tie
-      auto [hops, common] = hopsBetween(p, nic_objs[i]);
-      if (d.nearest_nic < 0 || hops < best_hops) {
-        d.nearest_nic = static_cast<int>(i);
-        best_hops = hops;
-        d.nic_hops = hops;
-        d.nic_relation = relationOf(common);
-      }
-    }
-    out.pci.push_back(std::move(d));
+    out.pci.push_back(pciDeviceOf(raw, p, out.this_machine, nic_objs));
   }
   std::sort(
       out.pci.begin(), out.pci.end(),

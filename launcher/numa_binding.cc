@@ -11,6 +11,8 @@
 #include <set>
 #include <thread>
 
+#include "common/cpu_list.h"
+
 namespace cpprun::launcher {
 namespace {
 
@@ -169,22 +171,6 @@ const char* numaBindingModeName(NumaBindingMode mode) {
 
 const char* numaBindingModeChoices() { return "node, socket, exclusive, core-complex"; }
 
-std::string cpuListText(const std::vector<int>& cpus) {
-  std::vector<int> sorted = cpus;
-  std::sort(sorted.begin(), sorted.end());
-  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
-  std::string out;
-  for (size_t i = 0; i < sorted.size();) {
-    size_t j = i;
-    while (j + 1 < sorted.size() && sorted[j + 1] == sorted[j] + 1) ++j;
-    if (!out.empty()) out += ",";
-    out += std::to_string(sorted[i]);
-    if (j > i) out += "-" + std::to_string(sorted[j]);
-    i = j + 1;
-  }
-  return out;
-}
-
 NumaBindingPlan planNumaBinding(const NodeTopology& topology, NumaBindingMode mode, int nproc,
                                 const std::vector<std::string>& device_bus_ids,
                                 const std::vector<int>& worker_devices,
@@ -250,7 +236,8 @@ std::string NumaBindingPlan::unboundSummary() const {
 std::string describeWorkerBinding(const WorkerBinding& w) {
   if (!w.bound()) return "not bound: " + w.error;
   std::string out = "GPU " + std::to_string(w.device_index) + " (" + w.gpu_bus_id +
-                    "), NUMA node " + std::to_string(w.numa_node) + ": CPUs " + cpuListText(w.cpus);
+                    "), NUMA node " + std::to_string(w.numa_node) + ": CPUs " +
+                    formatIndexList(w.cpus);
   if (w.memory_policy != MemoryPolicy::kInherit) {
     std::string nodes;
     for (int n : w.memory_nodes) nodes += (nodes.empty() ? "" : ",") + std::to_string(n);
@@ -323,7 +310,7 @@ std::string probeWorkerBinding(const WorkerBinding& w) {
         if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &set);
       }
       if (sched_setaffinity(0, sizeof set, &set) != 0) {
-        error = "the kernel refuses sched_setaffinity(CPUs " + cpuListText(w.cpus) +
+        error = "the kernel refuses sched_setaffinity(CPUs " + formatIndexList(w.cpus) +
                 "): " + std::strerror(errno);
         return;
       }

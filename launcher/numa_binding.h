@@ -143,8 +143,6 @@ void applyNumaBinding(const NumaBindingPlan& binding, LaunchPlan& plan);
 std::vector<CheckFinding> numaBindingFindings(const Result<NumaBindingPlan>& plan, bool requested,
                                               bool strict);
 
-// "0-55,112-167" (torch's _get_ranges_str_from_ints).
-std::string cpuListText(const std::vector<int>& cpus);
 // "GPU 0000:1b:00.0, NUMA node 0: CPUs 0-55,112-167, memory preferred on node 0; nearest NIC
 // mlx5_0 (ibp24s0, same PCIe switch)" or "not bound: why".
 std::string describeWorkerBinding(const WorkerBinding& w);

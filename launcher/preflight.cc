@@ -20,7 +20,9 @@
 
 #include "agent/nccl_unique_id.h"
 #include "common/clip.h"
+#include "common/cpu_list.h"
 #include "common/environment.h"
+#include "common/network_address.h"
 #include "common/system.h"
 #include "launcher/cuda_driver.h"
 #include "launcher/launch_plan.h"
@@ -53,30 +55,6 @@ std::string versionText(int code, int major_div, int minor_div) {
   std::string out = std::to_string(major) + "." + std::to_string(minor);
   if (minor_div > 1) out += "." + std::to_string(code % minor_div);
   return out;
-}
-
-std::string cpuList(const std::vector<int>& cpus) {
-  std::string out;
-  for (size_t i = 0; i < cpus.size();) {
-    size_t j = i;
-    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
-    if (!out.empty()) out += ",";
-    out += std::to_string(cpus[i]);
-    if (j > i) out += "-" + std::to_string(cpus[j]);
-    i = j + 1;
-  }
-  return out.empty() ? "none" : out;
-}
-
-std::vector<int> parseCpuList(const std::string& text) {
-  std::vector<int> cpus;
-  for (const std::string& part : splitComma(text)) {
-    const size_t dash = part.find('-');
-    const int first = std::atoi(part.substr(0, dash).c_str());
-    const int last = dash == std::string::npos ? first : std::atoi(part.substr(dash + 1).c_str());
-    for (int c = first; c <= last && c - first < 65536; ++c) cpus.push_back(c);
-  }
-  return cpus;
 }
 
 std::string readFirstLine(const std::string& path) {
@@ -146,34 +124,27 @@ void probeInterfaces(SystemFacts& f) {
 }
 
 std::string resolveFirst(const std::string& host, std::string* error) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* resolved = nullptr;
-  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &resolved);
-  if (rc != 0) {
-    if (error) *error = ::gai_strerror(rc);
+  // An empty host names nothing here (resolveTcp would take it for the loopback).
+  if (host.empty()) {
+    if (error) *error = ::gai_strerror(EAI_NONAME);
     return "";
   }
-  char text[NI_MAXHOST] = {};
-  ::getnameinfo(resolved->ai_addr, resolved->ai_addrlen, text, sizeof text, nullptr, 0,
-                NI_NUMERICHOST);
-  ::freeaddrinfo(resolved);
-  return text;
+  auto resolved = resolveTcp(host, 0);
+  if (!resolved.isOk()) {
+    if (error) *error = resolved.status().message();
+    return "";
+  }
+  return numericHost(resolved.value().front());
 }
 
 // Binds (or, with `connect_instead`, connects within 2 s to) host:port; nullopt on success.
 std::optional<std::string> tryEndpoint(const std::string& host, int port, bool connect_instead) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = connect_instead ? 0 : AI_PASSIVE;
-  addrinfo* resolved = nullptr;
-  const std::string service = std::to_string(port);
-  const int rc =
-      ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &resolved);
-  if (rc != 0) return std::string(::gai_strerror(rc));
+  auto resolved =
+      resolveTcp(host, port, connect_instead ? ResolveFor::kConnect : ResolveFor::kBind);
+  if (!resolved.isOk()) return resolved.status().message();
   std::optional<std::string> error = std::string("no address");
-  for (addrinfo* a = resolved; a != nullptr && error; a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  for (auto a = resolved.value().begin(); a != resolved.value().end() && error; ++a) {
+    const int fd = ::socket(a->family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) {
       error = std::strerror(errno);
       continue;
@@ -181,12 +152,12 @@ std::optional<std::string> tryEndpoint(const std::string& host, int port, bool c
     if (!connect_instead) {
       const int one = 1;
       ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-      if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      if (::bind(fd, a->sockaddrPtr(), a->length) == 0) {
         error.reset();
       } else {
         error = std::strerror(errno);
       }
-    } else if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+    } else if (::connect(fd, a->sockaddrPtr(), a->length) == 0) {
       error.reset();
     } else if (errno != EINPROGRESS) {
       error = std::strerror(errno);
@@ -207,7 +178,6 @@ std::optional<std::string> tryEndpoint(const std::string& host, int port, bool c
     }
     ::close(fd);
   }
-  ::freeaddrinfo(resolved);
   return error;
 }
 
@@ -225,7 +195,9 @@ void probeNuma(SystemFacts& f) {
       }
       NumaNode node;
       node.id = std::atoi(name.c_str() + 4);
-      for (int cpu : parseCpuList(readFirstLine("/sys/devices/system/node/" + name + "/cpulist"))) {
+      // A cpulist the kernel wrote is well formed; one that is not counts as no CPUs.
+      auto cpus = CpuList::parse(readFirstLine("/sys/devices/system/node/" + name + "/cpulist"));
+      for (int cpu : cpus.isOk() ? cpus.value().cpus() : std::vector<int>()) {
         if (!have_mask || (cpu < CPU_SETSIZE && CPU_ISSET(cpu, &mask))) node.cpus.push_back(cpu);
       }
       f.numa.push_back(node);
@@ -358,7 +330,7 @@ void checkNetwork(const RendezvousSettings& rdzv, const std::map<std::string, st
 }
 
 void checkRendezvous(const RendezvousSettings& rdzv, const SystemFacts& f, Findings& out) {
-  const std::string where = rdzv.store.host + ":" + std::to_string(rdzv.store.port);
+  const std::string where = formatHostPort(rdzv.store.host, rdzv.store.port);
   if (!f.endpoint_resolve_error.empty()) {
     out.fail("rendezvous", rdzv.store.host + " does not resolve (" + f.endpoint_resolve_error +
                                "): no node can reach the store");
@@ -372,8 +344,8 @@ void checkRendezvous(const RendezvousSettings& rdzv, const SystemFacts& f, Findi
       out.ok("rendezvous", "this node serves the store on " + rdzv.store.host +
                                "; a free port is picked at start (MASTER_PORT)");
     } else if (f.endpoint_bind_error) {
-      const std::string bind_where = (rdzv.bind_host.empty() ? rdzv.store.host : rdzv.bind_host) +
-                                     ":" + std::to_string(rdzv.store.port);
+      const std::string bind_where = formatHostPort(
+          rdzv.bind_host.empty() ? rdzv.store.host : rdzv.bind_host, rdzv.store.port);
       out.fail("rendezvous", "this node serves the store, but " + bind_where +
                                  " cannot be bound: " + *f.endpoint_bind_error +
                                  " (another job on this port? pick another --master-port)");
@@ -549,14 +521,11 @@ SystemFacts probeSystem(const LaunchConfig& config, const RendezvousSettings& rd
   return f;
 }
 
-PreflightReport runPreflight(const LaunchConfig& config, const RendezvousSettings& rdzv,
-                             const NodeResources& node, int nproc,
-                             const std::map<std::string, std::string>& env, const SystemFacts& f) {
-  Findings out;
-  const int nodes = rdzv.multi_node ? config.max_nodes : 1;
-  const int world = nproc * nodes;
+namespace {
 
-  // The program.
+// The program the workers run, as they will run it.
+void checkProgram(const LaunchConfig& config, const std::map<std::string, std::string>& env,
+                  const SystemFacts& f, Findings& out) {
   if (config.entrypoint.empty()) {
     out.ok("program", "none given (only the node is checked)");
   } else if (!f.program_error.empty()) {
@@ -566,8 +535,10 @@ PreflightReport runPreflight(const LaunchConfig& config, const RendezvousSetting
     for (const auto& a : workerCommand(config, env, 0)) cmd += (cmd.empty() ? "" : " ") + a;
     out.ok("program", cmd + " (" + f.program_path + ")");
   }
+}
 
-  // GPUs and the driver.
+// The CUDA driver and the GPUs the workers are given.
+void checkGpus(const NodeResources& node, int nproc, const SystemFacts& f, Findings& out) {
   std::string gpus_text =
       std::to_string(node.gpus.size()) + " visible to the workers (from " + node.gpu_source + ")";
   if (f.cuda_error.empty()) {
@@ -603,8 +574,9 @@ PreflightReport runPreflight(const LaunchConfig& config, const RendezvousSetting
   } else {
     out.ok("GPUs", gpus_text + " for " + std::to_string(nproc) + " worker(s)");
   }
+}
 
-  // NCCL.
+void checkNccl(const NodeResources& node, const SystemFacts& f, Findings& out) {
   if (f.nccl_error.empty()) {
     out.ok("NCCL", (f.nccl_version ? versionText(f.nccl_version, 10000, 100) : "version unknown") +
                        " (" + f.nccl_library + "): the agent hands the workers an NCCL unique id");
@@ -614,11 +586,12 @@ PreflightReport runPreflight(const LaunchConfig& config, const RendezvousSetting
   } else {
     out.ok("NCCL", "not loadable (" + f.nccl_error + "); not needed without GPUs");
   }
+}
 
-  checkNetwork(rdzv, env, f, out);
-  checkRendezvous(rdzv, f, out);
-
-  // Open files: the limit the workers inherit (cpprun raises its soft limit to the hard one).
+// Open files: the limit the workers inherit (cpprun raises its soft limit to the hard one).
+void checkOpenFiles(const RendezvousSettings& rdzv, int nodes, int nproc, const SystemFacts& f,
+                    Findings& out) {
+  const int world = nproc * nodes;
   const uint64_t worker_need = workerOpenFilesNeeded(world);
   const uint64_t agent_need = agentOpenFilesNeeded(world, nproc, servesStore(rdzv));
   const uint64_t need = std::max(worker_need, agent_need);
@@ -633,8 +606,10 @@ PreflightReport runPreflight(const LaunchConfig& config, const RendezvousSetting
   } else {
     out.ok("open files", limit_text + " >= " + need_text);
   }
+}
 
-  // Operations.
+// Operations: stall stacks, the metrics endpoint, the event log.
+void checkOperations(const LaunchConfig& config, const SystemFacts& f, Findings& out) {
   if (config.stall_timeout > 0) {
     if (f.gdb_path.empty()) {
       out.warn("stall stacks",
@@ -647,7 +622,7 @@ PreflightReport runPreflight(const LaunchConfig& config, const RendezvousSetting
     }
   }
   if (f.metrics_bind_error) {
-    const std::string where = config.metrics_host + ":" + std::to_string(config.metrics_port);
+    const std::string where = formatHostPort(config.metrics_host, config.metrics_port);
     if (f.metrics_bind_error->empty()) {
       out.ok("metrics", where + " is free for --metrics-port");
     } else {
@@ -661,12 +636,15 @@ PreflightReport runPreflight(const LaunchConfig& config, const RendezvousSetting
       out.fail("event log", config.event_log + " cannot be opened: " + *f.event_log_error);
     }
   }
+}
 
-  // CPUs and NUMA.
+// CPUs and NUMA.
+void checkCpus(const LaunchConfig& config, const NodeResources& node, int nproc,
+               const std::map<std::string, std::string>& env, const SystemFacts& f, Findings& out) {
   std::string layout;
   for (const auto& n : f.numa) {
     layout += (layout.empty() ? "" : "; ") + std::string("NUMA ") + std::to_string(n.id) +
-              ": CPUs " + cpuList(n.cpus);
+              ": CPUs " + (n.cpus.empty() ? "none" : CpuList(n.cpus).toString());
   }
   const std::string omp = envOr(env, "OMP_NUM_THREADS");
   const std::string threads =
@@ -686,6 +664,23 @@ PreflightReport runPreflight(const LaunchConfig& config, const RendezvousSetting
   } else {
     out.ok("CPUs", cpu_text);
   }
+}
+
+}  // namespace
+
+PreflightReport runPreflight(const LaunchConfig& config, const RendezvousSettings& rdzv,
+                             const NodeResources& node, int nproc,
+                             const std::map<std::string, std::string>& env, const SystemFacts& f) {
+  Findings out;
+  const int nodes = rdzv.multi_node ? config.max_nodes : 1;
+  checkProgram(config, env, f, out);
+  checkGpus(node, nproc, f, out);
+  checkNccl(node, f, out);
+  checkNetwork(rdzv, env, f, out);
+  checkRendezvous(rdzv, f, out);
+  checkOpenFiles(rdzv, nodes, nproc, f, out);
+  checkOperations(config, f, out);
+  checkCpus(config, node, nproc, env, f, out);
   return out.report;
 }
 

@@ -2,7 +2,6 @@
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <unistd.h>
 
@@ -16,6 +15,7 @@
 #include <vector>
 
 #include "common/clip.h"
+#include "common/network_address.h"
 #include "rendezvous/etcd_client.h"
 
 namespace cpprun::launcher {
@@ -36,8 +36,6 @@ Result<std::chrono::milliseconds> confSeconds(const LaunchConfig& config, const 
   return std::chrono::milliseconds(static_cast<int64_t>(std::llround(seconds * 1000)));
 }
 
-bool isIpv6Literal(const std::string& host) { return host.find(':') != std::string::npos; }
-
 // --rdzv-endpoint for etcd: "host[:port][,host[:port]...]", an entry without a port gets 2379.
 Result<std::vector<std::string>> etcdEndpoints(const std::string& text) {
   if (text.empty()) {
@@ -56,12 +54,12 @@ Result<std::vector<std::string>> etcdEndpoints(const std::string& text) {
       if (bare.rfind(scheme, 0) == 0) bare = bare.substr(std::strlen(scheme));
     }
     while (!bare.empty() && bare.back() == '/') bare.pop_back();
-    const size_t bracket = bare.rfind(']');
-    const size_t colon = bare.rfind(':');
-    const bool has_port =
-        colon != std::string::npos &&
-        (bracket == std::string::npos ? bare.find(':') == colon : colon > bracket);
-    if (!bare.empty() && !has_port) entry = bare + ":" + std::to_string(kDefaultEtcdPort);
+    // An entry that does not parse stays as given: parseEtcdEndpoints names what is wrong.
+    AddressSyntax syntax;
+    syntax.default_port = kDefaultEtcdPort;
+    if (auto address = parseNetworkAddress(bare, syntax); address.isOk()) {
+      entry = address.value().toString();
+    }
     with_ports += (begin == 0 ? "" : ",") + entry;
     if (comma == std::string::npos) break;
     begin = comma + 1;
@@ -113,16 +111,15 @@ Status applyEtcdConf(const LaunchConfig& config, RendezvousSettings& s) {
 }  // namespace
 
 bool isLocalHost(const std::string& host) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* resolved = nullptr;
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &resolved) != 0) return false;
+  if (host.empty()) return false;  // resolveTcp would take it for the loopback
+  auto resolved = resolveTcp(host, 0);
+  if (!resolved.isOk()) return false;
   ifaddrs* interfaces = nullptr;
   if (::getifaddrs(&interfaces) != 0) interfaces = nullptr;
   bool local = false;
-  for (addrinfo* a = resolved; a != nullptr && !local; a = a->ai_next) {
-    if (a->ai_family == AF_INET) {
-      const in_addr addr = reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr;
+  for (auto a = resolved.value().begin(); a != resolved.value().end() && !local; ++a) {
+    if (a->family == AF_INET) {
+      const in_addr addr = reinterpret_cast<const sockaddr_in*>(a->sockaddrPtr())->sin_addr;
       if ((ntohl(addr.s_addr) >> 24) == 127) local = true;
       for (ifaddrs* i = interfaces; i != nullptr && !local; i = i->ifa_next) {
         if (i->ifa_addr != nullptr && i->ifa_addr->sa_family == AF_INET &&
@@ -130,8 +127,8 @@ bool isLocalHost(const std::string& host) {
           local = true;
         }
       }
-    } else if (a->ai_family == AF_INET6) {
-      const in6_addr addr = reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr;
+    } else if (a->family == AF_INET6) {
+      const in6_addr addr = reinterpret_cast<const sockaddr_in6*>(a->sockaddrPtr())->sin6_addr;
       if (IN6_IS_ADDR_LOOPBACK(&addr)) local = true;
       for (ifaddrs* i = interfaces; i != nullptr && !local; i = i->ifa_next) {
         if (i->ifa_addr != nullptr && i->ifa_addr->sa_family == AF_INET6 &&
@@ -143,52 +140,16 @@ bool isLocalHost(const std::string& host) {
     }
   }
   if (interfaces != nullptr) ::freeifaddrs(interfaces);
-  ::freeaddrinfo(resolved);
   return local;
 }
 
 Result<Endpoint> parseEndpoint(const std::string& text, int default_port) {
-  Endpoint e;
-  std::string port_text;
-  if (!text.empty() && text[0] == '[') {
-    const size_t close = text.find(']');
-    if (close == std::string::npos) {
-      return invalidArgument("endpoint '" + clipValue(text) + "': '[' without ']'");
-    }
-    e.host = text.substr(1, close - 1);
-    if (close + 1 < text.size()) {
-      if (text[close + 1] != ':') {
-        return invalidArgument("endpoint '" + clipValue(text) + "': expected ':PORT' after ']'");
-      }
-      port_text = text.substr(close + 2);
-      if (port_text.empty())
-        return invalidArgument("endpoint '" + clipValue(text) + "': empty port");
-    }
-  } else {
-    const size_t colon = text.rfind(':');
-    if (colon != std::string::npos && text.find(':') != colon) {
-      e.host = text;  // a bare IPv6 address: no port
-    } else if (colon != std::string::npos) {
-      e.host = text.substr(0, colon);
-      port_text = text.substr(colon + 1);
-      if (port_text.empty())
-        return invalidArgument("endpoint '" + clipValue(text) + "': empty port");
-    } else {
-      e.host = text;
-    }
-  }
-  if (e.host.empty()) return invalidArgument("endpoint '" + clipValue(text) + "': no host");
-  e.port = default_port;
-  if (!port_text.empty()) {
-    char* end = nullptr;
-    const long port = std::strtol(port_text.c_str(), &end, 10);
-    if (*end != '\0' || port < 0 || port > 65535) {
-      return invalidArgument("endpoint '" + clipValue(text) + "': port '" + clipValue(port_text) +
-                             "' is not a number in 0-65535");
-    }
-    e.port = static_cast<int>(port);
-  }
-  return e;
+  AddressSyntax syntax;
+  syntax.default_port = default_port;
+  syntax.bare_ipv6_host = true;  // "fe80::1": a host without a port
+  auto address = parseNetworkAddress(text, syntax);
+  if (!address.isOk()) return invalidArgument("endpoint " + address.status().message());
+  return address;
 }
 
 Result<RendezvousSettings> resolveRendezvous(const LaunchConfig& config) {

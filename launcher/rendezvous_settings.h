@@ -12,17 +12,18 @@
 #include <string>
 #include <vector>
 
+#include "common/network_address.h"
 #include "common/status.h"
 #include "launcher/launch_config.h"
 
 namespace cpprun::launcher {
 
-struct Endpoint {
-  std::string host;
-  int port = 0;
-};
+// The store's address (common/network_address.h: toString() brackets an IPv6 host).
+using Endpoint = NetworkAddress;
 
-// "host", "host:port", "[v6]", "[v6]:port"; `default_port` when the port is left out.
+// "host", "host:port", "[v6]", "[v6]:port", a bare IPv6 address ("fe80::1"); `default_port`
+// when the port is left out. The error names the text: "endpoint 'n1:x': port 'x' is not a
+// number".
 Result<Endpoint> parseEndpoint(const std::string& text, int default_port);
 
 struct RendezvousSettings {

@@ -16,6 +16,8 @@
 #include <set>
 #include <thread>
 
+#include "common/network_address.h"
+
 namespace cpprun::rendezvous {
 
 namespace net = boost::asio;
@@ -243,30 +245,16 @@ Result<Endpoint> parseOneEndpoint(const std::string& entry) {
   while (!e.empty() && e.back() == '/') e.pop_back();
   if (e.empty()) return bad("no host");
   if (e.find('/') != std::string::npos) return bad("a path is not allowed");
+  AddressSyntax syntax;
+  syntax.min_port = 1;
+  auto address = parseNetworkAddress(e, syntax);
+  if (!address.isOk()) {
+    return invalidArgument("bad etcd endpoint " + address.status().message() +
+                           " (expected host:port, e.g. 127.0.0.1:2379)");
+  }
   Endpoint out;
-  std::string port;
-  if (e.front() == '[') {
-    auto close = e.find(']');
-    if (close == std::string::npos) return bad("unclosed '[' in IPv6 address");
-    out.host = e.substr(1, close - 1);
-    if (close + 1 >= e.size() || e[close + 1] != ':') return bad("no port");
-    port = e.substr(close + 2);
-  } else {
-    auto colon = e.rfind(':');
-    if (colon == std::string::npos) return bad("no port");
-    out.host = e.substr(0, colon);
-    if (out.host.find(':') != std::string::npos) return bad("IPv6 addresses go in brackets");
-    port = e.substr(colon + 1);
-  }
-  if (out.host.empty()) return bad("no host");
-  if (port.empty()) return bad("no port");
-  int value = 0;
-  auto [p, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
-  if (ec != std::errc() || p != port.data() + port.size()) {
-    return bad("port '" + port + "' is not a number");
-  }
-  if (value < 1 || value > 65535) return bad("port " + port + " is out of range 1-65535");
-  out.port = std::to_string(value);
+  out.host = address.value().host;
+  out.port = std::to_string(address.value().port);
   out.name = e;
   return out;
 }

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "common/logging.h"
+#include "common/network_address.h"
 
 namespace cpprun::rendezvous {
 
@@ -16,15 +17,13 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 
 std::string describeEndpoint(const tcp::endpoint& endpoint) {
-  auto addr = endpoint.address();
-  std::string a = addr.is_v6() ? "[" + addr.to_string() + "]" : addr.to_string();
-  return a + ":" + std::to_string(endpoint.port());
+  return formatHostPort(endpoint.address().to_string(), endpoint.port());
 }
 
 Result<BoundAddress> listenTcp(tcp::acceptor& acceptor, const std::string& host, uint16_t port,
                                const std::string& what) {
   boost::system::error_code ec;
-  const std::string where = host + ":" + std::to_string(port);
+  const std::string where = formatHostPort(host, port);
   tcp::endpoint endpoint;
   auto addr = asio::ip::make_address(host, ec);
   if (!ec) {

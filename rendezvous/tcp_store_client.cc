@@ -1,7 +1,6 @@
 #include "rendezvous/tcp_store_client.h"
 
 #include <fcntl.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -14,6 +13,7 @@
 #include <random>
 #include <thread>
 
+#include "common/network_address.h"
 #include "rendezvous/store_semantics.h"
 
 namespace cpprun::rendezvous {
@@ -36,13 +36,14 @@ std::string errnoText(int err) { return std::strerror(err); }
 
 // One non-blocking connect attempt to one address, bounded by `deadline`. Returns the fd or -1
 // with *err set.
-int connectOnce(const addrinfo* ai, std::chrono::steady_clock::time_point deadline, int* err) {
-  int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+int connectOnce(const ResolvedAddress& a, std::chrono::steady_clock::time_point deadline,
+                int* err) {
+  int fd = ::socket(a.family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, IPPROTO_TCP);
   if (fd < 0) {
     *err = errno;
     return -1;
   }
-  if (::connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+  if (::connect(fd, a.sockaddrPtr(), a.length) != 0) {
     if (errno != EINPROGRESS) {
       *err = errno;
       ::close(fd);
@@ -93,7 +94,7 @@ void TcpStoreClient::closeConnection() {
 
 void TcpStoreClient::fail(const std::string& what) {
   closeConnection();
-  throw StoreError("store " + options_.host + ":" + std::to_string(options_.port) + ": " + what);
+  throw StoreError("store " + formatHostPort(options_.host, options_.port) + ": " + what);
 }
 
 void TcpStoreClient::ensureConnected() {
@@ -110,23 +111,18 @@ void TcpStoreClient::connectWithRetry() {
   int attempts = 0;
   while (true) {
     ++attempts;
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* res = nullptr;
-    std::string port = std::to_string(options_.port);
-    int gai = ::getaddrinfo(options_.host.c_str(), port.c_str(), &hints, &res);
-    if (gai != 0) {
-      last_error = std::string("cannot resolve host: ") + ::gai_strerror(gai);
+    auto resolved = resolveTcp(options_.host, options_.port);
+    if (!resolved.isOk()) {
+      last_error = "cannot resolve host: " + resolved.status().message();
     } else {
-      for (addrinfo* ai = res; ai != nullptr && fd_ < 0; ai = ai->ai_next) {
+      for (const ResolvedAddress& a : resolved.value()) {
         int err = 0;
         // A single attempt may not use up the whole budget: a dropped SYN must be retried.
         auto attempt_deadline = std::min(give_up, Clock::now() + std::chrono::seconds(5));
-        fd_ = connectOnce(ai, attempt_deadline, &err);
+        fd_ = connectOnce(a, attempt_deadline, &err);
         if (fd_ < 0) last_error = errnoText(err);
+        if (fd_ >= 0) break;
       }
-      ::freeaddrinfo(res);
     }
     if (fd_ >= 0) {
       try {
@@ -146,9 +142,8 @@ void TcpStoreClient::connectWithRetry() {
     std::this_thread::sleep_for(std::min(pause, left));
     backoff = std::min(backoff * 2, options_.max_backoff);
   }
-  throw StoreTimeout("cannot connect to store " + options_.host + ":" +
-                     std::to_string(options_.port) + " within " +
-                     std::to_string(options_.connect_timeout.count()) + " ms (" +
+  throw StoreTimeout("cannot connect to store " + formatHostPort(options_.host, options_.port) +
+                     " within " + std::to_string(options_.connect_timeout.count()) + " ms (" +
                      std::to_string(attempts) + " attempts): " + last_error);
 }
 
@@ -177,7 +172,7 @@ void TcpStoreClient::sendAll(const uint8_t* data, size_t size, Clock::time_point
     int left = remainingMs(deadline);
     if (left == 0) {
       closeConnection();
-      throw StoreTimeout("store " + options_.host + ":" + std::to_string(options_.port) +
+      throw StoreTimeout("store " + formatHostPort(options_.host, options_.port) +
                          ": send timed out");
     }
     setSocketTimeout(SO_SNDTIMEO, left, &send_timeout_ms_);
@@ -199,7 +194,7 @@ bool TcpStoreClient::fill(size_t need, Clock::time_point deadline, bool allow_ti
     if (left == 0) {
       if (allow_timeout && in_end_ == in_pos_) return false;
       closeConnection();
-      throw StoreTimeout("store " + options_.host + ":" + std::to_string(options_.port) +
+      throw StoreTimeout("store " + formatHostPort(options_.host, options_.port) +
                          ": no reply within the " + std::to_string(timeout().count()) +
                          " ms timeout");
     }

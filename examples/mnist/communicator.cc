@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/network_address.h"
 #include "examples/mnist/gloo_store.h"
 #include "rendezvous/tcp_store_client.h"
 
@@ -148,23 +149,22 @@ Result<std::unique_ptr<Communicator>> makeGlooCommunicatorThroughMasterStore(
     int rank, int world_size, const std::string& prefix) {
   const char* addr = std::getenv("MASTER_ADDR");
   const char* port_text = std::getenv("MASTER_PORT");
-  char* end = nullptr;
-  const long port = port_text == nullptr ? 0 : std::strtol(port_text, &end, 10);
-  if (addr == nullptr || *addr == '\0' || port_text == nullptr || *end != '\0' || port <= 0 ||
-      port > 65535) {
+  const Result<int> port = parsePort(port_text == nullptr ? "" : port_text, /*min_port=*/1);
+  if (addr == nullptr || *addr == '\0' || !port.isOk()) {
     return invalidArgument("WORLD_SIZE=" + std::to_string(world_size) +
-                           " needs MASTER_ADDR and MASTER_PORT (a port in 1..65535)");
+                           " needs MASTER_ADDR and MASTER_PORT (a port in 1..65535)" +
+                           (port.isOk() ? "" : "; MASTER_PORT: " + port.status().message()));
   }
   rendezvous::TcpStoreClientOptions client;
   client.host = addr;
-  client.port = static_cast<uint16_t>(port);
+  client.port = static_cast<uint16_t>(port.value());
   client.connect_timeout = std::chrono::seconds(60);
   client.timeout = std::chrono::minutes(5);
   GlooOptions gloo;
   gloo.rank = rank;
   gloo.world_size = world_size;
   gloo.prefix = prefix;
-  gloo.hostname = localAddressTowards(addr, static_cast<uint16_t>(port));
+  gloo.hostname = localAddressTowards(addr, static_cast<uint16_t>(port.value()));
   if (gloo.hostname.empty()) gloo.hostname = "127.0.0.1";
   return makeGlooCommunicator(std::make_shared<rendezvous::TcpStoreClient>(client), gloo);
 }

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "common/command_line.h"
+#include "common/network_address.h"
 #include "rendezvous/tcp_store_client.h"
 #include "tests/support/http_get.h"
 
@@ -175,10 +176,13 @@ RunResult runJob(const Options& o, const std::string& cpprun, const std::string&
     if (store_endpoint.empty()) std::this_thread::sleep_for(20ms);  // a poll of the job's start
   }
   if (store_endpoint.empty()) return fail("the job did not start in 30 s");
+  auto store_address = cpprun::parseNetworkAddress(store_endpoint);
+  if (!store_address.isOk()) {
+    return fail(("/status store_endpoint " + store_address.status().message()).c_str());
+  }
   cpprun::rendezvous::TcpStoreClientOptions co;
-  co.host = store_endpoint.substr(0, store_endpoint.rfind(':'));
-  co.port =
-      static_cast<uint16_t>(std::atoi(store_endpoint.c_str() + store_endpoint.rfind(':') + 1));
+  co.host = store_address.value().host;
+  co.port = static_cast<uint16_t>(store_address.value().port);
   co.connect_timeout = 10s;
   co.timeout = 10s;
   std::vector<double> alone, flooded;

@@ -50,6 +50,7 @@
 #include "common/asio.h"
 #include "common/command_line.h"
 #include "common/logging.h"
+#include "common/network_address.h"
 #include "common/system.h"
 #include "rendezvous/tcp_store_server.h"
 #include "tests/bench/counting_store.h"
@@ -356,8 +357,7 @@ class EtcdBackend : public Backend {
   CountSnapshot serverCount() override {
     CountSnapshot c;
     for (int m = 0; m < cluster_.members(); ++m) {
-      const std::string ep = cluster_.endpoint(m);
-      const int port = std::stoi(ep.substr(ep.rfind(':') + 1));
+      const int port = parseNetworkAddress(cluster_.endpoint(m)).value().port;
       auto text = testing::httpRequestRaw(port, "GET", "/metrics", 5s);
       if (text) c.ops += sumCounter(*text, "grpc_server_msg_received_total");
     }

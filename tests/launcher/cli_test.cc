@@ -766,6 +766,12 @@ TEST_CASE("cli operations options: --stall-timeout, --metrics-port, --event-log"
     CHECK_THAT(parseError({std::string("--metrics-port=") + bad, "t.py"}),
                Catch::Contains("PORT or HOST:PORT"));
   }
+  // The error says what is wrong with the value, not only what is expected.
+  CHECK_THAT(parseError({"--metrics-port=h:70000", "t.py"}),
+             Catch::Contains("port 70000 is out of range 0-65535"));
+  CHECK_THAT(parseError({"--metrics-port=::1:9400", "t.py"}),
+             Catch::Contains("IPv6 addresses go in brackets"));
+  CHECK_THAT(parseError({"--metrics-port=+9400", "t.py"}), Catch::Contains("is not a number"));
   CHECK_THAT(parseError({"--event-log=", "t.py"}), Catch::Contains("a file path"));
   // cpprun's own options have no PET_ fallback.
   CHECK(parseOk({"t.py"}, {{"PET_STALL_TIMEOUT", "3"}}).stall_timeout == 0);

@@ -197,6 +197,10 @@ TEST_CASE("the dry-run description names the store and every worker", "[unit]") 
   CHECK_THAT(text, Catch::Contains("worker local_rank 1 rank 1: python3 -u train.py"));
   CHECK_THAT(text, Catch::Contains("RANK=1"));
   CHECK_THAT(text, Catch::Contains("GPUs        0,1 (from test)"));
+  RendezvousOutcome v6 = singleNode(2);
+  v6.master_addr = "::1";
+  const std::string v6_text = describeLaunchPlan(c, node({"0", "1"}), v6, plan.value());
+  CHECK_THAT(v6_text, Catch::Contains("store       [::1]:29500 (served by the agent)"));
 }
 
 TEST_CASE("under Slurm each worker's task variables describe the worker, not the agent", "[unit]") {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cpu_list.h"
 #include "launcher/cli.h"
 #include "tests/support/cpprun_test_helpers.h"
 #include "tests/support/http_get.h"
@@ -22,6 +23,7 @@ namespace {
 
 using namespace cpprun::launcher;
 using namespace cpprun::testing;
+using cpprun::formatIndexList;
 using MemoryPolicy = cpprun::agent::ProcessSpec::MemoryPolicy;
 
 const std::string kTopologies = CPPRUN_TOPOLOGY_DIR;
@@ -166,7 +168,7 @@ TEST_CASE("every mode binds every GPU's worker to the CPUs torch's binding.py gi
       const WorkerBinding& w = plan.workers[static_cast<size_t>(e.device)];
       INFO(w.error);
       REQUIRE(w.bound());
-      CHECK(cpuListText(w.cpus) == e.cpus);
+      CHECK(formatIndexList(w.cpus) == e.cpus);
       CHECK(w.gpu_bus_id == gpus[static_cast<size_t>(e.device)]);
       CHECK(w.memory_policy == MemoryPolicy::kPreferred);
       CHECK(w.memory_nodes == std::vector<int>{w.numa_node});
@@ -210,18 +212,18 @@ TEST_CASE("the binding is cut to the CPUs the agent may use as torch cuts to its
   const auto gpus = t.nvidiaGpuBusIds();
   const std::vector<int> allowed = {0, 1, 2, 3, 4, 5, 6, 7, 32, 33, 34, 35, 36, 37, 38, 39};
   auto node = planNumaBinding(t, NumaBindingMode::kNode, 4, gpus, {}, allowed);
-  CHECK(cpuListText(node.workers[2].cpus) == "0-7,32-39");
+  CHECK(formatIndexList(node.workers[2].cpus) == "0-7,32-39");
   // Exclusive: the 8 allowed cores split 2 per GPU, with both threads of each core.
   auto exclusive = planNumaBinding(t, NumaBindingMode::kExclusive, 4, gpus, {}, allowed);
-  CHECK(cpuListText(exclusive.workers[0].cpus) == "0-1,32-33");
-  CHECK(cpuListText(exclusive.workers[3].cpus) == "6-7,38-39");
+  CHECK(formatIndexList(exclusive.workers[0].cpus) == "0-1,32-33");
+  CHECK(formatIndexList(exclusive.workers[3].cpus) == "6-7,38-39");
   // 10 cores for 4 GPUs: the first two get one more (torch's extra-core rule).
   auto uneven =
       planNumaBinding(t, NumaBindingMode::kExclusive, 4, gpus, {}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
-  CHECK(cpuListText(uneven.workers[0].cpus) == "0-2");
-  CHECK(cpuListText(uneven.workers[1].cpus) == "3-5");
-  CHECK(cpuListText(uneven.workers[2].cpus) == "6-7");
-  CHECK(cpuListText(uneven.workers[3].cpus) == "8-9");
+  CHECK(formatIndexList(uneven.workers[0].cpus) == "0-2");
+  CHECK(formatIndexList(uneven.workers[1].cpus) == "3-5");
+  CHECK(formatIndexList(uneven.workers[2].cpus) == "6-7");
+  CHECK(formatIndexList(uneven.workers[3].cpus) == "8-9");
 }
 
 TEST_CASE("exclusive with fewer cores than GPUs on the node binds nobody there", "[unit]") {
@@ -242,10 +244,10 @@ TEST_CASE("core-complex wraps around when a node has more GPUs than complexes", 
   const NodeTopology t = load("dgx-a100-like-2s-epyc-nps4.xml");
   const std::vector<std::string> six(6, "0000:07:00.0");
   auto plan = planNumaBinding(t, NumaBindingMode::kCoreComplex, 6, six);
-  CHECK(cpuListText(plan.workers[0].cpus) == "48-51,176-179");
-  CHECK(cpuListText(plan.workers[3].cpus) == "60-63,188-191");
-  CHECK(cpuListText(plan.workers[4].cpus) == "48-51,176-179");
-  CHECK(cpuListText(plan.workers[5].cpus) == "52-55,180-183");
+  CHECK(formatIndexList(plan.workers[0].cpus) == "48-51,176-179");
+  CHECK(formatIndexList(plan.workers[3].cpus) == "60-63,188-191");
+  CHECK(formatIndexList(plan.workers[4].cpus) == "48-51,176-179");
+  CHECK(formatIndexList(plan.workers[5].cpus) == "52-55,180-183");
 }
 
 TEST_CASE("a worker without a GPU or with a GPU the topology lacks is not bound and says why",
@@ -301,7 +303,7 @@ TEST_CASE("GPU locality comes from the driver's bus ids or else from the topolog
   auto plan =
       planNumaBinding(t, NumaBindingMode::kNode, 2, visible.device_bus_ids, visible.worker_devices);
   CHECK(plan.workers[1].gpu_bus_id == "0000:c3:00.0");
-  CHECK(cpuListText(plan.workers[1].cpus) == "56-111,168-223");
+  CHECK(formatIndexList(plan.workers[1].cpus) == "56-111,168-223");
   // A Slurm list without CUDA_VISIBLE_DEVICES names the driver's ordinals.
   node.gpu_source = "SLURM_STEP_GPUS";
   node.gpus = {"1", "0"};
@@ -330,7 +332,7 @@ TEST_CASE("the plan is copied into each worker's spec with its description", "[u
     plan.workers.push_back(w);
   }
   applyNumaBinding(binding, plan);
-  CHECK(cpuListText(plan.workers[1].cpus) == "8-15,40-47");
+  CHECK(formatIndexList(plan.workers[1].cpus) == "8-15,40-47");
   CHECK(plan.workers[1].memory_policy == MemoryPolicy::kPreferred);
   CHECK(plan.workers[1].memory_nodes == std::vector<int>{0});
   CHECK(plan.workers[1].binding.rfind("exclusive: GPU 1 (0000:31:00.0), NUMA node 0: CPUs", 0) ==

@@ -69,7 +69,7 @@ TEST_CASE("etcd endpoints parse and a bad entry is named", "[etcd][unit]") {
   for (const Bad& bad : std::vector<Bad>{{"", "''", "empty"},
                                          {"host", "'host'", "no port"},
                                          {"host:99999", "'host:99999'", "out of range"},
-                                         {"host:", "'host:'", "no port"},
+                                         {"host:", "'host:'", "empty port"},
                                          {"host:abc", "'host:abc'", "not a number"},
                                          {"h:1,", "'h:1,'", "empty entry 2"},
                                          {"h:p,", "'h:p'", "not a number"},

@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 #include <thread>
 
+#include "common/network_address.h"
 #include "rendezvous/prefix_store.h"
 #include "tests/rendezvous/store_contract.h"
 #include "tests/support/etcd_cluster.h"
@@ -156,7 +157,7 @@ TEST_CASE("etcd store blocking get survives the member of its watch going silent
   std::thread setter([&] {
     writer.wait({"waiter-started"}, 30s);
     // The waiter's watch is on member 0 once that member counts a watcher (its metrics).
-    const int port = std::stoi(cluster.endpoint(0).substr(cluster.endpoint(0).rfind(':') + 1));
+    const int port = cpprun::parseNetworkAddress(cluster.endpoint(0)).value().port;
     bool watching = false;
     for (auto give_up = std::chrono::steady_clock::now() + 20s;
          !watching && std::chrono::steady_clock::now() < give_up;) {

@@ -23,6 +23,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "common/network_address.h"
 #include "tests/support/netns_hosts.h"
 #include "tests/support/test_support.h"
 
@@ -334,11 +335,10 @@ void EtcdCluster::spawn(int member) {
   const std::string scheme = options_.tls ? "https" : "http";
   std::vector<std::string> peers;
   for (int i = 0; i < members(); ++i) {
-    peers.push_back(at(i).name + "=http://" + bindHost(i) + ":" + std::to_string(at(i).peer_port));
+    peers.push_back(at(i).name + "=http://" + formatHostPort(bindHost(i), at(i).peer_port));
   }
-  const std::string client_url =
-      scheme + "://" + bindHost(member) + ":" + std::to_string(m.client_port);
-  const std::string peer_url = "http://" + bindHost(member) + ":" + std::to_string(m.peer_port);
+  const std::string client_url = scheme + "://" + formatHostPort(bindHost(member), m.client_port);
+  const std::string peer_url = "http://" + formatHostPort(bindHost(member), m.peer_port);
   std::vector<std::string> args{kEtcd,
                                 "--name=" + m.name,
                                 "--data-dir=" + m.data_dir,
@@ -487,7 +487,7 @@ int EtcdCluster::hostOf(int member) const {
 }
 
 std::string EtcdCluster::endpoint(int member) const {
-  return bindHost(member) + ":" + std::to_string(at(member).client_port);
+  return formatHostPort(bindHost(member), at(member).client_port);
 }
 
 int EtcdCluster::netnsFdFor(const std::vector<std::string>& urls) const {

@@ -19,6 +19,8 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "common/network_address.h"
+
 extern char** environ;
 
 namespace cpprun::testing {
@@ -82,7 +84,7 @@ RawConnection::RawConnection(const std::string& host, uint16_t port) {
   }
   ::freeaddrinfo(res);
   if (fd_ < 0) {
-    throw std::runtime_error("cannot connect to " + host + ":" + std::to_string(port) + ": " +
+    throw std::runtime_error("cannot connect to " + formatHostPort(host, port) + ": " +
                              std::strerror(errno));
   }
   int one = 1;
