@@ -59,7 +59,7 @@ bool StoreEngine::onValidate(const Call& c) {
 }
 
 bool StoreEngine::onPing(const Call& c) {
-  replyU32(c.client, c.r.u32);
+  answer(c, wire::ReplyFields::ofU32(c.r.u32));
   return true;
 }
 
@@ -88,9 +88,9 @@ bool StoreEngine::onCompareSet(const Call& c) {
   const Bytes* current = data_.find(key);
   if (compareSetAction(current, expected) == CompareSetAction::kStore) {
     store(key, desired);
-    replyValue(c.client, desired);
+    answer(c, wire::ReplyFields::ofValue(desired));
   } else {
-    replyValue(c.client, current == nullptr ? expected : *current);
+    answer(c, wire::ReplyFields::ofValue(current == nullptr ? expected : *current));
   }
   return true;
 }
@@ -101,33 +101,20 @@ bool StoreEngine::onGet(const Call& c) {
     *c.error = "GET of missing key";  // torch 1.13 and 2.1 servers throw: map::at
     return false;
   }
-  if (value == nullptr) {
-    replyI64(c.client, 0);  // an empty value
-  } else {
-    replyValue(c.client, *value);
-  }
+  // Absent (torch >= 2.2 only): an empty value.
+  answer(c, wire::ReplyFields::ofValue(value == nullptr ? wire::ByteView() : *value));
   return true;
 }
 
 bool StoreEngine::onMultiGet(const Call& c) {
-  // One request may name an 8 MiB value 131,072 times: size the reply before building it.
-  size_t size = 0;
+  // One request may name an 8 MiB value 131,072 times: answerSized checks the reply's size
+  // against the client's budget before building it.
+  items_.clear();
   for (const auto& k : c.r.keys) {
     const Bytes* value = data_.find(k);
-    size += 8 + (value == nullptr ? 0 : value->size());
+    items_.push_back(value == nullptr ? wire::ByteView() : *value);
   }
-  if (!outbox_->roomFor(c.client, size)) return true;
-  Bytes& out = scratch_;
-  out.clear();
-  for (const auto& k : c.r.keys) {
-    const Bytes* value = data_.find(k);
-    if (value == nullptr) {
-      wire::appendU64(&out, 0);
-    } else {
-      wire::appendBytes(&out, *value);
-    }
-  }
-  reply(c.client, out);
+  answerSized(c, wire::ReplyFields::ofItems(items_));
   return true;
 }
 
@@ -140,30 +127,30 @@ bool StoreEngine::onAdd(const Call& c) {
     return false;
   }
   afterWrite(key, prior);
-  replyI64(c.client, *value);
+  answer(c, wire::ReplyFields::ofInteger(*value));
   return true;
 }
 
 bool StoreEngine::onCheck(const Call& c) {
   const bool all = std::all_of(c.r.keys.begin(), c.r.keys.end(),
                                [&](const std::string& k) { return exists(k); });
-  replyByte(c.client, all ? wire::kCheckReady : wire::kCheckNotReady);
+  answer(c, wire::ReplyFields::ofByte(all ? wire::kCheckReady : wire::kCheckNotReady));
   return true;
 }
 
 bool StoreEngine::onWait(const Call& c) {
-  registerWait(c.client, c.r.keys, wire::kWaitStopWaiting);
+  registerWait(c.client, c.r.keys);
   return true;
 }
 
 bool StoreEngine::onCancelWait(const Call& c) {
   cancelWaits(c.client);
-  replyByte(c.client, wire::kWaitCanceled);
+  answer(c, wire::ReplyFields::ofByte(wire::kWaitCanceled));
   return true;
 }
 
 bool StoreEngine::onGetNumKeys(const Call& c) {
-  replyI64(c.client, static_cast<int64_t>(data_.size()));
+  answer(c, wire::ReplyFields::ofInteger(static_cast<int64_t>(data_.size())));
   return true;
 }
 
@@ -171,14 +158,14 @@ bool StoreEngine::onDeleteKey(const Call& c) {
   const std::string& key = c.r.keys[0];
   const Bytes* value = data_.find(key);
   if (value != nullptr) notifyWatchers(key, wire::kWatchKeyDeleted, *value, {});
-  replyI64(c.client, data_.erase(key) ? 1 : 0);
+  answer(c, wire::ReplyFields::ofInteger(data_.erase(key) ? 1 : 0));
   return true;
 }
 
 bool StoreEngine::onWatchKey(const Call& c) {
   watchers_by_key_[c.r.keys[0]].push_back(c.client);
   watches_by_client_[c.client].push_back(c.r.keys[0]);
-  replyByte(c.client, wire::kWatchCallbackRegistered);
+  answer(c, wire::ReplyFields::ofByte(wire::kWatchCallbackRegistered));
   return true;
 }
 
@@ -192,33 +179,27 @@ bool StoreEngine::onQueuePop(const Call& c) {
   // Reply: i64 length, then the head when the queue was not empty.
   auto it = queues_.find(c.r.keys[0]);
   const int64_t len = it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size());
-  Bytes& out = scratch_;
-  out.clear();
-  wire::appendI64(&out, len);
-  if (len > 0) {
-    wire::appendBytes(&out, it->second.front());
-    it->second.pop_front();
-    if (it->second.empty()) queues_.erase(it);
+  if (len == 0) {
+    answer(c, wire::ReplyFields::ofInteger(0));
+    return true;
   }
-  reply(c.client, out);
+  answer(c, wire::ReplyFields::ofInteger(len, it->second.front()));
+  it->second.pop_front();
+  if (it->second.empty()) queues_.erase(it);
   return true;
 }
 
 bool StoreEngine::onQueueLen(const Call& c) {
   auto it = queues_.find(c.r.keys[0]);
-  replyI64(c.client, it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size()));
+  answer(c, wire::ReplyFields::ofInteger(
+                it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size())));
   return true;
 }
 
 bool StoreEngine::onListKeys(const Call& c) {
-  size_t size = 8;
-  for (const auto& kv : data_.entries()) size += 8 + kv.first.size();
-  if (!outbox_->roomFor(c.client, size)) return true;
-  Bytes& out = scratch_;
-  out.clear();
-  wire::appendU64(&out, data_.size());
-  for (const auto& kv : data_.entries()) wire::appendString(&out, kv.first);
-  reply(c.client, out);
+  items_.clear();
+  for (const auto& kv : data_.entries()) items_.push_back(kv.first);
+  answerSized(c, wire::ReplyFields::ofItems(items_));
   return true;
 }
 
@@ -235,33 +216,28 @@ bool StoreEngine::onBarrier(const Call& c) {
     barrier_waiters_[key].push_back(c.client);
     return true;
   }
-  replyByte(c.client, wire::kWaitStopWaiting);
+  answer(c, wire::ReplyFields::ofByte(wire::kWaitStopWaiting));
   auto w = barrier_waiters_.find(key);
   if (w != barrier_waiters_.end()) {
-    for (ClientId waiter : w->second) replyByte(waiter, wire::kWaitStopWaiting);
+    for (ClientId waiter : w->second) {
+      answerLater(waiter, QueryType::BARRIER, wire::ReplyFields::ofByte(wire::kWaitStopWaiting));
+    }
     barrier_waiters_.erase(w);
   }
   return true;
 }
 
-// --- replies -----------------------------------------------------------------------------------
+// --- replies: every one in the shape the wire table gives its operation -------------------------
 
-void StoreEngine::replyU32(ClientId client, uint32_t v) {
+void StoreEngine::answerLater(ClientId client, QueryType type, const wire::ReplyFields& fields) {
   scratch_.clear();
-  wire::appendU32(&scratch_, v);
-  reply(client, scratch_);
+  wire::encodeReply(wire::operation(type).reply, fields, &scratch_);
+  outbox_->send(client, scratch_);
 }
 
-void StoreEngine::replyI64(ClientId client, int64_t v) {
-  scratch_.clear();
-  wire::appendI64(&scratch_, v);
-  reply(client, scratch_);
-}
-
-void StoreEngine::replyValue(ClientId client, const Bytes& value) {
-  scratch_.clear();
-  wire::appendBytes(&scratch_, value);
-  reply(client, scratch_);
+void StoreEngine::answerSized(const Call& c, const wire::ReplyFields& fields) {
+  const size_t size = wire::replySize(wire::operation(c.r.type).reply, fields);
+  if (outbox_->roomFor(c.client, size)) answer(c, fields);
 }
 
 // --- keys, waits and watches -------------------------------------------------------------------
@@ -325,13 +301,12 @@ void StoreEngine::wake(const std::string& key, bool one_only) {
     if (w == waits_.end()) continue;
     if (--w->second.missing > 0) continue;
     ClientId client = w->second.client;
-    uint8_t code = w->second.reply;
     waits_.erase(w);
     auto& mine = waits_by_client_[client];
     eraseValue(&mine, id);
     if (mine.empty()) waits_by_client_.erase(client);
     ++counters_.waits_woken;
-    replyByte(client, code);
+    answerLater(client, QueryType::WAIT, wire::ReplyFields::ofByte(wire::kWaitStopWaiting));
   }
 }
 
@@ -344,19 +319,18 @@ void StoreEngine::notifyWatchers(const std::string& key, uint8_t event, const By
   wire::appendString(&msg, key);
   wire::appendBytes(&msg, old_value);
   wire::appendBytes(&msg, new_value);
-  for (ClientId c : it->second) reply(c, msg);
+  for (ClientId c : it->second) outbox_->send(c, msg);
 }
 
-void StoreEngine::registerWait(ClientId client, const std::vector<std::string>& keys,
-                               uint8_t code) {
+void StoreEngine::registerWait(ClientId client, const std::vector<std::string>& keys) {
   // Fast path, and the common one: every key exists, nothing is allocated.
   size_t first_missing = 0;
   while (first_missing < keys.size() && exists(keys[first_missing])) ++first_missing;
   if (first_missing == keys.size()) {
-    replyByte(client, code);
+    answerLater(client, QueryType::WAIT, wire::ReplyFields::ofByte(wire::kWaitStopWaiting));
     return;
   }
-  PendingWait wait{client, 0, code, {}};
+  PendingWait wait{client, 0, {}};
   std::unordered_set<std::string> seen;  // only for long key lists
   for (size_t i = first_missing; i < keys.size(); ++i) {
     const std::string& k = keys[i];

@@ -88,7 +88,6 @@ class StoreEngine {
   struct PendingWait {
     ClientId client;
     size_t missing;                 // keys still absent; the reply goes out at 0
-    uint8_t reply;                  // kWaitStopWaiting
     std::vector<std::string> keys;  // the keys it was registered on, for cancelling
   };
   using WaitId = uint64_t;
@@ -138,15 +137,19 @@ class StoreEngine {
   void wake(const std::string& key, bool one_only = false);
   void notifyWatchers(const std::string& key, uint8_t event, const wire::Bytes& old_value,
                       const wire::Bytes& new_value);
-  void registerWait(ClientId client, const std::vector<std::string>& keys, uint8_t reply);
+  void registerWait(ClientId client, const std::vector<std::string>& keys);
   void cancelWaits(ClientId client);
 
-  // Replies, one per ReplyShape of the wire table.
-  void replyByte(ClientId client, uint8_t code) { outbox_->send(client, &code, 1); }
-  void replyU32(ClientId client, uint32_t v);
-  void replyI64(ClientId client, int64_t v);
-  void replyValue(ClientId client, const wire::Bytes& value);
-  void reply(ClientId client, const wire::Bytes& bytes) { outbox_->send(client, bytes); }
+  // Replies, encoded by wire::encodeReply in the shape the wire table gives the operation
+  // (the same column drives the client's parseReply). answer: the reply to the request being
+  // handled; answerSized: the same, unless it does not fit the client's output budget
+  // (Outbox::roomFor); answerLater: a deferred reply to an earlier request of `type` (WAIT,
+  // BARRIER) of another or the same client.
+  void answer(const Call& c, const wire::ReplyFields& fields) {
+    answerLater(c.client, c.r.type, fields);
+  }
+  void answerSized(const Call& c, const wire::ReplyFields& fields);
+  void answerLater(ClientId client, wire::QueryType type, const wire::ReplyFields& fields);
 
   Outbox* outbox_;
   KeyValueMap data_;
@@ -162,7 +165,8 @@ class StoreEngine {
   // BARRIER waiters per barrier key.
   std::unordered_map<std::string, std::vector<ClientId>> barrier_waiters_;
   EngineCounters counters_;
-  wire::Bytes scratch_;
+  wire::Bytes scratch_;                // a reply being encoded
+  std::vector<wire::ByteView> items_;  // MULTI_GET's values, LIST_KEYS' keys
 };
 
 }  // namespace cpprun::rendezvous

@@ -494,6 +494,63 @@ ParseStatus parseReply(ReplyShape shape, size_t requested_keys, const uint8_t* d
   return ParseStatus::kRequest;
 }
 
+size_t replySize(ReplyShape shape, const ReplyFields& f) {
+  auto items = [&f] {
+    size_t n = 0;
+    for (size_t i = 0; i < f.item_count; ++i) n += 8 + f.items[i].size;
+    return n;
+  };
+  switch (shape) {
+    case ReplyShape::kNoReply:
+      return 0;
+    case ReplyShape::kByte:
+      return 1;
+    case ReplyShape::kU32:
+      return 4;
+    case ReplyShape::kI64:
+      return 8;
+    case ReplyShape::kValue:
+      return 8 + f.value.size;
+    case ReplyShape::kValues:
+      return items();
+    case ReplyShape::kCountedKeys:
+      return 8 + items();
+    case ReplyShape::kI64ThenValue:
+      return 8 + (f.integer > 0 ? 8 + f.value.size : 0);
+  }
+  return 0;
+}
+
+void encodeReply(ReplyShape shape, const ReplyFields& f, Bytes* out) {
+  auto value = [out](ByteView v) { appendBytes(out, v.data, v.size); };
+  switch (shape) {
+    case ReplyShape::kNoReply:
+      return;
+    case ReplyShape::kByte:
+      appendU8(out, f.byte);
+      return;
+    case ReplyShape::kU32:
+      appendU32(out, f.u32);
+      return;
+    case ReplyShape::kI64:
+      appendI64(out, f.integer);
+      return;
+    case ReplyShape::kValue:
+      value(f.value);
+      return;
+    case ReplyShape::kCountedKeys:
+      appendU64(out, f.item_count);
+      [[fallthrough]];
+    case ReplyShape::kValues:
+      for (size_t i = 0; i < f.item_count; ++i) value(f.items[i]);
+      return;
+    case ReplyShape::kI64ThenValue:
+      appendI64(out, f.integer);
+      if (f.integer > 0) value(f.value);
+      return;
+  }
+}
+
 bool encodeRequest(Dialect d, const Request& r, Bytes* out) {
   auto type = queryTypeToWire(d, r.type);
   if (!type) return false;

@@ -198,6 +198,65 @@ struct Reply {
 ParseStatus parseReply(ReplyShape shape, size_t requested_keys, const uint8_t* data, size_t size,
                        uint64_t max_value_bytes, Reply* out, size_t* consumed, std::string* error);
 
+// Bytes borrowed from a value or a key, for encodeReply.
+struct ByteView {
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+  ByteView() = default;
+  ByteView(const Bytes& b) : data(b.data()), size(b.size()) {}  // NOLINT: implicit on purpose
+  ByteView(const std::string& s)                                // NOLINT: implicit on purpose
+      : data(reinterpret_cast<const uint8_t*>(s.data())), size(s.size()) {}
+};
+
+// The fields of a reply to encode, borrowed (nothing is copied until encodeReply appends it).
+// Which fields a shape reads is as in Reply: kByte -> byte, kU32 -> u32, kI64 -> integer,
+// kValue -> value, kValues -> items (one per requested key; an absent key's item is empty),
+// kCountedKeys -> items (the keys; their count goes first), kI64ThenValue -> integer, and value
+// when integer > 0. The of* functions fill one shape's fields.
+struct ReplyFields {
+  uint8_t byte = 0;
+  uint32_t u32 = 0;
+  int64_t integer = 0;
+  ByteView value;
+  const ByteView* items = nullptr;  // item_count of them
+  size_t item_count = 0;
+
+  static ReplyFields ofByte(uint8_t v) {
+    ReplyFields f;
+    f.byte = v;
+    return f;
+  }
+  static ReplyFields ofU32(uint32_t v) {
+    ReplyFields f;
+    f.u32 = v;
+    return f;
+  }
+  static ReplyFields ofInteger(int64_t v, ByteView then = {}) {
+    ReplyFields f;
+    f.integer = v;
+    f.value = then;
+    return f;
+  }
+  static ReplyFields ofValue(ByteView v) {
+    ReplyFields f;
+    f.value = v;
+    return f;
+  }
+  static ReplyFields ofItems(const std::vector<ByteView>& items) {
+    ReplyFields f;
+    f.items = items.data();
+    f.item_count = items.size();
+    return f;
+  }
+};
+
+// The encoder that parseReply reads back, driven by the same ReplyShape column: the server
+// answers every operation through it, in the shape operation(type).reply names. replySize is
+// the number of bytes encodeReply appends (0 for kNoReply), so a server can hold a reply's size
+// against a budget before building it.
+size_t replySize(ReplyShape shape, const ReplyFields& fields);
+void encodeReply(ReplyShape shape, const ReplyFields& fields, Bytes* out);
+
 // Decodes one request of dialect `d` from the front of [data, data + size).
 // On kRequest fills *out and sets *consumed; on kError sets *error to a readable reason; on
 // kNeedMore and kError *out holds partial contents. *out's buffers are reused, so decoding

@@ -6,6 +6,7 @@
 // parse(encode(request)) == request and encode(parse(bytes)) == bytes (the input read as a
 // request of each row, and the decoded stream as a whole); the input read as a reply of every
 // shape (the client's decoder) never reads past its end and asks for more only past it.
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -102,7 +103,8 @@ Decoded decodeInChunks(const uint8_t* data, size_t size, size_t chunk, const Lim
 }
 
 // The client's reply decoder on arbitrary server bytes: a whole reply lies within the input, a
-// missing one is asked for past its end, an error says why.
+// missing one is asked for past its end, an error says why; and the server's encoder
+// (encodeReply) writes a decoded reply back to the very bytes it was read from.
 void checkReplies(const uint8_t* data, size_t size) {
   static Reply reply;
   for (const Operation& op : kOperations) {
@@ -110,9 +112,25 @@ void checkReplies(const uint8_t* data, size_t size) {
       size_t consumed = 0;
       std::string error;
       switch (parseReply(op.reply, keys, data, size, 4096, &reply, &consumed, &error)) {
-        case ParseStatus::kRequest:
+        case ParseStatus::kRequest: {
           if (consumed > size) std::abort();
+          // The server's encoder writes back exactly the bytes the client's decoder read.
+          std::vector<ByteView> items(reply.values.begin(), reply.values.end());
+          ReplyFields fields;
+          fields.byte = reply.byte;
+          fields.u32 = reply.u32;
+          fields.integer = reply.integer;
+          if (!reply.values.empty()) fields.value = reply.values[0];
+          fields.items = items.data();
+          fields.item_count = items.size();
+          Bytes encoded;
+          encodeReply(op.reply, fields, &encoded);
+          if (encoded.size() != consumed || replySize(op.reply, fields) != consumed ||
+              !std::equal(encoded.begin(), encoded.end(), data)) {
+            std::abort();
+          }
           break;
+        }
         case ParseStatus::kNeedMore:
           if (consumed <= size) std::abort();
           break;
