@@ -84,33 +84,6 @@ const char* jobOutcomeName(JobOutcome::Kind kind) {
   return "unknown";
 }
 
-AttemptEnd classifyAttempt(const AttemptFacts& facts) {
-  if (facts.lost_peers) return AttemptEnd::kLostPeers;
-  if (facts.start_failed) return AttemptEnd::kStartFailed;
-  if (facts.signal != 0) return AttemptEnd::kSignalled;
-  if (facts.workers_failed) return AttemptEnd::kWorkersFailed;
-  if (facts.peer_stopped) return AttemptEnd::kStoppedByPeer;
-  return AttemptEnd::kSucceeded;
-}
-
-const char* attemptEndName(AttemptEnd end) {
-  switch (end) {
-    case AttemptEnd::kLostPeers:
-      return "lost_peers";
-    case AttemptEnd::kStartFailed:
-      return "start_failed";
-    case AttemptEnd::kSignalled:
-      return "signalled";
-    case AttemptEnd::kWorkersFailed:
-      return "workers_failed";
-    case AttemptEnd::kStoppedByPeer:
-      return "stopped_by_peer";
-    case AttemptEnd::kSucceeded:
-      return "succeeded";
-  }
-  return "unknown";
-}
-
 namespace {
 
 std::string describeStatus(int status) {
@@ -946,7 +919,8 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     f.start_failed = !start_error_.isOk();
     f.signal = received_signal_;
     f.workers_failed = attempt_failed_;
-    f.peer_stopped = peer_stopped_;
+    // One node has no peers (a leave there ends the job as a success, kLeft).
+    f.peer_stopped = peer_stopped_ && options_.coordinator != nullptr;
     return f;
   }
 
@@ -961,18 +935,11 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
       endAttemptWithPeers();
       return;
     }
-    if (classifyAttempt(facts()) != AttemptEnd::kWorkersFailed) {  // nothing to restart
-      finishJob();
-      return;
-    }
-    if (unreaped_ || no_restart_) {  // a wedged worker: a new group would find its GPU taken
-      CPPRUN_LOG(kError) << "worker group failed with a worker "
-                         << (unreaped_ ? "that SIGKILL did not end" : "in uninterruptible sleep")
-                         << "; not restarting it";
-      finishJob();
-      return;
-    }
-    if (restart_count_ < options_.max_restarts) {
+    // A wedged worker holds what a new group would need (its GPU): no restart.
+    const bool wedged = unreaped_ || no_restart_;
+    const AttemptVerdict verdict =
+        decideAttempt(facts(), !wedged && restart_count_ < options_.max_restarts);
+    if (verdict.restart) {
       ++restart_count_;
       CPPRUN_LOG(kWarn) << "worker group failed; restarting it (restart " << restart_count_
                         << " of " << options_.max_restarts << ")";
@@ -981,7 +948,11 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
       startAttempt();
       return;
     }
-    if (options_.max_restarts > 0) {
+    if (verdict.end == AttemptEnd::kWorkersFailed && wedged) {
+      CPPRUN_LOG(kError) << "worker group failed with a worker "
+                         << (unreaped_ ? "that SIGKILL did not end" : "in uninterruptible sleep")
+                         << "; not restarting it";
+    } else if (verdict.end == AttemptEnd::kWorkersFailed && options_.max_restarts > 0) {
       CPPRUN_LOG(kError) << "worker group failed and all " << options_.max_restarts
                          << " restarts are used";
     }
@@ -992,7 +963,8 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
   void endAttemptWithPeers() {
     AttemptReport report;
     report.failures = failures_;
-    switch (classifyAttempt(facts())) {
+    // The restart is the job's decision (the host's), not this node's.
+    switch (decideAttempt(facts(), /*restart_left=*/false).end) {
       case AttemptEnd::kStartFailed:
         report.kind = AttemptReport::Kind::kStartFailed;
         report.error = start_error_.message();
@@ -1154,7 +1126,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     outcome.restarts = restart_count_;
     outcome.failures = failures_;
     outcome.summary = summary_;
-    switch (classifyAttempt(facts())) {
+    switch (decideAttempt(facts(), /*restart_left=*/false).end) {
       case AttemptEnd::kLostPeers:
         outcome.kind = JobOutcome::Kind::kLostPeers;
         outcome.error = lost_error_;
