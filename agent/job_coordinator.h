@@ -124,7 +124,8 @@ struct ExcludedNode {
 struct JobDecision {
   enum class Kind { kRestart, kSucceeded, kFailed, kStopped };
   Kind kind = Kind::kSucceeded;
-  int signal = 0;                       // kStopped: the signal an agent received
+  int signal = 0;  // kStopped: the signal an agent received (also set on a kFailed a start
+                   // failure decided: restart_policy.h ranks that above the signal)
   std::vector<WorkerFailure> failures;  // kFailed: every node's, with host; root cause first
   std::string summary;                  // one line: who failed first, or why the job stopped
   int restarts_used = 0;  // of the job's budget (a re-formed group after a membership change

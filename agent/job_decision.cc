@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include "agent/restart_policy.h"
+
 namespace cpprun::agent {
 
 JobDecision decideJob(const Membership& membership, const std::map<int, NodeOutcome>& outcomes,
@@ -49,11 +51,20 @@ JobDecision decideJob(const Membership& membership, const std::map<int, NodeOutc
   d.failures.insert(d.failures.end(), other_failures.begin(), other_failures.end());
   d.summary = stop.reason;
   const int survivors = world - lost;
-  if (d.signal != 0) {
-    d.kind = JobDecision::Kind::kStopped;
-  } else if (!start_error.empty()) {
+  // The restart policy over every node's report (restart_policy.h); lost nodes, joins and
+  // leaves are the host's own business between its start failure and its failures. The host's
+  // store is the job's: it does not lose it and decide.
+  AttemptFacts facts;
+  facts.start_failed = !start_error.empty();
+  facts.signal = d.signal;
+  facts.workers_failed = any_failed;
+  facts.peer_stopped = owner >= 0;
+  const AttemptVerdict verdict = decideAttempt(facts, restarts_used < policy.max_restarts);
+  if (verdict.end == AttemptEnd::kStartFailed) {
     d.kind = JobDecision::Kind::kFailed;
     d.summary = start_error;
+  } else if (verdict.end == AttemptEnd::kSignalled) {
+    d.kind = JobDecision::Kind::kStopped;
   } else if (lost > 0) {
     // Static: the lost node cannot be replaced. Elastic: go on with the others while enough
     // are left; a membership change does not use the restart budget.
@@ -79,13 +90,12 @@ JobDecision decideJob(const Membership& membership, const std::map<int, NodeOutc
   } else if (stop.cause == StopCause::kJoin && !any_failed) {
     d.kind = JobDecision::Kind::kRestart;
     d.membership_change = true;
-  } else if (any_failed || owner >= 0) {
-    if (restarts_used < policy.max_restarts) {
-      d.kind = JobDecision::Kind::kRestart;
-      d.restarts_used = restarts_used + 1;
-    } else {
-      d.kind = JobDecision::Kind::kFailed;
-    }
+  } else if (verdict.restart) {
+    d.kind = JobDecision::Kind::kRestart;
+    d.restarts_used = restarts_used + 1;
+  } else if (verdict.end == AttemptEnd::kWorkersFailed ||
+             verdict.end == AttemptEnd::kStoppedByPeer) {
+    d.kind = JobDecision::Kind::kFailed;  // the budget is spent
   } else {
     d.kind = JobDecision::Kind::kSucceeded;
   }

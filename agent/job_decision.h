@@ -3,12 +3,13 @@
 // clock (the caller passes the time), no logging; the coordinator collects the reports
 // (store_job_coordinator.cc) and publishes the result.
 //
-// Precedence: a forwarded signal stops the job; else a node that could not start its workers
-// fails it; else lost nodes (static: the job fails; elastic: the others re-form while at least
-// min_nodes are left, without using the budget); else agents waiting to join re-form the group
-// (no budget); else a node that asked to leave (StopCause::kLeave) re-forms the group without it
-// (no budget); else a failure or a stop claim restarts while the budget lasts, then fails; else
-// the job succeeded. Failures come root cause first: lost nodes' stand-ins, then the stop
+// Precedence: the restart policy's (restart_policy.h, decideAttempt) over every node's report —
+// a node that could not start its workers fails the job; else a forwarded signal stops it; else
+// lost nodes (static: the job fails; elastic: the others re-form while at least min_nodes are
+// left, without using the budget); else agents waiting to join re-form the group (no budget);
+// else a node that asked to leave (StopCause::kLeave) re-forms the group without it (no
+// budget); else a failure or a stop claim restarts while the budget lasts, then fails; else the
+// job succeeded. Failures come root cause first: lost nodes' stand-ins, then the stop
 // claimant's own failures, then every other node's, marked collateral unless they are teardown.
 //
 // Thread safety: free functions on values; safe from any thread.

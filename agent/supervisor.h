@@ -61,6 +61,7 @@
 #include "agent/file_timer_server.h"
 #include "agent/job_coordinator.h"
 #include "agent/process_launcher.h"
+#include "agent/restart_policy.h"
 #include "agent/stall_watchdog.h"
 #include "agent/worker_output.h"
 #include "agent/worker_spec.h"
@@ -184,31 +185,6 @@ struct JobOutcome {
 // How the event log spells a job's outcome: "succeeded", "workers_failed", "signalled",
 // "start_failed", "lost_peers", "left", "not_needed", "unhealthy", "excluded", "unreaped".
 const char* jobOutcomeName(JobOutcome::Kind kind);
-
-// How an attempt ended. When several things happened in one attempt (a handled signal arrived
-// while a worker was failing, a peer's stop raced a local failure), the earliest in this list
-// names it: the one place that precedence is written (classifyAttempt).
-enum class AttemptEnd {
-  kLostPeers,      // the job's store could not be reached: the job ends (exit 4)
-  kStartFailed,    // the attempt could not start its workers (exit 3)
-  kSignalled,      // a handled signal reached this agent: no restart follows
-  kWorkersFailed,  // a worker failed or stalled: restart if the budget allows
-  kStoppedByPeer,  // another node stopped the attempt (multi-node)
-  kSucceeded,      // every worker exited 0
-};
-
-// What the supervisor saw during an attempt.
-struct AttemptFacts {
-  bool lost_peers = false;
-  bool start_failed = false;
-  int signal = 0;  // the handled signal received, 0: none
-  bool workers_failed = false;
-  bool peer_stopped = false;
-};
-
-// Pure: the AttemptEnd the facts name (see AttemptEnd for the precedence).
-AttemptEnd classifyAttempt(const AttemptFacts& facts);
-const char* attemptEndName(AttemptEnd end);
 
 class Supervisor {
  public:

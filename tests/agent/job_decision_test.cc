@@ -138,6 +138,46 @@ TEST_CASE("decide: a node that could not start its workers fails the job, named"
   CHECK(d.summary == "node 2: cannot run 'train.py'");
 }
 
+TEST_CASE("decide: a start failure on one node outranks a signal on another, as on one node",
+          "[unit]") {
+  // Node 2 could not start its workers and claimed the stop; node 1 received SIGTERM meanwhile.
+  // Before the one restart policy this was kStopped (the signal first), while the same two facts
+  // on one node reported kStartFailed and so decided kFailed: the job's end depended on which
+  // node the signal reached. Now both name node 2's start failure.
+  auto outcomes = allSucceeded();
+  outcomes[1].report.kind = AttemptReport::Kind::kSignalled;
+  outcomes[1].report.signal = 15;
+  outcomes[2].report.kind = AttemptReport::Kind::kStartFailed;
+  outcomes[2].report.error = "cannot run 'train.py'";
+  const JobDecision d = decideJob(
+      threeNodes(), outcomes, claimBy(2, "node 2 (h2): could not start"), {5, false, 1}, 0, kNow);
+  CHECK(d.kind == JobDecision::Kind::kFailed);
+  CHECK(d.summary == "node 2: cannot run 'train.py'");
+  CHECK(d.restarts_used == 0);
+
+  // The same facts on one node: its report says kStartFailed, the decision is the same.
+  auto one_node = allSucceeded();
+  one_node[2].report.kind = AttemptReport::Kind::kStartFailed;
+  one_node[2].report.error = "cannot run 'train.py'";
+  const JobDecision same = decideJob(
+      threeNodes(), one_node, claimBy(2, "node 2 (h2): could not start"), {5, false, 1}, 0, kNow);
+  CHECK(same.kind == d.kind);
+  CHECK(same.summary == d.summary);
+}
+
+TEST_CASE("decide: a stop claim without a failure restarts while the budget lasts, then fails",
+          "[unit]") {
+  const StopClaim claim = claimBy(0, "node 0 (h0): stopped");
+  auto stopped = allSucceeded();
+  stopped[1].report.kind = AttemptReport::Kind::kStopped;
+  const JobDecision restart = decideJob(threeNodes(), stopped, claim, {1, false, 1}, 0, kNow);
+  CHECK(restart.kind == JobDecision::Kind::kRestart);
+  CHECK(restart.restarts_used == 1);
+  const JobDecision spent = decideJob(threeNodes(), stopped, claim, {1, false, 1}, 1, kNow);
+  CHECK(spent.kind == JobDecision::Kind::kFailed);
+  CHECK(spent.restarts_used == 1);
+}
+
 TEST_CASE("decide: a lost node fails a static job and stands in first for its workers", "[unit]") {
   auto outcomes = nodeTwoFailed();
   outcomes[1] = lostNode("the agent of node 1 (h1) stopped responding");

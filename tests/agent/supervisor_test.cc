@@ -546,50 +546,22 @@ TEST_CASE_METHOD(Fixture, "a peer's stop of an earlier attempt does not stop the
   CHECK(supervisor->restartCount() == 8);
 }
 
-TEST_CASE("an attempt's outcome follows one precedence over every combination", "[unit]") {
-  using cpprun::agent::AttemptEnd;
-  using cpprun::agent::AttemptFacts;
-  using cpprun::agent::classifyAttempt;
-  // The precedence, highest first: the first fact that holds names the attempt.
-  for (int bits = 0; bits < 32; ++bits) {
-    AttemptFacts f;
-    f.lost_peers = (bits & 1) != 0;
-    f.start_failed = (bits & 2) != 0;
-    f.signal = (bits & 4) != 0 ? SIGTERM : 0;
-    f.workers_failed = (bits & 8) != 0;
-    f.peer_stopped = (bits & 16) != 0;
-    const std::pair<bool, AttemptEnd> order[] = {
-        {f.lost_peers, AttemptEnd::kLostPeers},
-        {f.start_failed, AttemptEnd::kStartFailed},
-        {f.signal != 0, AttemptEnd::kSignalled},
-        {f.workers_failed, AttemptEnd::kWorkersFailed},
-        {f.peer_stopped, AttemptEnd::kStoppedByPeer},
-        {true, AttemptEnd::kSucceeded},
-    };
-    AttemptEnd expected = AttemptEnd::kSucceeded;
-    for (const auto& [holds, end] : order) {
-      if (holds) {
-        expected = end;
-        break;
-      }
-    }
-    INFO("facts " << bits);
-    CHECK(std::string(attemptEndName(classifyAttempt(f))) == attemptEndName(expected));
-  }
-  // The cases the supervisor tests above rely on, spelled out.
-  AttemptFacts signalled_while_failing;
-  signalled_while_failing.signal = SIGINT;
-  signalled_while_failing.workers_failed = true;  // no restart after a handled signal
-  CHECK(classifyAttempt(signalled_while_failing) == AttemptEnd::kSignalled);
-  AttemptFacts failed_and_stopped;
-  failed_and_stopped.workers_failed = true;
-  failed_and_stopped.peer_stopped = true;  // a local failure is reported, not the peer's stop
-  CHECK(classifyAttempt(failed_and_stopped) == AttemptEnd::kWorkersFailed);
-  AttemptFacts start_failed;
-  start_failed.start_failed = true;
-  start_failed.workers_failed = true;  // the started workers were killed: exit 3, not 1
-  CHECK(classifyAttempt(start_failed) == AttemptEnd::kStartFailed);
-  CHECK(classifyAttempt(AttemptFacts{}) == AttemptEnd::kSucceeded);
+TEST_CASE_METHOD(Fixture,
+                 "a signal during the teardown of a start failure keeps the start failure's exit",
+                 "[unit]") {
+  // Worker 1 cannot be started: worker 0 gets SIGKILL. A handled signal arrives before worker 0
+  // is reaped. The restart policy ranks the start failure above the signal: exit 3, not 143.
+  launcher.fail_spawn_at = 1;
+  SupervisorOptions options;
+  options.max_restarts = 2;
+  make(options);
+  REQUIRE(launcher.signalsTo(pidOf(0)) == std::vector<int>{SIGKILL});
+  supervisor->onSignal(SIGTERM);
+  launcher.exit(*supervisor, pidOf(0), killedBy(SIGKILL));
+  REQUIRE(runUntil([&] { return outcome.has_value(); }));
+  CHECK(outcome->kind == JobOutcome::Kind::kStartFailed);
+  CHECK(outcome->exitCode() == 3);
+  CHECK(attempts_prepared == std::vector<int>{0});
 }
 
 TEST_CASE("outcome names come from the enums and match the event log's spelling", "[unit]") {
