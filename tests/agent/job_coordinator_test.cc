@@ -20,6 +20,7 @@
 #include "agent/liveness.h"
 #include "agent/rendezvous_rounds.h"
 #include "common/asio.h"
+#include "common/clock.h"
 #include "rendezvous/memory_store.h"
 #include "rendezvous/prefix_store.h"
 #include "tests/support/coordinator_futures.h"
@@ -413,6 +414,31 @@ TEST_CASE("coordinator: an agent cut from the store is lost to itself and to the
   }
 }
 
+// The coordinator's waits measure their bounds on StoreCoordinatorOptions::clock: a join whose
+// other node never comes times out when join_timeout has passed on that clock, without the test
+// waiting the 600 s (its store waits are 50 ms slices of real time).
+TEST_CASE("coordinator: on virtual time, the join times out when join_timeout passed on its clock",
+          "[unit]") {
+  MemoryStore store;
+  ManualClock clock;
+  Agent lonely(store, 1, 2, 0, [&](StoreCoordinatorOptions& o) {
+    o.join_timeout = 600s;
+    o.clock = &clock;
+  });
+  auto start = lonely.begin(0);
+  // Node 0 never comes. The clock stands still: the join goes on, however long it really takes
+  // (several of its 50 ms slices).
+  REQUIRE(eventually([&] { return lonely.progress().round == 0; }));
+  CHECK(start.wait_for(200ms) == std::future_status::timeout);
+  clock.advance(599s);
+  CHECK(start.wait_for(200ms) == std::future_status::timeout);
+  clock.advance(1s);
+  Result<AttemptStart> r = within(start);
+  REQUIRE_FALSE(r.isOk());
+  CHECK(r.status().code() == StatusCode::kTimeout);
+  CHECK_THAT(r.status().message(), Catch::Contains("node 0 did not join within 600.0"));
+}
+
 TEST_CASE("coordinator: elastic, an agent that comes late re-forms the running group with it",
           "[unit]") {
   MemoryStore store;
@@ -796,7 +822,7 @@ class CheckCounter : public StoreView {
 
 class NoWaits : public WaitContext {
  public:
-  void checkAbandoned() override {}
+  cpprun::Status abandonment() override { return cpprun::Status::ok(); }
   void setWaiting(const std::string&) override {}
 };
 
