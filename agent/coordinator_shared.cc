@@ -1,6 +1,7 @@
 #include "agent/coordinator_shared.h"
 
 #include "agent/job_decision.h"
+#include "common/asio.h"
 #include "common/logging.h"
 #include "rendezvous/prefix_store.h"
 #include "rendezvous/store.h"
@@ -22,6 +23,8 @@ CoordinatorShared::CoordinatorShared(boost::asio::io_context& io_context,
       host_prepare(std::move(prepare)),
       on_peer_stop(std::move(peer_stop)),
       on_lost(std::move(lost)) {}
+
+void CoordinatorShared::post(std::function<void()> f) { boost::asio::post(io, std::move(f)); }
 
 bool CoordinatorShared::isHost() {
   if (!opts.host_per_round) return opts.is_host;

@@ -30,11 +30,13 @@
 #include "agent/job_keys.h"
 #include "agent/liveness.h"
 #include "agent/rendezvous_rounds.h"
-#include "common/asio.h"
 #include "common/clock.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
 
+namespace boost::asio {
+class io_context;
+}
 namespace cpprun::rendezvous {
 class Store;
 }
@@ -60,10 +62,7 @@ class CoordinatorShared : public WaitContext {
   CoordinatorShared& operator=(const CoordinatorShared&) = delete;
 
   // Runs `f` on the agent's loop. Any thread.
-  template <typename F>
-  void post(F f) {
-    boost::asio::post(io, std::move(f));
-  }
+  void post(std::function<void()> f);
 
   const std::string& storeWhere() const { return opts.store.where; }
   std::string deciderName() const { return opts.host_per_round ? "node 0" : "the store host"; }
