@@ -12,8 +12,6 @@
 namespace cpprun::agent {
 
 using nlohmann::json;
-using rendezvous::Store;
-using rendezvous::StoreError;
 using rendezvous::StoreTimeout;
 using rendezvous::toString;
 

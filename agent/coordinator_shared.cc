@@ -10,8 +10,6 @@ namespace cpprun::agent {
 
 using nlohmann::json;
 using rendezvous::Store;
-using rendezvous::StoreError;
-using rendezvous::StoreTimeout;
 using rendezvous::toString;
 
 CoordinatorShared::CoordinatorShared(boost::asio::io_context& io_context,

@@ -10,9 +10,7 @@
 
 namespace cpprun::agent {
 
-using nlohmann::json;
 using rendezvous::Store;
-using rendezvous::StoreError;
 using rendezvous::StoreTimeout;
 using rendezvous::toString;
 

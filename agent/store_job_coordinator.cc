@@ -36,7 +36,6 @@
 namespace cpprun::agent {
 
 namespace asio = boost::asio;
-using nlohmann::json;
 using rendezvous::Store;
 using rendezvous::StoreError;
 using rendezvous::StoreTimeout;
