@@ -112,7 +112,7 @@ struct LeaseLiveness::Shared {
   MonotonicClock::time_point renewed CPPRUN_GUARDED_BY(mu){};  // the last renewal
   std::string renew_error CPPRUN_GUARDED_BY(mu);               // the last failure since then
 
-  // Reports `rank` of the watched attempt lost, once.
+  // Reports `rank` of the watched attempt lost, once. Watch thread, or watch()'s caller.
   void lose(int rank, const std::string& reason) CPPRUN_REQUIRES(mu) {
     if (stopped || !members || rank == members->group_rank) return;
     if (!reported.insert(rank).second) return;
@@ -132,7 +132,7 @@ struct LeaseLiveness::Shared {
   // Attempt `n` of `m` begins: nothing reported yet and no snapshot yet, so
   // the watch thread drops what its watch brings until one is applied (it rewinds the cursor).
   // `awaited`: node 0's snapshot key, which the thread fetches until options.bound from now
-  // (then it reads the keys itself); empty: the caller reads them.
+  // (then it reads the keys itself); empty: the caller reads them. watch()'s caller.
   void begin(int n, Membership m, std::string awaited_key) CPPRUN_REQUIRES(mu) {
     attempt = n;
     members_key.clear();
@@ -150,7 +150,8 @@ struct LeaseLiveness::Shared {
 
   // The snapshot taken at `revision`: the members in `missing` are lost, and
   // the watch goes on from revision + 1 (a rewind when node 0 read before this agent's cursor:
-  // the deletions since are seen again, for this attempt's members).
+  // the deletions since are seen again, for this attempt's members). Watch thread, or watch()'s
+  // caller.
   void apply(int64_t revision, const std::vector<int>& missing) CPPRUN_REQUIRES(mu) {
     floor = revision;
     cursor = revision + 1;
@@ -167,7 +168,8 @@ struct LeaseLiveness::Shared {
 
   // A member that read only its own assignment reads the round's members
   // document when it first needs their ids (a loss, or node 0's snapshot missing): one read of
-  // N records on the rare path, none on the usual one. False when they cannot be read.
+  // N records on the rare path, none on the usual one. False when they cannot be read. Watch
+  // thread, or watch()'s caller.
   bool ensureAgents() CPPRUN_EXCLUDES(mu) {
     std::string doc_key;
     int n = -1;
@@ -195,7 +197,8 @@ struct LeaseLiveness::Shared {
 
   // Reads which liveness keys exist (their names only) and applies that. Returns the snapshot
   // as node 0 publishes it ("<revision>[ <rank>,<rank>...]"), or nullopt when etcd could not be
-  // read: the thread then reads again before it watches.
+  // read: the thread then reads again before it watches. Watch thread, or watch()'s caller
+  // (node 0).
   std::optional<std::string> snapshotOwn(std::string* error) CPPRUN_EXCLUDES(mu) {
     if (!ensureAgents()) {
       *error = "cannot read the round's members";
@@ -228,12 +231,12 @@ struct LeaseLiveness::Shared {
   }
 
   // Node 0's snapshot `doc`, read from `snapshot_key`: applied when this agent still awaits that
-  // one. A malformed one makes the thread read the keys itself.
+  // one. A malformed one makes the thread read the keys itself. Watch thread.
   void takeSnapshot(const std::string& snapshot_key, const std::string& doc) CPPRUN_EXCLUDES(mu) {
     MutexLock lock(mu);
     takeSnapshotLocked(snapshot_key, doc);
   }
-  // takeSnapshot(), with mu held.
+  // takeSnapshot(), with mu held. watch()'s caller.
   void takeSnapshotLocked(const std::string& snapshot_key, const std::string& doc)
       CPPRUN_REQUIRES(mu) {
     if (!pending || awaited != snapshot_key || !members) return;
@@ -350,7 +353,7 @@ struct LeaseLiveness::Shared {
   // watch() reads the keys itself (node 0) and has not applied them yet.
   bool ownReadPending() const CPPRUN_REQUIRES(mu) { return pending && awaited.empty(); }
 
-  // The deletions among `events` after the snapshot: members lost.
+  // The deletions among `events` after the snapshot: members lost. Watch thread.
   void lostIn(const std::vector<EtcdEvent>& events) CPPRUN_REQUIRES(mu) {
     for (const EtcdEvent& e : events) {
       if (e.kv.mod_revision <= floor) continue;  // before the snapshot: it accounted for it
@@ -363,7 +366,7 @@ struct LeaseLiveness::Shared {
     }
   }
 
-  // A new lease with this agent's key under it.
+  // A new lease with this agent's key under it. Keep-alive thread, or the first renew()'s caller.
   Result<int64_t> grantAndWrite() CPPRUN_EXCLUDES(mu) {
     std::chrono::seconds ttl_wanted{0}, ttl_granted{0};
     {
@@ -427,7 +430,8 @@ struct LeaseLiveness::Shared {
     }
   }
 
-  // Waits `*pause` (or until stopped), then doubles it up to one keep-alive interval.
+  // Waits `*pause` (or until stopped), then doubles it up to one keep-alive interval. Watch
+  // thread.
   void backOff(std::chrono::milliseconds* pause) CPPRUN_EXCLUDES(mu) {
     MutexLock lock(mu);
     cv.waitFor(mu, *pause, [&] {
