@@ -8,12 +8,12 @@
 namespace cpprun::agent {
 
 WaitAnnouncer::WaitAnnouncer(WaitContext& context, Clock::time_point deadline)
-    : context_(context), notice_(Clock::now()), deadline_(deadline) {}
+    : context_(context), clock_(context.clock()), notice_(clock_.now()), deadline_(deadline) {}
 
 WaitAnnouncer::~WaitAnnouncer() { context_.setWaiting(""); }
 
 void WaitAnnouncer::maybeAnnounce(const std::function<std::string()>& describe) {
-  const auto now = Clock::now();
+  const auto now = clock_.now();
   if (!notice_.due(now)) return;
   const std::string text = describe();
   context_.setWaiting(text);
@@ -25,29 +25,46 @@ void WaitAnnouncer::maybeAnnounce(const std::function<std::string()>& describe) 
   CPPRUN_LOG(kInfo) << line;
 }
 
+Status waitForKeys(WaitContext& context, rendezvous::Store& store,
+                   const std::vector<std::string>& keys, std::chrono::milliseconds total,
+                   std::chrono::milliseconds slice, const std::string& what,
+                   const std::function<SliceVerdict()>& on_slice,
+                   const std::function<std::string()>& describe) {
+  using Clock = WaitAnnouncer::Clock;
+  const Clock& clock = context.clock();
+  const auto deadline = clock.now() + total;
+  WaitAnnouncer announcer(context, total < kNoDeadline ? deadline : Clock::time_point::max());
+  while (true) {
+    if (Status s = context.abandonment(); !s.isOk()) return s;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock.now());
+    if (left.count() <= 0) {
+      return timeoutError(what + ": not done after " + std::to_string(total.count() / 1000.0) +
+                          " s");
+    }
+    try {
+      store.wait(keys, std::min({left, slice, kNoticeSlice}));
+      return Status::ok();
+    } catch (const rendezvous::StoreTimeout&) {
+      if (on_slice) {
+        SliceVerdict verdict = on_slice();
+        if (verdict.kind == SliceVerdict::Kind::kDone) return Status::ok();
+        if (verdict.kind == SliceVerdict::Kind::kAbandon) return std::move(verdict.status);
+      }
+      if (describe) announcer.maybeAnnounce(describe);
+    }
+  }
+}
+
 void waitKeys(WaitContext& context, rendezvous::Store& store, const std::vector<std::string>& keys,
               std::chrono::milliseconds total, std::chrono::milliseconds slice,
               const std::string& what, const std::function<bool()>& on_slice,
               const std::function<std::string()>& describe) {
-  using Clock = WaitAnnouncer::Clock;
-  const auto deadline = Clock::now() + total;
-  WaitAnnouncer announcer(context, total < kNoDeadline ? deadline : Clock::time_point::max());
-  while (true) {
-    context.checkAbandoned();
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0) {
-      throw Abandoned{
-          timeoutError(what + ": not done after " + std::to_string(total.count() / 1000.0) + " s")};
-    }
-    try {
-      store.wait(keys, std::min({left, slice, kNoticeSlice}));
-      return;
-    } catch (const rendezvous::StoreTimeout&) {
-      if (on_slice && on_slice()) return;
-      if (describe) announcer.maybeAnnounce(describe);
-    }
+  std::function<SliceVerdict()> verdict;
+  if (on_slice) {
+    verdict = [&on_slice] { return on_slice() ? SliceVerdict::done() : SliceVerdict::goOn(); };
   }
+  Status s = waitForKeys(context, store, keys, total, slice, what, verdict, describe);
+  if (!s.isOk()) throw Abandoned{std::move(s)};
 }
 
 std::string withThousands(int64_t n) {

@@ -3,9 +3,11 @@
 // lost store, a lost agent or the end of the job is noticed within one interval, and it says
 // what it waits for every few seconds (WaitNotice) in the log and in /status.
 //
-// Inside the coordinator's threads a request that cannot go on throws Abandoned with the
-// Status its caller receives; the coordinator turns it (and StoreError) into a value at its
-// boundary.
+// A wait returns its outcome as a Status (waitForKeys): OK when what it waited for came, else
+// the Status the coordinator's caller receives (the job is over, the store is lost, a member is
+// lost, the wait timed out); the caller checks it and returns it on. Only the store's own
+// exceptions (StoreError, StoreTimeout) are thrown, and the coordinator turns them into a value
+// at its boundary. waitKeys and Abandoned are the throwing form rendezvous_rounds.cc still uses.
 //
 // Thread safety: a WaitContext is called from the thread that waits and must be safe from
 // there; WaitAnnouncer belongs to one wait (one thread); the free functions touch only their
@@ -18,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/status.h"
 #include "common/wait_notice.h"
 
@@ -27,7 +30,8 @@ class Store;
 
 namespace cpprun::agent {
 
-// Thrown inside the coordinator's threads when the job is over or the store is gone.
+// Thrown by waitKeys and checkAbandoned (rendezvous_rounds.cc's waits) when the job is over or
+// the store is gone; the coordinator's own waits return the Status instead (waitForKeys).
 struct Abandoned {
   Status status;
 };
@@ -41,14 +45,20 @@ inline constexpr std::chrono::milliseconds kNoticeSlice = std::chrono::seconds(5
 class WaitContext {
  public:
   virtual ~WaitContext() = default;
-  // Throws Abandoned when waits must end (the store is lost, the agent is shutting down).
-  virtual void checkAbandoned() = 0;
+  // Why waits must end now (the store is lost, the agent is shutting down); OK: they go on.
+  virtual Status abandonment() = 0;
+  // abandonment(), thrown as Abandoned when it is not OK.
+  void checkAbandoned() {
+    if (Status s = abandonment(); !s.isOk()) throw Abandoned{std::move(s)};
+  }
   // What the agent waits for now ("" when nothing), for /status.
   virtual void setWaiting(const std::string& what) = 0;
   // Hot spares (rendezvous_rounds.h): the agent waits as a spare now (true) or no longer, and
   // whether it was asked to leave meanwhile (drain: it then gives up its slot and ends).
   virtual void setWaitingAsSpare(bool spare) { (void)spare; }
   virtual bool leaveRequested() { return false; }
+  // Where waits measure their bounds (StoreCoordinatorOptions::clock).
+  virtual const MonotonicClock& clock() { return realClock(); }
 };
 
 // One wait's notices: when WaitNotice says one is due, logs what the wait is for, how long it
@@ -56,7 +66,7 @@ class WaitContext {
 // the wait ends.
 class WaitAnnouncer {
  public:
-  using Clock = std::chrono::steady_clock;
+  using Clock = MonotonicClock;
   explicit WaitAnnouncer(WaitContext& context,
                          Clock::time_point deadline = Clock::time_point::max());
   ~WaitAnnouncer();
@@ -67,14 +77,40 @@ class WaitAnnouncer {
 
  private:
   WaitContext& context_;
+  const Clock& clock_;
   WaitNotice notice_;
   Clock::time_point deadline_;
 };
 
-// Waits up to `total` for `keys` in slices of at most `slice` (and kNoticeSlice). `what` names
-// the wait in the timeout error (Abandoned, kTimeout). `on_slice` (optional) runs after every
-// slice; it may throw, or return true to end the wait as if the keys had come. `describe`
-// (optional) says what the wait is for (WaitAnnouncer). Throws what the store throws.
+// What a wait's on_slice says after a slice that did not bring the keys.
+struct SliceVerdict {
+  enum class Kind { kGoOn, kDone, kAbandon };
+  Kind kind = Kind::kGoOn;
+  Status status;  // kAbandon: what the wait returns
+
+  static SliceVerdict goOn() { return {}; }
+  // End the wait as if the keys had come.
+  static SliceVerdict done() { return {Kind::kDone, Status::ok()}; }
+  // REQUIRES: !why.isOk().
+  static SliceVerdict abandon(Status why) { return {Kind::kAbandon, std::move(why)}; }
+};
+
+// Waits up to `total` (as the context's clock measures it) for `keys` in slices of at most
+// `slice` (and kNoticeSlice). Returns OK when the keys came or `on_slice` said kDone; the
+// context's abandonment() when waits must end; on_slice's status when it said kAbandon; a
+// kTimeout naming `what` after `total`. `on_slice` (optional) runs after every slice;
+// `describe` (optional) says what the wait is for (WaitAnnouncer). Throws what the store throws
+// (StoreError; its StoreTimeout only ends a slice).
+[[nodiscard]] Status waitForKeys(WaitContext& context, rendezvous::Store& store,
+                                 const std::vector<std::string>& keys,
+                                 std::chrono::milliseconds total, std::chrono::milliseconds slice,
+                                 const std::string& what,
+                                 const std::function<SliceVerdict()>& on_slice = {},
+                                 const std::function<std::string()>& describe = {});
+
+// waitForKeys, throwing Abandoned with the Status where it returns one that is not OK;
+// `on_slice` returns true to end the wait as if the keys had come (and may throw Abandoned).
+// rendezvous_rounds.cc's form.
 void waitKeys(WaitContext& context, rendezvous::Store& store, const std::vector<std::string>& keys,
               std::chrono::milliseconds total, std::chrono::milliseconds slice,
               const std::string& what, const std::function<bool()>& on_slice = {},

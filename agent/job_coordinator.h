@@ -46,6 +46,7 @@
 
 #include "agent/event_log.h"
 #include "agent/failure_report.h"
+#include "common/clock.h"
 #include "common/status.h"
 
 namespace boost::asio {
@@ -260,6 +261,9 @@ struct StoreCoordinatorOptions {
   // coordinator's thread) and all read all of them through the store, within join_timeout.
   int nccl_ranks_per_id = 0;
   std::function<Result<std::string>()> make_nccl_id;
+  // Where the coordinator and its liveness measure waits, silences and bounds (tests: a
+  // ManualClock). Not null; must outlive the coordinator.
+  const MonotonicClock* clock = &realClock();
 };
 
 // REQUIRES: `io` outlives the coordinator, and runs while any request is pending.

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <charconv>
-#include <condition_variable>
 #include <cstdio>
 #include <optional>
 #include <set>
@@ -10,6 +9,7 @@
 
 #include "agent/job_keys.h"
 #include "common/logging.h"
+#include "common/thread_annotations.h"
 #include "rendezvous/etcd_client.h"
 #include "rendezvous/store.h"
 
@@ -83,40 +83,44 @@ struct LeaseLiveness::Shared {
   std::string prefix;
   std::string key;  // this agent's
   LivenessOptions options;
-  std::chrono::seconds ttl{1};
 
-  std::mutex mu;
-  std::condition_variable cv;
-  bool stopped = false;               // guarded by mu
-  int attempt = -1;                   // guarded by mu
-  std::optional<Membership> members;  // guarded by mu
+  const MonotonicClock& clock() const { return *options.clock; }
+
+  // Everything below is shared by the constructor's caller (renew(), watch()), the watch thread
+  // and the keep-alive thread.
+  Mutex mu;
+  CondVar cv;
+  std::chrono::seconds ttl CPPRUN_GUARDED_BY(mu){1};
+  bool stopped CPPRUN_GUARDED_BY(mu) = false;
+  int attempt CPPRUN_GUARDED_BY(mu) = -1;
+  std::optional<Membership> members CPPRUN_GUARDED_BY(mu);
   // The etcd key of the watched round's members document (members->agents is empty until a
   // loss needs the members' ids: ensureAgents reads it then).
-  std::string members_key;  // guarded by mu
-  std::set<int> reported;   // guarded by mu; ranks reported lost in `attempt`
-  int64_t floor = 0;        // guarded by mu; revisions <= floor: seen by watch()
-  int64_t cursor = 0;       // guarded by mu; the next revision to watch from
-  bool resnapshot = false;  // guarded by mu; the cursor was compacted away
+  std::string members_key CPPRUN_GUARDED_BY(mu);
+  std::set<int> reported CPPRUN_GUARDED_BY(mu);   // ranks reported lost in `attempt`
+  int64_t floor CPPRUN_GUARDED_BY(mu) = 0;        // revisions <= floor: seen by watch()
+  int64_t cursor CPPRUN_GUARDED_BY(mu) = 0;       // the next revision to watch from
+  bool resnapshot CPPRUN_GUARDED_BY(mu) = false;  // the cursor was compacted away
   // From watch() until the attempt's snapshot is applied (begin()): true; `awaited` is node 0's
   // snapshot key when this agent takes that one over (empty: watch() reads the keys itself).
-  bool pending = false;                                   // guarded by mu
-  std::string awaited;                                    // guarded by mu
-  std::chrono::steady_clock::time_point awaited_until{};  // guarded by mu
+  bool pending CPPRUN_GUARDED_BY(mu) = false;
+  std::string awaited CPPRUN_GUARDED_BY(mu);
+  MonotonicClock::time_point awaited_until CPPRUN_GUARDED_BY(mu){};
   // The lease, renewed by the keep-alive thread.
-  int64_t lease = 0;     // guarded by mu
-  bool expired = false;  // guarded by mu; found expired since renew() last asked
-  std::chrono::steady_clock::time_point renewed{};  // guarded by mu; the last renewal
-  std::string renew_error;                          // guarded by mu; the last failure since then
+  int64_t lease CPPRUN_GUARDED_BY(mu) = 0;
+  bool expired CPPRUN_GUARDED_BY(mu) = false;  // found expired since renew() last asked
+  MonotonicClock::time_point renewed CPPRUN_GUARDED_BY(mu){};  // the last renewal
+  std::string renew_error CPPRUN_GUARDED_BY(mu);               // the last failure since then
 
-  // REQUIRES: mu held. Reports `rank` of the watched attempt lost, once.
-  void lose(int rank, const std::string& reason) {
+  // Reports `rank` of the watched attempt lost, once. Watch thread, or watch()'s caller.
+  void lose(int rank, const std::string& reason) CPPRUN_REQUIRES(mu) {
     if (stopped || !members || rank == members->group_rank) return;
     if (!reported.insert(rank).second) return;
     options.on_lost(attempt, LostMember{rank, reason});
   }
 
-  // REQUIRES: mu held. The member whose liveness key is `full_key`, or -1.
-  int rankOfKey(const std::string& full_key) const {
+  // The member whose liveness key is `full_key`, or -1.
+  int rankOfKey(const std::string& full_key) const CPPRUN_REQUIRES(mu) {
     if (!members || full_key.compare(0, prefix.size(), prefix) != 0) return -1;
     const std::string id = full_key.substr(prefix.size());
     for (size_t r = 0; r < members->agents.size(); ++r) {
@@ -125,11 +129,11 @@ struct LeaseLiveness::Shared {
     return -1;
   }
 
-  // REQUIRES: mu held. Attempt `n` of `m` begins: nothing reported yet and no snapshot yet, so
+  // Attempt `n` of `m` begins: nothing reported yet and no snapshot yet, so
   // the watch thread drops what its watch brings until one is applied (it rewinds the cursor).
   // `awaited`: node 0's snapshot key, which the thread fetches until options.bound from now
-  // (then it reads the keys itself); empty: the caller reads them.
-  void begin(int n, Membership m, std::string awaited_key) {
+  // (then it reads the keys itself); empty: the caller reads them. watch()'s caller.
+  void begin(int n, Membership m, std::string awaited_key) CPPRUN_REQUIRES(mu) {
     attempt = n;
     members_key.clear();
     const size_t alive = prefix.rfind(kAliveKeyPrefix);
@@ -140,14 +144,15 @@ struct LeaseLiveness::Shared {
     reported.clear();
     pending = true;
     awaited = std::move(awaited_key);
-    awaited_until = std::chrono::steady_clock::now() + options.bound;
-    cv.notify_all();
+    awaited_until = clock().now() + options.bound;
+    cv.notifyAll();
   }
 
-  // REQUIRES: mu held. The snapshot taken at `revision`: the members in `missing` are lost, and
+  // The snapshot taken at `revision`: the members in `missing` are lost, and
   // the watch goes on from revision + 1 (a rewind when node 0 read before this agent's cursor:
-  // the deletions since are seen again, for this attempt's members).
-  void apply(int64_t revision, const std::vector<int>& missing) {
+  // the deletions since are seen again, for this attempt's members). Watch thread, or watch()'s
+  // caller.
+  void apply(int64_t revision, const std::vector<int>& missing) CPPRUN_REQUIRES(mu) {
     floor = revision;
     cursor = revision + 1;
     pending = false;
@@ -158,17 +163,18 @@ struct LeaseLiveness::Shared {
                   std::to_string(ttl.count()) + " s) had expired when attempt " +
                   std::to_string(attempt) + " began");
     }
-    cv.notify_all();
+    cv.notifyAll();
   }
 
-  // REQUIRES: mu not held. A member that read only its own assignment reads the round's members
+  // A member that read only its own assignment reads the round's members
   // document when it first needs their ids (a loss, or node 0's snapshot missing): one read of
-  // N records on the rare path, none on the usual one. False when they cannot be read.
-  bool ensureAgents() {
+  // N records on the rare path, none on the usual one. False when they cannot be read. Watch
+  // thread, or watch()'s caller.
+  bool ensureAgents() CPPRUN_EXCLUDES(mu) {
     std::string doc_key;
     int n = -1;
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       if (!members || !members->agents.empty()) return true;
       if (members_key.empty()) return false;
       doc_key = members_key;
@@ -176,7 +182,7 @@ struct LeaseLiveness::Shared {
     }
     auto got = client->get(doc_key);
     if (!got.isOk() || !got.value()) return false;
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     if (attempt != n || !members || !members->agents.empty()) return true;
     Result<RoundMembers> read = roundMembersFromJson(
         nlohmann::json::parse(got.value()->value, nullptr, false), members->round);
@@ -191,23 +197,24 @@ struct LeaseLiveness::Shared {
 
   // Reads which liveness keys exist (their names only) and applies that. Returns the snapshot
   // as node 0 publishes it ("<revision>[ <rank>,<rank>...]"), or nullopt when etcd could not be
-  // read: the thread then reads again before it watches.
-  std::optional<std::string> snapshotOwn(std::string* error) {
+  // read: the thread then reads again before it watches. Watch thread, or watch()'s caller
+  // (node 0).
+  std::optional<std::string> snapshotOwn(std::string* error) CPPRUN_EXCLUDES(mu) {
     if (!ensureAgents()) {
       *error = "cannot read the round's members";
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       resnapshot = true;
       return std::nullopt;
     }
     int64_t revision = 0;
     auto kvs = client->getPrefix(prefix, &revision, /*keys_only=*/true);
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     if (!kvs.isOk()) {
       *error = kvs.status().message();
       pending = false;
       awaited.clear();
       resnapshot = true;
-      cv.notify_all();
+      cv.notifyAll();
       return std::nullopt;
     }
     std::set<std::string> present;
@@ -224,13 +231,14 @@ struct LeaseLiveness::Shared {
   }
 
   // Node 0's snapshot `doc`, read from `snapshot_key`: applied when this agent still awaits that
-  // one. A malformed one makes the thread read the keys itself.
-  void takeSnapshot(const std::string& snapshot_key, const std::string& doc) {
-    std::lock_guard<std::mutex> lock(mu);
+  // one. A malformed one makes the thread read the keys itself. Watch thread.
+  void takeSnapshot(const std::string& snapshot_key, const std::string& doc) CPPRUN_EXCLUDES(mu) {
+    MutexLock lock(mu);
     takeSnapshotLocked(snapshot_key, doc);
   }
-  // REQUIRES: mu held. takeSnapshot().
-  void takeSnapshotLocked(const std::string& snapshot_key, const std::string& doc) {
+  // takeSnapshot(), with mu held. watch()'s caller.
+  void takeSnapshotLocked(const std::string& snapshot_key, const std::string& doc)
+      CPPRUN_REQUIRES(mu) {
     if (!pending || awaited != snapshot_key || !members) return;
     int64_t revision = 0;
     std::vector<int> missing;
@@ -240,7 +248,7 @@ struct LeaseLiveness::Shared {
       pending = false;
       awaited.clear();
       resnapshot = true;
-      cv.notify_all();
+      cv.notifyAll();
       return;
     }
     apply(revision, missing);
@@ -249,12 +257,11 @@ struct LeaseLiveness::Shared {
   // The watch thread, while it awaits node 0's snapshot at `snapshot_key`: one read, and while it
   // is missing a watch of the key for at most one interval. Past `until`, the thread reads the
   // members' keys itself (node 0 was lost before it wrote, or could not write).
-  void awaitSnapshot(const std::string& snapshot_key, std::chrono::steady_clock::time_point until,
-                     std::chrono::milliseconds* pause) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        until - std::chrono::steady_clock::now());
+  void awaitSnapshot(const std::string& snapshot_key, MonotonicClock::time_point until,
+                     std::chrono::milliseconds* pause) CPPRUN_EXCLUDES(mu) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock().now());
     if (left.count() <= 0) {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       if (!pending || awaited != snapshot_key) return;
       CPPRUN_LOG(kDebug) << "liveness: no snapshot from node 0 at " << snapshot_key
                          << "; reading the members' keys";
@@ -288,16 +295,19 @@ struct LeaseLiveness::Shared {
   }
 
   // The watch thread: deletions under the prefix, from the cursor on.
-  void run() {
+  void run() CPPRUN_EXCLUDES(mu) {
     auto pause = std::chrono::milliseconds(50);
     while (true) {
       int64_t from = 0;
       bool again = false;
       std::string snapshot_key;
-      std::chrono::steady_clock::time_point until{};
+      MonotonicClock::time_point until{};
       {
-        std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return stopped || (members.has_value() && !ownReadPending()); });
+        MutexLock lock(mu);
+        cv.wait(mu, [&] {
+          mu.assertHeld();
+          return stopped || (members.has_value() && !ownReadPending());
+        });
         if (stopped) return;
         from = cursor;
         again = resnapshot;
@@ -322,7 +332,7 @@ struct LeaseLiveness::Shared {
         backOff(&pause);
         continue;
       }
-      std::unique_lock<std::mutex> lock(mu);
+      MutexLock lock(mu);
       if (stopped) return;
       if (pending) continue;  // a new attempt began: its snapshot sets the cursor
       if (!events.isOk()) {
@@ -340,11 +350,11 @@ struct LeaseLiveness::Shared {
     }
   }
 
-  // REQUIRES: mu held. watch() reads the keys itself (node 0) and has not applied them yet.
-  bool ownReadPending() const { return pending && awaited.empty(); }
+  // watch() reads the keys itself (node 0) and has not applied them yet.
+  bool ownReadPending() const CPPRUN_REQUIRES(mu) { return pending && awaited.empty(); }
 
-  // REQUIRES: mu held. The deletions among `events` after the snapshot: members lost.
-  void lostIn(const std::vector<EtcdEvent>& events) {
+  // The deletions among `events` after the snapshot: members lost. Watch thread.
+  void lostIn(const std::vector<EtcdEvent>& events) CPPRUN_REQUIRES(mu) {
     for (const EtcdEvent& e : events) {
       if (e.kv.mod_revision <= floor) continue;  // before the snapshot: it accounted for it
       cursor = std::max(cursor, e.kv.mod_revision + 1);
@@ -356,11 +366,11 @@ struct LeaseLiveness::Shared {
     }
   }
 
-  // REQUIRES: mu not held. A new lease with this agent's key under it.
-  Result<int64_t> grantAndWrite() {
+  // A new lease with this agent's key under it. Keep-alive thread, or the first renew()'s caller.
+  Result<int64_t> grantAndWrite() CPPRUN_EXCLUDES(mu) {
     std::chrono::seconds ttl_wanted{0}, ttl_granted{0};
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       ttl_wanted = ttl;
     }
     auto granted = client->grantLease(ttl_wanted, &ttl_granted);
@@ -372,7 +382,7 @@ struct LeaseLiveness::Shared {
       return Status(put.status().code(), "etcd put " + key + ": " + put.status().message());
     }
     if (ttl_granted > ttl_wanted) {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       ttl = ttl_granted;  // etcd's minimum: what the messages name
     }
     return granted.value();
@@ -380,24 +390,27 @@ struct LeaseLiveness::Shared {
 
   // The keep-alive thread: renews the lease every interval, on its own, so that nothing the
   // coordinator waits for can hold a renewal up; a lease found expired is granted anew.
-  void keepAlive() {
+  void keepAlive() CPPRUN_EXCLUDES(mu) {
     while (true) {
       int64_t id;
       {
-        std::unique_lock<std::mutex> lock(mu);
-        cv.wait_for(lock, options.interval, [&] { return stopped; });
+        MutexLock lock(mu);
+        cv.waitFor(mu, options.interval, [&] {
+          mu.assertHeld();
+          return stopped;
+        });
         if (stopped) return;
         id = lease;
       }
       auto alive = client->keepAlive(id);
       if (alive.isOk()) {
-        std::lock_guard<std::mutex> lock(mu);
-        renewed = std::chrono::steady_clock::now();
+        MutexLock lock(mu);
+        renewed = clock().now();
         renew_error.clear();
         continue;
       }
       if (alive.status().code() != StatusCode::kNotFound) {
-        std::lock_guard<std::mutex> lock(mu);
+        MutexLock lock(mu);
         renew_error = alive.status().message();
         continue;
       }
@@ -405,11 +418,11 @@ struct LeaseLiveness::Shared {
                            "count it as lost; "
                            "renewing it";
       auto fresh = grantAndWrite();
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       expired = true;
       if (fresh.isOk()) {
         lease = fresh.value();
-        renewed = std::chrono::steady_clock::now();
+        renewed = clock().now();
         renew_error.clear();
       } else {
         renew_error = fresh.status().message();
@@ -417,10 +430,14 @@ struct LeaseLiveness::Shared {
     }
   }
 
-  // Waits `*pause` (or until stopped), then doubles it up to one keep-alive interval.
-  void backOff(std::chrono::milliseconds* pause) {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait_for(lock, *pause, [&] { return stopped; });
+  // Waits `*pause` (or until stopped), then doubles it up to one keep-alive interval. Watch
+  // thread.
+  void backOff(std::chrono::milliseconds* pause) CPPRUN_EXCLUDES(mu) {
+    MutexLock lock(mu);
+    cv.waitFor(mu, *pause, [&] {
+      mu.assertHeld();
+      return stopped;
+    });
     *pause = std::min(*pause * 2, std::max(options.interval, std::chrono::milliseconds(50)));
   }
 };
@@ -434,31 +451,34 @@ LeaseLiveness::LeaseLiveness(std::shared_ptr<EtcdClient> client, std::string pre
   shared_->key = prefix + options.self.id;
   shared_->prefix = std::move(prefix);
   shared_->options = std::move(options);
-  shared_->ttl = ttl_;
+  {
+    MutexLock lock(shared_->mu);
+    shared_->ttl = ttl_;
+  }
   std::thread([shared = shared_] { shared->run(); }).detach();
 }
 
 LeaseLiveness::~LeaseLiveness() {
-  std::lock_guard<std::mutex> lock(shared_->mu);
+  MutexLock lock(shared_->mu);
   shared_->stopped = true;
-  shared_->cv.notify_all();
+  shared_->cv.notifyAll();
 }
 
 bool LeaseLiveness::renew(rendezvous::Store& /*store*/) {
-  std::unique_lock<std::mutex> lock(shared_->mu);
+  MutexLock lock(shared_->mu);
   if (shared_->lease == 0) {
     lock.unlock();
     auto lease = shared_->grantAndWrite();
     if (!lease.isOk()) throwStatus("cannot keep this agent alive in etcd", lease.status());
     lock.lock();
     shared_->lease = lease.value();
-    shared_->renewed = std::chrono::steady_clock::now();
+    shared_->renewed = shared_->clock().now();
     std::thread([shared = shared_] { shared->keepAlive(); }).detach();
     return true;
   }
   // The lease outlives a renewal that failed (and etcd expires no lease while it has no leader);
   // etcd is lost for this agent once none succeeded for lost_after.
-  const auto silent = std::chrono::steady_clock::now() - shared_->renewed;
+  const auto silent = shared_->clock().now() - shared_->renewed;
   if (!shared_->renew_error.empty() && silent > lost_after_) {
     throwStatus("no etcd lease renewal for " + formatSeconds(silent),
                 unavailable(shared_->renew_error));
@@ -482,7 +502,7 @@ void LeaseLiveness::watch(int attempt, const Membership& m) {
     // Read before the thread is told (it would read too): usually node 0 has written it; else
     // the thread waits for it.
     auto got = shared_->client->get(key);
-    std::unique_lock<std::mutex> lock(shared_->mu);
+    MutexLock lock(shared_->mu);
     shared_->begin(attempt, m, key);
     if (!got.isOk() || !got.value()) return;
     if (got.value()->value.find(' ') != std::string::npos) {
@@ -495,7 +515,7 @@ void LeaseLiveness::watch(int attempt, const Membership& m) {
   }
   int64_t lease = 0;
   {
-    std::lock_guard<std::mutex> lock(shared_->mu);
+    MutexLock lock(shared_->mu);
     shared_->begin(attempt, m, "");
     lease = shared_->lease;
   }

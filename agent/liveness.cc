@@ -48,11 +48,11 @@ std::map<int, int64_t> readHeartbeats(rendezvous::Store& store, const Membership
 }
 
 std::vector<HeartbeatWatch::Silent> HeartbeatWatch::check(rendezvous::Store& store,
-                                                          const Membership& m) {
+                                                          const Membership& m, const Clock& clock) {
   const std::map<int, int64_t> read = readHeartbeats(store, m, otherMembers(m));
   if (read.empty()) return {};
   const std::vector<std::pair<int, int64_t>> beats(read.begin(), read.end());
-  return observe(m, beats, Clock::now());
+  return observe(m, beats, clock.now());
 }
 
 std::vector<HeartbeatWatch::Silent> HeartbeatWatch::observe(
@@ -89,7 +89,7 @@ bool HeartbeatLiveness::renew(rendezvous::Store& store) {
 }
 
 void HeartbeatLiveness::watch(int attempt, const Membership& m) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   attempt_ = attempt;
   watched_ = m;
 }
@@ -98,7 +98,7 @@ std::vector<LostMember> HeartbeatLiveness::poll(rendezvous::Store& store) {
   Membership m;
   int attempt;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!watched_) return {};
     m = *watched_;
     attempt = attempt_;
@@ -107,7 +107,7 @@ std::vector<LostMember> HeartbeatLiveness::poll(rendezvous::Store& store) {
     watch_ = HeartbeatWatch(options_.interval, options_.bound);
     polled_attempt_ = attempt;
   }
-  return watch_.check(store, m);
+  return watch_.check(store, m, *options_.clock);
 }
 
 }  // namespace cpprun::agent

@@ -22,13 +22,14 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "agent/job_coordinator.h"
+#include "common/clock.h"
+#include "common/thread_annotations.h"
 
 namespace cpprun::rendezvous {
 class Store;
@@ -90,11 +91,14 @@ struct LivenessOptions {
   // Event-driven backends: a member of the watched attempt is lost. Called on any thread,
   // never after the MemberLiveness is destroyed; must not call back into it.
   std::function<void(int attempt, const LostMember&)> on_lost;
+  // Where the silences are measured (the coordinator's StoreCoordinatorOptions::clock); not
+  // null, must outlive the liveness.
+  const MonotonicClock* clock = &realClock();
 };
 
 class HeartbeatWatch {
  public:
-  using Clock = std::chrono::steady_clock;
+  using Clock = MonotonicClock;
   using Silent = LostMember;
 
   // `interval`: how often the watch is checked; `bound`: the silence that makes an agent lost.
@@ -102,9 +106,10 @@ class HeartbeatWatch {
       : interval_(interval), bound_(bound) {}
 
   // Host: reads every member's heartbeat but its own (one multiGet) and returns the members
-  // silent for the bound once the read is back (again at every check while they stay silent).
-  // Throws what the store throws.
-  std::vector<Silent> check(rendezvous::Store& store, const Membership& m);
+  // silent for the bound once the read is back, as `clock` says (again at every check while
+  // they stay silent). Throws what the store throws.
+  std::vector<Silent> check(rendezvous::Store& store, const Membership& m,
+                            const Clock& clock = realClock());
 
   // The watch itself, without the store: `beats` holds (group rank, counter) of the members
   // read at `now`.
@@ -131,11 +136,11 @@ class HeartbeatLiveness : public MemberLiveness {
 
  private:
   LivenessOptions options_;
-  std::mutex mu_;
-  int attempt_ = -1;                   // guarded by mu_
-  std::optional<Membership> watched_;  // guarded by mu_
-  int polled_attempt_ = -1;            // poll()'s thread only
-  HeartbeatWatch watch_;               // poll()'s thread only
+  Mutex mu_;
+  int attempt_ CPPRUN_GUARDED_BY(mu_) = -1;
+  std::optional<Membership> watched_ CPPRUN_GUARDED_BY(mu_);
+  int polled_attempt_ = -1;  // poll()'s thread only
+  HeartbeatWatch watch_;     // poll()'s thread only
 };
 
 }  // namespace cpprun::agent

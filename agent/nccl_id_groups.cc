@@ -111,7 +111,7 @@ Result<std::vector<std::string>> exchangeNcclIds(
   }
   try {
     if (wait) {
-      wait(keys);
+      if (Status s = wait(keys); !s.isOk()) return s;
     } else {
       store.wait(keys, timeout);
     }

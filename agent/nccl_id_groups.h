@@ -66,9 +66,9 @@ Result<std::vector<std::string>> splitNcclIds(const std::string& text);
 // A node whose make_id fails stores "!<why>" in place of the id, so every node returns the same
 // error naming that id and node; the keys still missing after `timeout`: kTimeout. `wait`, when
 // given, waits for the keys instead of store.wait(keys, timeout) (the agent's coordinator waits
-// in slices and watches the other agents' liveness; what it throws passes through). May throw
-// the store's exceptions (other than its timeout).
-using WaitForKeys = std::function<void(const std::vector<std::string>& keys)>;
+// in slices and watches the other agents' liveness); a Status it returns that is not OK is
+// returned as it is. May throw the store's exceptions (other than its timeout).
+using WaitForKeys = std::function<Status(const std::vector<std::string>& keys)>;
 Result<std::vector<std::string>> exchangeNcclIds(
     rendezvous::Store& store, const std::string& prefix, const std::vector<int>& node_ranks,
     int node, int nid, const std::function<Result<std::string>()>& make_id,

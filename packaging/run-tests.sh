@@ -2,7 +2,8 @@
 # Installs what is missing, builds cpprun and runs every test. This is the README's test
 # command and what CI runs.
 #
-# With CI=true it also: treats warnings as errors (always on here), checks formatting, runs the
+# With CI=true it also: treats warnings as errors (always on here), checks formatting, compiles
+# the annotated libraries with clang's thread-safety analysis (no tests), runs the
 # whole suite once more under ASan+UBSan and once under TSan, and fuzzes the wire codec for a bounded time
 # (CPPRUN_FUZZ_SECONDS, default 60).
 set -euo pipefail
@@ -20,6 +21,10 @@ ctest --preset ci -j2
 if [ "${CI:-}" = "true" ]; then
   echo "== clang-format check"
   git ls-files '*.h' '*.cc' | xargs clang-format --dry-run --Werror
+
+  echo "== lock annotations (preset thread-safety: clang -Werror=thread-safety, compile only)"
+  cmake --preset thread-safety
+  cmake --build --preset thread-safety
 
   echo "== fuzz the wire codec (${CPPRUN_FUZZ_SECONDS:-60} s)"
   cmake --preset fuzz

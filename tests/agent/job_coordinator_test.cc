@@ -20,6 +20,7 @@
 #include "agent/liveness.h"
 #include "agent/rendezvous_rounds.h"
 #include "common/asio.h"
+#include "common/clock.h"
 #include "rendezvous/memory_store.h"
 #include "rendezvous/prefix_store.h"
 #include "tests/support/coordinator_futures.h"
@@ -413,6 +414,31 @@ TEST_CASE("coordinator: an agent cut from the store is lost to itself and to the
   }
 }
 
+// The coordinator's waits measure their bounds on StoreCoordinatorOptions::clock: a join whose
+// other node never comes times out when join_timeout has passed on that clock, without the test
+// waiting the 600 s (its store waits are 50 ms slices of real time).
+TEST_CASE("coordinator: on virtual time, the join times out when join_timeout passed on its clock",
+          "[unit]") {
+  MemoryStore store;
+  ManualClock clock;
+  Agent lonely(store, 1, 2, 0, [&](StoreCoordinatorOptions& o) {
+    o.join_timeout = 600s;
+    o.clock = &clock;
+  });
+  auto start = lonely.begin(0);
+  // Node 0 never comes. The clock stands still: the join goes on, however long it really takes
+  // (several of its 50 ms slices).
+  REQUIRE(eventually([&] { return lonely.progress().round == 0; }));
+  CHECK(start.wait_for(200ms) == std::future_status::timeout);
+  clock.advance(599s);
+  CHECK(start.wait_for(200ms) == std::future_status::timeout);
+  clock.advance(1s);
+  Result<AttemptStart> r = within(start);
+  REQUIRE_FALSE(r.isOk());
+  CHECK(r.status().code() == StatusCode::kTimeout);
+  CHECK_THAT(r.status().message(), Catch::Contains("node 0 did not join within 600.0"));
+}
+
 TEST_CASE("coordinator: elastic, an agent that comes late re-forms the running group with it",
           "[unit]") {
   MemoryStore store;
@@ -796,11 +822,74 @@ class CheckCounter : public StoreView {
 
 class NoWaits : public WaitContext {
  public:
-  void checkAbandoned() override {}
+  cpprun::Status abandonment() override { return cpprun::Status::ok(); }
   void setWaiting(const std::string&) override {}
 };
 
 }  // namespace
+
+namespace {
+
+// A store whose waits take no real time: each moves the test's clock by its timeout and times
+// out, unless the keys are there.
+class InstantWaits : public MemoryStore {
+ public:
+  explicit InstantWaits(ManualClock& clock) : clock_(clock) {}
+  using MemoryStore::wait;
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    if (check(keys)) return;
+    ++waits;
+    clock_.advance(timeout);
+    throw rendezvous::StoreTimeout("test: nobody wrote the keys");
+  }
+  int waits = 0;
+
+ private:
+  ManualClock& clock_;
+};
+
+class ManualClockWaits : public WaitContext {
+ public:
+  explicit ManualClockWaits(ManualClock& clock) : clock_(clock) {}
+  Status abandonment() override { return Status::ok(); }
+  void setWaiting(const std::string&) override {}
+  const MonotonicClock& clock() override { return clock_; }
+
+ private:
+  ManualClock& clock_;
+};
+
+}  // namespace
+
+// waitForKeys returns how a wait ended (coordinator_waits.h) and measures its bound on the
+// context's clock: 600 s of slices pass without real waiting.
+TEST_CASE(
+    "coordinator waits: on virtual time a wait times out after its total, and a slice's "
+    "verdict ends it with its status",
+    "[unit]") {
+  ManualClock clock;
+  InstantWaits store(clock);
+  ManualClockWaits waits(clock);
+  const Status timed_out = waitForKeys(waits, store, {"k"}, 600s, 2s, "the test's wait");
+  CHECK(timed_out.code() == StatusCode::kTimeout);
+  CHECK(timed_out.message() == "the test's wait: not done after 600.000000 s");
+  CHECK(store.waits == 300);  // 2 s slices, none past the bound
+
+  int slices = 0;
+  const Status lost = waitForKeys(waits, store, {"k"}, 600s, 2s, "the test's wait", [&] {
+    return ++slices < 3 ? SliceVerdict::goOn() : SliceVerdict::abandon(unavailable("node 1 lost"));
+  });
+  CHECK(lost.code() == StatusCode::kUnavailable);
+  CHECK(lost.message() == "node 1 lost");
+  CHECK(slices == 3);
+
+  CHECK(
+      waitForKeys(waits, store, {"k"}, 600s, 2s, "w", [] { return SliceVerdict::done(); }).isOk());
+  store.set("k", rendezvous::toBytes("1"));
+  store.waits = 0;
+  CHECK(waitForKeys(waits, store, {"k"}, 600s, 2s, "w").isOk());
+  CHECK(store.waits == 0);
+}
 
 // The store host reads a round at every joiner of its last call for survivors: one CHECK per
 // slot made that O(N^2) requests for N survivors (issue 26's simulation: 835 requests for 256).

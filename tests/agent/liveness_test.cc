@@ -5,6 +5,8 @@
 #include <catch2/catch.hpp>
 
 #include "agent/job_keys.h"
+#include "common/clock.h"
+#include "rendezvous/memory_store.h"
 
 namespace {
 
@@ -54,4 +56,35 @@ TEST_CASE("heartbeats: a late check does not count the host's own delay against 
 
 TEST_CASE("heartbeats: the bound is interval times attempts", "[unit]") {
   CHECK(keepAliveBound(std::chrono::milliseconds(5000), 3) == std::chrono::milliseconds(15000));
+}
+
+// HeartbeatLiveness on the clock of its options (the coordinator's StoreCoordinatorOptions::clock):
+// the host's polls measure a member's silence on virtual time, so the keep-alive bound passes
+// without waiting for it, and never before the clock says so.
+TEST_CASE("heartbeat liveness: a silent member is lost when the bound has passed on its clock",
+          "[unit]") {
+  cpprun::rendezvous::MemoryStore store;
+  cpprun::ManualClock clock;
+  LivenessOptions options;
+  options.self = AgentInfo{"h0", 1, "a0", -1};
+  options.interval = 5s;
+  options.bound = 15s;
+  options.clock = &clock;
+  HeartbeatLiveness host(options);
+  host.watch(0, hostOfThree());
+  // Node 1 beats every interval; node 2 beats once and falls silent.
+  beat(store, "a2");
+  for (int i = 0; i < 3; ++i) {
+    beat(store, "a1");
+    CHECK(host.poll(store).empty());  // node 2 silent for 0, 5, 10 s of the clock
+    clock.advance(i < 2 ? 5s : 5s - 1ms);
+  }
+  beat(store, "a1");
+  CHECK(host.poll(store).empty());  // 14.999 s: not yet
+  clock.advance(1ms);
+  beat(store, "a1");
+  const std::vector<LostMember> lost = host.poll(store);
+  REQUIRE(lost.size() == 1);
+  CHECK(lost[0].rank == 2);
+  CHECK(lost[0].reason == "the agent of node 2 (h2) stopped responding: no heartbeat for 15.0 s");
 }

@@ -168,7 +168,7 @@ TEST_CASE("a node's failure to make its id reaches every node as the same error"
              Catch::Contains("NCCL id 1 of 2 (made by node 1): no libnccl.so.2"));
 }
 
-TEST_CASE("the caller's wait replaces the store's, and what it throws passes through", "[unit]") {
+TEST_CASE("the caller's wait replaces the store's, and what it returns passes through", "[unit]") {
   cpprun::rendezvous::MemoryStore store;
   std::vector<std::string> waited_for;
   auto ids = exchangeNcclIds(
@@ -176,14 +176,15 @@ TEST_CASE("the caller's wait replaces the store's, and what it throws passes thr
       [&](const std::vector<std::string>& keys) {
         waited_for = keys;
         store.set("w/1", cpprun::rendezvous::toBytes(fakeId(1, 0)));  // node 1 "arrives"
+        return cpprun::Status::ok();
       });
   REQUIRE(ids.isOk());
   CHECK(waited_for == std::vector<std::string>{"w/0", "w/1"});
   CHECK(ids.value() == std::vector<std::string>{fakeId(0, 0), fakeId(1, 0)});
-  struct Lost {};
-  CHECK_THROWS_AS(
-      exchangeNcclIds(
-          store, "x/", {2, 2}, 0, 2, []() -> Result<std::string> { return fakeId(0, 0); }, 1s,
-          [](const std::vector<std::string>&) { throw Lost{}; }),
-      Lost);
+  auto lost = exchangeNcclIds(
+      store, "x/", {2, 2}, 0, 2, []() -> Result<std::string> { return fakeId(0, 0); }, 1s,
+      [](const std::vector<std::string>&) { return cpprun::unavailable("node 1 was lost"); });
+  REQUIRE_FALSE(lost.isOk());
+  CHECK(lost.status().code() == cpprun::StatusCode::kUnavailable);
+  CHECK(lost.status().message() == "node 1 was lost");
 }

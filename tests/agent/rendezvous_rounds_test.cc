@@ -27,7 +27,7 @@ constexpr std::chrono::seconds kBound = 20s;  // no step of a test may take long
 
 class NoWaits : public WaitContext {
  public:
-  void checkAbandoned() override {}
+  Status abandonment() override { return Status::ok(); }
   void setWaiting(const std::string&) override {}
 };
 
