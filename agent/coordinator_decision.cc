@@ -240,8 +240,8 @@ Result<JobDecision> DecisionExchange::publishDecision(int n, const JobDecision& 
     s_.control_client->set(attemptDecisionKey(n), doc);
     return decision;
   }
-  const std::string stored = toString(
-      s_.control_client->compareSet(attemptDecisionKey(n), {}, rendezvous::toBytes(doc)));
+  const std::string stored =
+      toString(s_.control_client->compareSet(attemptDecisionKey(n), {}, rendezvous::toBytes(doc)));
   if (stored == doc) return decision;
   return readDecision(n);
 }

@@ -50,8 +50,8 @@ void CoordinatorWatcher::run() {
       if (n != handled_stop && n >= 0) {
         try {
           client->wait({attemptStopKey(n)}, s_.opts.keep_alive_interval);
-          const StopClaim stop = stopFromJson(
-              json::parse(toString(client->get(attemptStopKey(n))), nullptr, false));
+          const StopClaim stop =
+              stopFromJson(json::parse(toString(client->get(attemptStopKey(n))), nullptr, false));
           handled_stop = n;
           if (s_.acksStops()) acknowledgeStop(*client, n);
           if (stop.by != s_.myRank() && stop.by != kByNobody) {
@@ -97,8 +97,7 @@ void CoordinatorWatcher::run() {
 
 void CoordinatorWatcher::acknowledgeStop(Store& client, int n) {
   const auto seen_at = s_.clock().now();
-  client.append(attemptStopAcksKey(n),
-                rendezvous::toBytes(std::to_string(s_.myRank()) + "\n"));
+  client.append(attemptStopAcksKey(n), rendezvous::toBytes(std::to_string(s_.myRank()) + "\n"));
   if (!s_.isHost()) return;
   // The control thread's decide() notes it too, and returns the same error from there.
   if (Result<StopSeen> seen = s_.noteStopSeen(client, n, seen_at); !seen.isOk()) {

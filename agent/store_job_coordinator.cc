@@ -158,8 +158,8 @@ void StoreCoordinator::requestLeave(int n, const std::string& reason, LeaveDone 
                                 ") left the job (" + reason + ")",
                             StopCause::kLeave, 0};
       const std::string mine = stopToJson(claim).dump();
-      const std::string stored = toString(
-          s_.control_client->compareSet(attemptStopKey(n), {}, rendezvous::toBytes(mine)));
+      const std::string stored =
+          toString(s_.control_client->compareSet(attemptStopKey(n), {}, rendezvous::toBytes(mine)));
       if (stored != mine) {
         return Status(StatusCode::kAlreadyExists,
                       "attempt " + std::to_string(n) +
