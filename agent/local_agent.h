@@ -39,10 +39,10 @@
 #include <string>
 #include <vector>
 
-#include "agent/health_check.h"
-#include "agent/nccl_id_groups.h"
-#include "agent/stdin_forwarder.h"
-#include "agent/supervisor.h"
+#include "agent/console/stdin_forwarder.h"
+#include "agent/health/health_check.h"
+#include "agent/nccl/nccl_id_groups.h"
+#include "agent/supervision/supervisor.h"
 #include "common/status.h"
 #include "rendezvous/wire.h"
 

@@ -2,7 +2,7 @@
 // board that carries snapshots from the agent's loop to the HTTP thread, a whole agent's endpoint
 // while its loop is blocked or flooded, the one-node rendezvous's events and progress, and the
 // event log's lines.
-#include "agent/agent_status.h"
+#include "agent/observability/agent_status.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -27,10 +27,10 @@
 #include <thread>
 #include <vector>
 
-#include "agent/agent_http_routes.h"
-#include "agent/event_log.h"
+#include "agent/coordination/single_node_rendezvous.h"
 #include "agent/local_agent.h"
-#include "agent/single_node_rendezvous.h"
+#include "agent/observability/agent_http_routes.h"
+#include "agent/observability/event_log.h"
 #include "common/asio.h"
 #include "common/logging.h"
 #include "rendezvous/tcp_store_client.h"

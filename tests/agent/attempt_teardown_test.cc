@@ -1,7 +1,7 @@
 // AttemptTeardown (attempt_teardown.h) on its own: a fake launcher records the signals, the test
 // plays the workers' exits. Timers are real and short; the only waits are io_context runs
 // bounded by a deadline.
-#include "agent/attempt_teardown.h"
+#include "agent/supervision/attempt_teardown.h"
 
 #include <signal.h>
 

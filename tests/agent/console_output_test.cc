@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "agent/worker_output.h"
+#include "agent/console/worker_output.h"
 #include "common/asio.h"
 
 namespace {

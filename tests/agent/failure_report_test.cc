@@ -1,6 +1,6 @@
 // The failure report: reading torch's two error-file shapes, describing how a worker ended,
 // choosing the root cause, torchrun's summary layout and the root-cause file cpprun writes.
-#include "agent/failure_report.h"
+#include "agent/supervision/failure_report.h"
 
 #include <dirent.h>
 #include <stdlib.h>

@@ -3,7 +3,7 @@
 // kill that records what it was asked and an owner map of made-up pids (so nothing real is ever
 // signalled). The test writes request lines as torch's FileTimerClient does (O_WRONLY |
 // O_NONBLOCK, one write, close). Every wait is an io_context run bounded by a deadline.
-#include "agent/file_timer_server.h"
+#include "agent/supervision/file_timer_server.h"
 
 #include <fcntl.h>
 #include <signal.h>

@@ -2,7 +2,7 @@
 // idle timeouts, abuse (header bombs, request smuggling, idle connections, slowloris), binding,
 // stop(), and HttpServerThread. The server runs on an io_context in a thread of its own; the
 // tests talk to it over plain blocking sockets, each with a receive timeout.
-#include "agent/http_server.h"
+#include "agent/observability/http_server.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -3,7 +3,7 @@
 // connection a view of one shared MemoryStore with its own request timeout. A view can be cut
 // (every request then fails as a broken connection does), which is how an agent loses the store.
 // Every wait is bounded by a deadline; nothing sleeps to synchronise.
-#include "agent/job_coordinator.h"
+#include "agent/coordination/job_coordinator.h"
 
 #include <atomic>
 #include <catch2/catch.hpp>
@@ -15,10 +15,10 @@
 #include <set>
 #include <thread>
 
-#include "agent/coordinator_waits.h"
-#include "agent/job_keys.h"
-#include "agent/liveness.h"
-#include "agent/rendezvous_rounds.h"
+#include "agent/coordination/coordinator_waits.h"
+#include "agent/coordination/job_keys.h"
+#include "agent/coordination/liveness.h"
+#include "agent/coordination/rendezvous_rounds.h"
 #include "common/asio.h"
 #include "common/clock.h"
 #include "rendezvous/memory_store.h"

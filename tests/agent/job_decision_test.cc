@@ -1,10 +1,10 @@
 // The host's decision for the job (job_decision.h) from hand-made reports, and the records'
 // JSON forms (job_keys.h) through a round trip. Pure: no store, no threads.
-#include "agent/job_decision.h"
+#include "agent/coordination/job_decision.h"
 
 #include <catch2/catch.hpp>
 
-#include "agent/job_keys.h"
+#include "agent/coordination/job_keys.h"
 
 namespace {
 

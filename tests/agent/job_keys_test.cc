@@ -2,7 +2,7 @@
 // is a protocol change, and docs/rendezvous.md lists the same keys), the round's members
 // document and the codec of an elastic round's per-slot assignments and its closed mark, pure
 // functions on values.
-#include "agent/job_keys.h"
+#include "agent/coordination/job_keys.h"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>

@@ -1,9 +1,9 @@
-// LeaseLiveness (agent/lease_liveness.h) against a real 3-member etcd (tests/support/
+// LeaseLiveness (agent/coordination/lease_liveness.h) against a real 3-member etcd (tests/support/
 // etcd_cluster.h): agents that keep their leases are never reported; an agent that stops renewing
 // is reported to every other member once its lease expires, within the TTL plus one second; a
 // member whose key is already gone when an attempt is watched is reported at once. Callbacks
 // come from the liveness threads; assertions stay on the test's thread.
-#include "agent/lease_liveness.h"
+#include "agent/coordination/lease_liveness.h"
 
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "agent/job_keys.h"
+#include "agent/coordination/job_keys.h"
 #include "rendezvous/etcd_client.h"
 #include "rendezvous/memory_store.h"
 #include "tests/support/etcd_cluster.h"

@@ -1,10 +1,10 @@
 // HeartbeatWatch (liveness.h) on synthetic time: who counts as lost, and when the host's own
 // delay is not held against the others.
-#include "agent/liveness.h"
+#include "agent/coordination/liveness.h"
 
 #include <catch2/catch.hpp>
 
-#include "agent/job_keys.h"
+#include "agent/coordination/job_keys.h"
 #include "common/clock.h"
 #include "rendezvous/memory_store.h"
 

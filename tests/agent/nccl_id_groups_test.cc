@@ -1,7 +1,7 @@
-// The scalable NCCL ids (agent/nccl_id_groups.h): how many, which node makes each (against
+// The scalable NCCL ids (agent/nccl/nccl_id_groups.h): how many, which node makes each (against
 // NCCL's own rankHasRoot rule, copied from its documentation of ncclCommInitRankScalable), the
 // list's text form, and the multi-node exchange through one store, several nodes at once.
-#include "agent/nccl_id_groups.h"
+#include "agent/nccl/nccl_id_groups.h"
 
 #include <catch2/catch.hpp>
 #include <future>

@@ -2,7 +2,7 @@
 // (tests/support/stand_in_nccl.cc, loaded by its path), against the real libnccl.so.2 when the
 // machine has it (the development and CI images ship NCCL with CUDA), and its clear refusal when
 // a library is missing, is not a shared object, or is not NCCL.
-#include "agent/nccl_unique_id.h"
+#include "agent/nccl/nccl_unique_id.h"
 
 #include <dlfcn.h>
 #include <stdlib.h>
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "agent/nccl_id_groups.h"
+#include "agent/nccl/nccl_id_groups.h"
 #include "tests/support/test_support.h"
 
 using cpprun::agent::NcclUniqueIdProvider;

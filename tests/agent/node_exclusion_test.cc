@@ -1,13 +1,13 @@
 // The pure parts of health checks and exclusion: the exclusion decision and its history, the
 // decision record with an excluded node, and the built-in network check.
-#include "agent/node_exclusion.h"
+#include "agent/coordination/node_exclusion.h"
 
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <filesystem>
 
-#include "agent/job_keys.h"
+#include "agent/coordination/job_keys.h"
 #include "launcher/cli.h"
 #include "launcher/node_health.h"
 

@@ -1,6 +1,6 @@
 // OutputWriter and OutputSinks: writes leave the caller at once whatever the reader does, in
 // order, accounted; a reader who never reads again costs a bounded wait at stop.
-#include "agent/output_writer.h"
+#include "agent/console/output_writer.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -11,7 +11,7 @@
 #include <string>
 #include <thread>
 
-#include "agent/worker_output.h"
+#include "agent/console/worker_output.h"
 
 namespace {
 

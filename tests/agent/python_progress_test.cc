@@ -1,8 +1,8 @@
-// The automatic progress module (agent/python_progress.h) with a real interpreter: it hands over
-// to the next sitecustomize on the path, keeps its switch from the worker's children, and stays
-// silent in a program that never initialises torch.distributed. The stamps themselves, in a real
-// gloo job, are tested end to end in tests/e2e/operations_test.cc.
-#include "agent/python_progress.h"
+// The automatic progress module (agent/supervision/python_progress.h) with a real interpreter: it
+// hands over to the next sitecustomize on the path, keeps its switch from the worker's children,
+// and stays silent in a program that never initialises torch.distributed. The stamps themselves, in
+// a real gloo job, are tested end to end in tests/e2e/operations_test.cc.
+#include "agent/supervision/python_progress.h"
 
 #include <catch2/catch.hpp>
 #include <filesystem>

@@ -4,7 +4,7 @@
 // the per-slot assignments it publishes; and the pure member selection (selectRoundMembers).
 // Agents are RendezvousRounds objects on one store; the test waits for their keys in the store,
 // and every wait has a bound.
-#include "agent/rendezvous_rounds.h"
+#include "agent/coordination/rendezvous_rounds.h"
 
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "agent/job_keys.h"
+#include "agent/coordination/job_keys.h"
 #include "rendezvous/memory_store.h"
 
 namespace {

@@ -1,7 +1,7 @@
 // The restart policy (restart_policy.h) as one table: every combination of what an attempt can
 // have seen (lost store, start failure, signal, workers failed, stopped by a peer; none of them:
 // succeeded) with the restart budget left or spent. Pure: no supervisor, no store.
-#include "agent/restart_policy.h"
+#include "agent/supervision/restart_policy.h"
 
 #include <signal.h>
 

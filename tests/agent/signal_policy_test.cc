@@ -1,5 +1,5 @@
 // The signals cpprun takes over so none can end it by default.
-#include "agent/signal_policy.h"
+#include "agent/processes/signal_policy.h"
 
 #include <signal.h>
 

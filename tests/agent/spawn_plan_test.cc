@@ -1,6 +1,6 @@
 // prepareSpawn and spawnStepError without a child: the plan a spec gives (argv, envp, stdio,
 // bindings in the kernel's layout, PATH lookup) and the syscall every child step's error names.
-#include "agent/spawn_plan.h"
+#include "agent/processes/spawn_plan.h"
 
 #include <sched.h>
 #include <sys/stat.h>

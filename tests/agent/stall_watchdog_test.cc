@@ -2,7 +2,7 @@
 // io_context, and a fake ProcessLauncher that records the signals and the gdb helpers it was
 // asked for (the test plays the helpers' exits). Every wait is an io_context run bounded by a
 // deadline.
-#include "agent/stall_watchdog.h"
+#include "agent/supervision/stall_watchdog.h"
 
 #include <signal.h>
 

@@ -1,7 +1,7 @@
 // The supervisor's decisions without real workers: a fake ProcessLauncher records what it was
 // asked, and the test plays the workers (writes their output, makes them exit). Output pipes and
 // timers are real; the only waits are io_context runs bounded by a deadline.
-#include "agent/supervisor.h"
+#include "agent/supervision/supervisor.h"
 
 #include <fcntl.h>
 #include <signal.h>

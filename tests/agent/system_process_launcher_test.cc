@@ -24,8 +24,8 @@
 #include <thread>
 #include <vector>
 
-#include "agent/process_launcher.h"
-#include "agent/worker_terminal.h"
+#include "agent/console/worker_terminal.h"
+#include "agent/processes/process_launcher.h"
 #include "tests/support/test_support.h"
 
 #ifndef CPPRUN_LAUNCHER_PROBE

@@ -1,8 +1,9 @@
-// nccl_ids_bench: what NCCL bootstrap at scale (agent/nccl_id_groups.h, CPPRUN_NCCL_UNIQUE_IDS)
-// costs the agents and the workers, against the single id, for 1,024 to 16,384 simulated ranks
-// (8 per node, 256 per id by default). No GPU and no NCCL here: ids come from the library given
-// with --nccl-library (default: the tests' stand-in NCCL), so the figure for making ids is the
-// agent's own work around ncclGetUniqueId, not NCCL's (which opens a socket and a thread).
+// nccl_ids_bench: what NCCL bootstrap at scale (agent/nccl/nccl_id_groups.h,
+// CPPRUN_NCCL_UNIQUE_IDS) costs the agents and the workers, against the single id, for 1,024 to
+// 16,384 simulated ranks (8 per node, 256 per id by default). No GPU and no NCCL here: ids come
+// from the library given with --nccl-library (default: the tests' stand-in NCCL), so the figure for
+// making ids is the agent's own work around ncclGetUniqueId, not NCCL's (which opens a socket and a
+// thread).
 //
 // Per world size it measures, each as the median of --runs runs of --reps repetitions:
 //   make     one agent making all nId ids (dlopen'd ncclGetUniqueId + hex) and joining them;
@@ -24,8 +25,8 @@
 #include <string>
 #include <vector>
 
-#include "agent/nccl_id_groups.h"
-#include "agent/nccl_unique_id.h"
+#include "agent/nccl/nccl_id_groups.h"
+#include "agent/nccl/nccl_unique_id.h"
 #include "common/command_line.h"
 #include "rendezvous/tcp_store_client.h"
 #include "rendezvous/tcp_store_server.h"

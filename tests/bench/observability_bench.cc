@@ -37,7 +37,7 @@
 #include <thread>
 #include <vector>
 
-#include "agent/process_launcher.h"
+#include "agent/processes/process_launcher.h"
 #include "common/command_line.h"
 #include "tests/support/http_get.h"
 

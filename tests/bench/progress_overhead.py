@@ -1,4 +1,4 @@
-"""progress_overhead: what the automatic progress stamps (--python-progress, agent/python_progress.h)
+"""progress_overhead: what the automatic progress stamps (--python-progress, agent/supervision/python_progress.h)
 cost a Python trainer's steps. One worker under cpprun with --stall-timeout, stamps on and off in
 alternating runs of the same step loop, best and median of the runs, side by side in one run:
 

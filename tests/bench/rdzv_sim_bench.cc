@@ -43,10 +43,10 @@
 #include <thread>
 #include <vector>
 
-#include "agent/etcd_connector.h"
-#include "agent/job_coordinator.h"
-#include "agent/job_keys.h"
-#include "agent/liveness.h"
+#include "agent/coordination/etcd_connector.h"
+#include "agent/coordination/job_coordinator.h"
+#include "agent/coordination/job_keys.h"
+#include "agent/coordination/liveness.h"
 #include "common/asio.h"
 #include "common/command_line.h"
 #include "common/logging.h"

@@ -15,7 +15,7 @@
 #include <sstream>
 #include <thread>
 
-#include "agent/process_launcher.h"
+#include "agent/processes/process_launcher.h"
 #include "rendezvous/tcp_store_server.h"
 #include "tests/support/cpprun_test_helpers.h"
 #include "tests/support/test_support.h"

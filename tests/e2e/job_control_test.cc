@@ -19,8 +19,8 @@
 #include <thread>
 #include <vector>
 
-#include "agent/job_containment.h"
-#include "agent/process_launcher.h"
+#include "agent/processes/job_containment.h"
+#include "agent/processes/process_launcher.h"
 #include "rendezvous/tcp_store_client.h"
 #include "tests/support/cpprun_test_helpers.h"
 #include "tests/support/test_support.h"

@@ -11,7 +11,7 @@
 #include <set>
 #include <string>
 
-#include "agent/process_launcher.h"
+#include "agent/processes/process_launcher.h"
 #include "rendezvous/tcp_store_client.h"
 #include "tests/support/cpprun_test_helpers.h"
 #include "tests/support/test_support.h"

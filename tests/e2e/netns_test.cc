@@ -10,7 +10,7 @@
 #include <memory>
 #include <set>
 
-#include "agent/process_launcher.h"
+#include "agent/processes/process_launcher.h"
 #include "tests/support/cpprun_test_helpers.h"
 #include "tests/support/netns_hosts.h"
 #include "tests/support/test_support.h"

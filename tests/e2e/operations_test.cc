@@ -414,7 +414,8 @@ TEST_CASE("the store host waiting for a node to join names it",
   bothSucceed(*node0, *node1);
 }
 
-// ---- hang detection with no trainer change (--python-progress, agent/python_progress.h) ----
+// ---- hang detection with no trainer change (--python-progress,
+// agent/supervision/python_progress.h) ----
 
 TEST_CASE(
     "a Python rank hung in a real gloo collective is caught with no trainer change, and the next "

@@ -26,7 +26,7 @@
 #include <thread>
 #include <vector>
 
-#include "agent/process_launcher.h"
+#include "agent/processes/process_launcher.h"
 #include "tests/support/cpprun_test_helpers.h"
 #include "tests/support/torch_peers.h"
 
@@ -113,8 +113,8 @@ class FreezerGroup {
 };
 
 // The cgroup v2 directory `pid` is in when it is cpprun's job cgroup (cpprun-<guardian pid>,
-// agent/job_containment.h), else "". cpprun cannot remove it while a stuck worker is inside: the
-// test does, once the worker is gone.
+// agent/processes/job_containment.h), else "". cpprun cannot remove it while a stuck worker is
+// inside: the test does, once the worker is gone.
 std::string jobCgroupOf(pid_t pid, pid_t guardian) {
   std::string path;
   {

@@ -7,7 +7,7 @@
 #include <future>
 #include <memory>
 
-#include "agent/job_coordinator.h"
+#include "agent/coordination/job_coordinator.h"
 #include "common/asio.h"
 
 namespace cpprun::testing {

@@ -24,7 +24,7 @@
 #include <thread>
 #include <vector>
 
-#include "agent/process_launcher.h"
+#include "agent/processes/process_launcher.h"
 #include "common/system.h"
 #include "tests/support/test_support.h"
 

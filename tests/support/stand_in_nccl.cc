@@ -1,5 +1,5 @@
 // A stand-in for NCCL (libnccl.so.2) with the entry points cpprun reaches through dlopen
-// (agent/nccl_unique_id.cc): ncclGetVersion, ncclGetUniqueId, ncclGetErrorString. Built by
+// (agent/nccl/nccl_unique_id.cc): ncclGetVersion, ncclGetUniqueId, ncclGetErrorString. Built by
 // tests/CMakeLists.txt as stand-in-nccl/libnccl.so.2; a test puts that directory first in
 // LD_LIBRARY_PATH (or names the file in CPPRUN_NCCL_LIBRARY) so the version cpprun reports and
 // the ids it hands out are the stand-in's, which no real NCCL would produce.

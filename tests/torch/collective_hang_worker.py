@@ -1,5 +1,5 @@
 """A torch.distributed (gloo) trainer with no progress calls at all, for the automatic progress
-stamps of --python-progress (agent/python_progress.h). Run under cpprun with PYTHON_EXEC set:
+stamps of --python-progress (agent/supervision/python_progress.h). Run under cpprun with PYTHON_EXEC set:
 
     collective_hang_worker.py hang-rank R [STEPS]   STEPS all-reduces; then, in the first attempt
                                                    only (TORCHELASTIC_RESTART_COUNT 0), rank R
