@@ -4,9 +4,9 @@
 #include <chrono>
 #include <cstdint>
 
-#include "agent/etcd_connector.h"
-#include "agent/nccl_id_groups.h"
-#include "agent/nccl_unique_id.h"
+#include "agent/coordination/etcd_connector.h"
+#include "agent/nccl/nccl_id_groups.h"
+#include "agent/nccl/nccl_unique_id.h"
 #include "common/environment.h"
 #include "common/network_address.h"
 #include "launcher/node_health.h"

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "agent/console/worker_output.h"
 #include "agent/local_agent.h"
-#include "agent/worker_output.h"
 #include "launcher/launch_config.h"
 #include "launcher/node_resources.h"
 #include "launcher/rendezvous_settings.h"

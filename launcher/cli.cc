@@ -523,8 +523,8 @@ Status applyEventLog(LaunchConfig& c, const std::string& v, const std::string& s
   return Status::ok();
 }
 
-// Health checks and exclusion (issue 23: launcher/node_health.h, agent/health_gate.h,
-// agent/node_exclusion.h).
+// Health checks and exclusion (issue 23: launcher/node_health.h, agent/health/health_gate.h,
+// agent/coordination/node_exclusion.h).
 Status applyHealthCheck(LaunchConfig& c, const std::string& v, const std::string& source) {
   if (v.empty()) return badValue(v, source, "a shell command");
   c.health_check = v;

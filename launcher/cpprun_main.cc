@@ -20,12 +20,12 @@
 #include <string>
 #include <vector>
 
-#include "agent/failure_report.h"
-#include "agent/guardian.h"
 #include "agent/local_agent.h"
-#include "agent/nccl_id_groups.h"
-#include "agent/nccl_unique_id.h"
-#include "agent/signal_policy.h"
+#include "agent/nccl/nccl_id_groups.h"
+#include "agent/nccl/nccl_unique_id.h"
+#include "agent/processes/guardian.h"
+#include "agent/processes/signal_policy.h"
+#include "agent/supervision/failure_report.h"
 #include "common/clip.h"
 #include "common/environment.h"
 #include "common/logging.h"
@@ -488,7 +488,7 @@ int launch(const Job& job, const NumaDecision& numa) {
   const LaunchConfig& config = job.config;
   // From the run directory's creation on, no signal may end this process by its default action
   // (it would leave the directory behind): they stay pending until the guardian waits for them
-  // and passes them on (agent/signal_policy.h).
+  // and passes them on (agent/processes/signal_policy.h).
   std::vector<int> taken_over = agent::signalsToTakeOver();
   taken_over.insert(taken_over.end(), config.signals_to_handle.begin(),
                     config.signals_to_handle.end());

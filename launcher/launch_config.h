@@ -95,12 +95,12 @@ struct LaunchConfig {
   // "dynamic_rendezvous" (torch's null handlers): no console events.
   std::string event_log_handler = "null";
   // Health checks before every join of a multi-node job (launcher/node_health.h,
-  // agent/health_check.h).
+  // agent/health/health_check.h).
   std::string health_check;                    // --health-check CMD; empty: none
   double health_check_timeout = 60;            // --health-check-timeout, seconds (> 0)
   std::vector<std::string> health_check_dirs;  // --health-check-dirs DIR[,DIR...]
   bool builtin_health_checks = true;           // --builtin-health-checks on|off
-  // Exclusion (agent/node_exclusion.h): elastic jobs only.
+  // Exclusion (agent/coordination/node_exclusion.h): elastic jobs only.
   int exclude_after = 3;         // --exclude-after K; 0: off
   double exclude_window = 3600;  // --exclude-window SECONDS
 

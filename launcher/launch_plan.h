@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "agent/local_agent.h"
-#include "agent/worker_spec.h"
+#include "agent/supervision/worker_spec.h"
 #include "common/status.h"
 #include "launcher/launch_config.h"
 #include "launcher/node_resources.h"

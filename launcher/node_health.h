@@ -1,5 +1,5 @@
 // Node health: the built-in checks an agent runs before every join of a round
-// (agent/health_check.h), taken from what `cpprun --check` reads (launcher/preflight.h), but
+// (agent/health/health_check.h), taken from what `cpprun --check` reads (launcher/preflight.h), but
 // only what can change while a job runs and would break this node's part of it:
 //   GPUs        when the job uses GPUs: the CUDA driver answers and sees at least as many
 //               devices as the node's list (a GPU fallen off the bus, a driver in a bad state)
@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "agent/health_check.h"
+#include "agent/health/health_check.h"
 #include "launcher/launch_config.h"
 #include "launcher/node_resources.h"
 #include "launcher/preflight.h"

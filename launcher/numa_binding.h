@@ -57,7 +57,7 @@
 #include <string>
 #include <vector>
 
-#include "agent/process_launcher.h"
+#include "agent/processes/process_launcher.h"
 #include "common/status.h"
 #include "launcher/launch_config.h"
 #include "launcher/launch_plan.h"

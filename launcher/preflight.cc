@@ -18,7 +18,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "agent/nccl_unique_id.h"
+#include "agent/nccl/nccl_unique_id.h"
 #include "common/clip.h"
 #include "common/cpu_list.h"
 #include "common/environment.h"
@@ -90,7 +90,7 @@ void probeCuda(SystemFacts& f) {
 }
 
 // The agent's own loader, so --check reports what a run would get (and the library stays
-// loaded, as the agent keeps it: see agent/nccl_unique_id.h).
+// loaded, as the agent keeps it: see agent/nccl/nccl_unique_id.h).
 void probeNccl(SystemFacts& f, const std::string& library) {
   auto provider = agent::NcclUniqueIdProvider::create(library);
   if (!provider.isOk()) {
