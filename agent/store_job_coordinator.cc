@@ -240,7 +240,9 @@ Status StoreCoordinator::leaveRefusal(int n) {
     }
     world = s_.membership->group_world_size - static_cast<int>(s_.lost_agents.size());
   }
-  const int64_t spares = s_.rounds.waitingIn(*s_.control_client, s_.rounds.nextRound());
+  const Result<int> waiting = s_.rounds.waitingIn(*s_.control_client, s_.rounds.nextRound());
+  if (!waiting.isOk()) return waiting.status();
+  const int64_t spares = waiting.value();
   if (world - 1 + spares < s_.opts.min_nodes) {
     return Status(StatusCode::kInvalidArgument,
                   "leaving would leave " + std::to_string(world - 1) + " node(s) and " +
