@@ -83,14 +83,13 @@ class StoreCoordinator : public JobCoordinator {
   // Why this agent may not leave attempt n now (OK: it may). Control thread.
   Status leaveRefusal(int n);
 
-  // Runs `f` (which returns a Result<T>), turning store trouble into a Status: the store's
-  // exceptions, and Abandoned from the rounds' waits (rendezvous_rounds.h). Control thread.
+  // Runs `f` (which returns a Result<T>), turning the store's exceptions (StoreTimeout,
+  // StoreError) into a Status; everything else (the waits, the rounds) returns its Status.
+  // Control thread.
   template <typename T, typename F>
   Result<T> guarded(F f) {
     try {
       return f();
-    } catch (const Abandoned& a) {
-      return a.status;
     } catch (const StoreTimeout& e) {
       return timeoutError(e.what());
     } catch (const StoreError& e) {
