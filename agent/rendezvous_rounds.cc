@@ -141,6 +141,89 @@ void countSpareOut(Store& store, int r, int attempt) {
   }
 }
 
+// "rendezvous complete: …" in the log.
+void logMembership(const StoreCoordinatorOptions& opts, const Membership& m) {
+  CPPRUN_LOG(kInfo) << "rendezvous complete: " << m.group_world_size << " nodes, " << m.world_size
+                    << " workers; this node is node " << m.group_rank << " with ranks "
+                    << m.base_rank << ".." << m.base_rank + opts.self.nproc - 1;
+}
+
+// Publishes round r's members document `doc`; returns the one in the store. host_per_round:
+// every waiting agent closes the round; the first to publish its members (compareSet on an
+// absent key: the store decides) wins, and the others take those.
+json publishMembers(const StoreCoordinatorOptions& opts, Store& store, int r, const json& doc) {
+  if (!opts.host_per_round) {
+    store.set(roundMembersKey(r), doc.dump());
+    return doc;
+  }
+  const std::string stored =
+      toString(store.compareSet(roundMembersKey(r), {}, rendezvous::toBytes(doc.dump())));
+  return json::parse(stored, nullptr, false);
+}
+
+// Whether another agent closed round r already (etcd, host_per_round).
+bool closedByOther(const StoreCoordinatorOptions& opts, Store& store, int r) {
+  return opts.host_per_round && store.check({roundMembersKey(r)});
+}
+
+// This agent's (`self_id`) membership from how round r closed: its `members` document, or (null
+// members) only its `assignment`; nullopt when it is not a member. The round's error
+// (kUnavailable) and the end of the job (kAlreadyExists, kJobOverBeforeJoin) are returned.
+Result<std::optional<Membership>> membershipFrom(const std::string& self_id, Store& store, int r,
+                                                 json members, const json& assignment,
+                                                 int* attempt) {
+  if (members.is_null()) {
+    Result<RoundAssignment> a =
+        assignmentFromJson(assignment, "round " + std::to_string(r) + "'s assignment of this node");
+    if (!a.isOk()) return a.status();
+    switch (a.value().kind) {
+      case RoundAssignment::Kind::kNotMember:
+        // Slots are keyed by slot, members by id: an agent that joined twice (its first
+        // request's reply was lost, takeSlot) may be a member by its first slot while it waits
+        // on its last. Only the members document says it is not a member (a spare the round did
+        // not take reads it too: a rare path).
+        members = json::parse(toString(store.get(roundMembersKey(r))), nullptr, false);
+        break;
+      case RoundAssignment::Kind::kError:
+        return unavailable(a.value().message);
+      case RoundAssignment::Kind::kJobOver:
+        return Status(StatusCode::kAlreadyExists,
+                      std::string(kJobOverBeforeJoin) + ": " + a.value().message);
+      case RoundAssignment::Kind::kMember: {
+        *attempt = a.value().attempt;
+        Membership m = a.value().membership;
+        if (m.group_rank != 0) return std::optional<Membership>(std::move(m));
+        // Node 0 decides (and polls the heartbeats): it reads every member's record.
+        members = json::parse(toString(store.get(roundMembersKey(r))), nullptr, false);
+        break;
+      }
+    }
+  }
+  if (!members.is_object()) return internalError("malformed round in the store");
+  Result<RoundDocument> doc = roundDocumentFromJson(members, r);
+  if (!doc.isOk()) return doc.status();
+  switch (doc.value().kind) {
+    case RoundDocument::Kind::kError:
+      return unavailable(doc.value().message);
+    case RoundDocument::Kind::kJobOver:
+      return Status(StatusCode::kAlreadyExists,
+                    std::string(kJobOverBeforeJoin) + ": " + doc.value().message);
+    case RoundDocument::Kind::kMembers:
+      break;
+  }
+  const RoundMembers& rm = doc.value().members;
+  const std::vector<AgentInfo>& agents = rm.agents;
+  int my_rank = -1;
+  for (size_t i = 0; i < agents.size(); ++i) {
+    if (agents[i].id == self_id) my_rank = static_cast<int>(i);
+  }
+  if (my_rank < 0) return std::optional<Membership>();
+  *attempt = rm.attempt;
+  Membership m = membershipOf(agents, my_rank);
+  m.round = r;
+  return std::optional<Membership>(std::move(m));
+}
+
 // Ends waitForRunningRound's spare flag when the wait ends, however it ends.
 class SpareFlag {
  public:
@@ -195,12 +278,6 @@ void RendezvousRounds::completed(int round, const Membership& m) {
   for (const AgentInfo& a : m.agents) hosts.push_back(a.host);
   emitRendezvousCompleted(opts_.event_log, {round, m.group_world_size, m.world_size, m.group_rank,
                                             m.base_rank, std::move(hosts), seconds});
-}
-
-void RendezvousRounds::logMembership(const Membership& m) const {
-  CPPRUN_LOG(kInfo) << "rendezvous complete: " << m.group_world_size << " nodes, " << m.world_size
-                    << " workers; this node is node " << m.group_rank << " with ranks "
-                    << m.base_rank << ".." << m.base_rank + opts_.self.nproc - 1;
 }
 
 // Every agent writes its record, then takes a ticket. The agent whose ticket completes the
@@ -258,7 +335,7 @@ Result<Membership> RendezvousRounds::joinStatic(Store& store, MemberLiveness& li
     agents.push_back(std::move(agent).value());
   }
   Membership m = membershipOf(agents, opts_.group_rank);
-  logMembership(m);
+  logMembership(opts_, m);
   completed(0, m);
   return m;
 }
@@ -454,22 +531,6 @@ std::vector<RoundMember> selectRoundMembers(std::vector<RoundMember> candidates,
   return candidates;
 }
 
-// host_per_round: every waiting agent closes the round; the first to publish its members
-// (compareSet on an absent key: the store decides) wins, and the others take those.
-json RendezvousRounds::publishMembers(Store& store, int r, const json& doc) {
-  if (!opts_.host_per_round) {
-    store.set(roundMembersKey(r), doc.dump());
-    return doc;
-  }
-  const std::string stored =
-      toString(store.compareSet(roundMembersKey(r), {}, rendezvous::toBytes(doc.dump())));
-  return json::parse(stored, nullptr, false);
-}
-
-bool RendezvousRounds::closedByOther(Store& store, int r) {
-  return opts_.host_per_round && store.check({roundMembersKey(r)});
-}
-
 // Usually the min_nodes-th slot's record says enough have joined. A slot left empty would hold
 // that up for the whole join timeout, so every slice also counts the records (only once enough
 // slots are taken: one check per slot). Each agent that holds two slots makes the round wait for
@@ -487,7 +548,7 @@ Result<RendezvousRounds::MaybeClosed> RendezvousRounds::awaitMinNodes(Store& sto
             std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now())),
         opts_.keep_alive_interval, "rendezvous round " + std::to_string(r),
         [&] {
-          if (closedByOther(store, r)) return SliceVerdict::done();
+          if (closedByOther(opts_, store, r)) return SliceVerdict::done();
           const int64_t joined = joinedIn(store, r);
           if (joined < opts_.min_nodes) return SliceVerdict::goOn();
           Result<int64_t> distinct = distinctAgents(store, r, joined);
@@ -503,7 +564,7 @@ Result<RendezvousRounds::MaybeClosed> RendezvousRounds::awaitMinNodes(Store& sto
                  " joined)";
         });
     if (!failed.isOk()) break;
-    if (closedByOther(store, r)) return MaybeClosed();
+    if (closedByOther(opts_, store, r)) return MaybeClosed();
     Result<int64_t> distinct = distinctAgents(store, r, joinedIn(store, r));
     if (!distinct.isOk()) {
       failed = distinct.status();
@@ -516,7 +577,7 @@ Result<RendezvousRounds::MaybeClosed> RendezvousRounds::awaitMinNodes(Store& sto
   Result<int64_t> joined = distinctAgents(store, r, joinedIn(store, r));
   if (!joined.isOk()) return joined.status();
   const json members = publishMembers(
-      store, r,
+      opts_, store, r,
       roundErrorToJson("rendezvous: only " + std::to_string(joined.value()) + " of at least " +
                        std::to_string(opts_.min_nodes) + " nodes joined within " +
                        formatSeconds(opts_.join_timeout) + " (--rdzv-conf join_timeout)"));
@@ -545,7 +606,8 @@ Result<RendezvousRounds::MaybeClosed> RendezvousRounds::awaitCloser(Store& store
   if (assignment.status().code() != StatusCode::kTimeout) return assignment.status();
   CPPRUN_LOG(kWarn) << "rendezvous round " << r << ": the agent that joined as number "
                     << opts_.min_nodes << " did not close it; closing it in its place";
-  if (closedByOther(store, r)) return MaybeClosed(RoundResult{readClosedRound(store, r), json()});
+  if (closedByOther(opts_, store, r))
+    return MaybeClosed(RoundResult{readClosedRound(store, r), json()});
   // A survivor skipped round r-1's members; closing, it needs them.
   if (previous_unread_) {
     if (Status s = waitForRunningRound(store, r, my_slot, false); !s.isOk()) return s;
@@ -591,7 +653,7 @@ Result<json> RendezvousRounds::closeWithMembers(Store& store, int r, int next_at
   // An agent that never ran an attempt (a spare closing the round, etcd) knows the job's
   // attempt number from the previous round only: the next one comes after that round's.
   const json members = publishMembers(
-      store, r,
+      opts_, store, r,
       roundMembersToJson(std::max(next_attempt, previous_attempt_ + 1), r,
                          selectRoundMembers(std::move(records).value(), previous_ids_,
                                             opts_.max_nodes, opts_.self.id)));
@@ -605,7 +667,7 @@ Result<json> RendezvousRounds::closeWithMembers(Store& store, int r, int next_at
 Result<RendezvousRounds::RoundResult> RendezvousRounds::closeRound(Store& store, int r,
                                                                    int64_t my_slot,
                                                                    int next_attempt) {
-  if (closedByOther(store, r)) return RoundResult{readClosedRound(store, r), json()};
+  if (closedByOther(opts_, store, r)) return RoundResult{readClosedRound(store, r), json()};
   Result<MaybeClosed> failed = awaitMinNodes(store, r);
   if (!failed.isOk()) return failed.status();
   if (failed.value()) return *failed.value();
@@ -613,7 +675,8 @@ Result<RendezvousRounds::RoundResult> RendezvousRounds::closeRound(Store& store,
   // members (awaitCloser), which reads them at once when they are there (no check of its own
   // first).
   const bool closer = !opts_.host_per_round || my_slot == opts_.min_nodes;
-  if (closer && closedByOther(store, r)) return RoundResult{readClosedRound(store, r), json()};
+  if (closer && closedByOther(opts_, store, r))
+    return RoundResult{readClosedRound(store, r), json()};
   if (!closer) {
     Result<MaybeClosed> closed = awaitCloser(store, r, my_slot);
     if (!closed.isOk()) return closed.status();
@@ -702,8 +765,8 @@ Result<Membership> RendezvousRounds::joinElastic(Store& store, MemberLiveness& l
     }
     if (!result.isOk()) return result.status();
     int round_attempt = 0;
-    Result<std::optional<Membership>> joined =
-        membershipFrom(store, r, result.value(), &round_attempt);
+    Result<std::optional<Membership>> joined = membershipFrom(
+        opts_.self.id, store, r, result.value().members, result.value().assignment, &round_attempt);
     if (!joined.isOk()) return joined.status();
     const std::optional<Membership>& m = joined.value();
     {
@@ -719,66 +782,10 @@ Result<Membership> RendezvousRounds::joinElastic(Store& store, MemberLiveness& l
     last_round_ = r;
     last_attempt_ = round_attempt;
     *attempt = round_attempt;
-    logMembership(*m);
+    logMembership(opts_, *m);
     completed(r, *m);
     return *m;
   }
-}
-
-Result<std::optional<Membership>> RendezvousRounds::membershipFrom(Store& store, int r,
-                                                                   const RoundResult& result,
-                                                                   int* attempt) {
-  json members = result.members;
-  if (members.is_null()) {
-    Result<RoundAssignment> a = assignmentFromJson(
-        result.assignment, "round " + std::to_string(r) + "'s assignment of this node");
-    if (!a.isOk()) return a.status();
-    switch (a.value().kind) {
-      case RoundAssignment::Kind::kNotMember:
-        // Slots are keyed by slot, members by id: an agent that joined twice (its first
-        // request's reply was lost, takeSlot) may be a member by its first slot while it waits
-        // on its last. Only the members document says it is not a member (a spare the round did
-        // not take reads it too: a rare path).
-        members = json::parse(toString(store.get(roundMembersKey(r))), nullptr, false);
-        break;
-      case RoundAssignment::Kind::kError:
-        return unavailable(a.value().message);
-      case RoundAssignment::Kind::kJobOver:
-        return Status(StatusCode::kAlreadyExists,
-                      std::string(kJobOverBeforeJoin) + ": " + a.value().message);
-      case RoundAssignment::Kind::kMember: {
-        *attempt = a.value().attempt;
-        Membership m = a.value().membership;
-        if (m.group_rank != 0) return std::optional<Membership>(std::move(m));
-        // Node 0 decides (and polls the heartbeats): it reads every member's record.
-        members = json::parse(toString(store.get(roundMembersKey(r))), nullptr, false);
-        break;
-      }
-    }
-  }
-  if (!members.is_object()) return internalError("malformed round in the store");
-  Result<RoundDocument> doc = roundDocumentFromJson(members, r);
-  if (!doc.isOk()) return doc.status();
-  switch (doc.value().kind) {
-    case RoundDocument::Kind::kError:
-      return unavailable(doc.value().message);
-    case RoundDocument::Kind::kJobOver:
-      return Status(StatusCode::kAlreadyExists,
-                    std::string(kJobOverBeforeJoin) + ": " + doc.value().message);
-    case RoundDocument::Kind::kMembers:
-      break;
-  }
-  const RoundMembers& rm = doc.value().members;
-  const std::vector<AgentInfo>& agents = rm.agents;
-  int my_rank = -1;
-  for (size_t i = 0; i < agents.size(); ++i) {
-    if (agents[i].id == opts_.self.id) my_rank = static_cast<int>(i);
-  }
-  if (my_rank < 0) return std::optional<Membership>();
-  *attempt = rm.attempt;
-  Membership m = membershipOf(agents, my_rank);
-  m.round = r;
-  return std::optional<Membership>(std::move(m));
 }
 
 Result<int> RendezvousRounds::waitingIn(Store& store, int r) {

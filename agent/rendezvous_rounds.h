@@ -97,15 +97,9 @@ class RendezvousRounds {
   // without its slot; returns the assignment. kTimeout when neither came.
   Result<nlohmann::json> awaitAssignment(rendezvous::Store& store, int r, int64_t slot,
                                          std::chrono::milliseconds total);
-  // This agent's membership from how round r closed; nullopt when it is not a member. The
-  // round's error (kUnavailable) and the end of the job (kAlreadyExists, kJobOverBeforeJoin)
-  // are returned as a Status.
-  Result<std::optional<Membership>> membershipFrom(rendezvous::Store& store, int r,
-                                                   const RoundResult& result, int* attempt);
   int64_t takeSlot(rendezvous::Store& store, int r, const std::string& record);
   void started(int round);
   void completed(int round, const Membership& m);
-  void logMembership(const Membership& m) const;
   // Before round r is closed or waited for: when round r-1's attempt still runs, this agent is
   // a spare and waits (no deadline) until that attempt is decided, a member of round r-1 joins
   // round r, or (etcd) no member of round r-1 is alive. Records who round r-1's members were
@@ -128,11 +122,6 @@ class RendezvousRounds {
   Result<MaybeClosed> awaitCloser(rendezvous::Store& store, int r, int64_t my_slot);
   Status lastCall(rendezvous::Store& store, int r);
   Result<nlohmann::json> closeWithMembers(rendezvous::Store& store, int r, int next_attempt);
-  // Publishes round r's members document `doc`; returns the one in the store (on etcd another
-  // closer's may have won).
-  nlohmann::json publishMembers(rendezvous::Store& store, int r, const nlohmann::json& doc);
-  // Whether another agent closed round r already (etcd, host_per_round).
-  bool closedByOther(rendezvous::Store& store, int r);
 
   const StoreCoordinatorOptions& opts_;
   WaitContext& waits_;
