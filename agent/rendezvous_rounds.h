@@ -29,7 +29,6 @@
 #include "agent/job_coordinator.h"
 #include "agent/job_keys.h"
 #include "agent/liveness.h"
-#include "common/status.h"
 
 namespace cpprun::rendezvous {
 class Store;
