@@ -152,7 +152,9 @@ Result<JobDecision> DecisionExchange::decide(int n) {
   policy.elastic = s_.opts.elastic;
   policy.min_nodes = s_.opts.min_nodes;
   if (s_.opts.elastic) {
-    policy.waiting_nodes = s_.rounds.waitingIn(*s_.control_client, s_.rounds.nextRound());
+    Result<int> waiting = s_.rounds.waitingIn(*s_.control_client, s_.rounds.nextRound());
+    if (!waiting.isOk()) return waiting.status();
+    policy.waiting_nodes = waiting.value();
   }
   const auto now = SystemClock::now();
   JobDecision d = decideJob(membership, outcomes, stop, policy, s_.restarts_used, now);

@@ -50,17 +50,19 @@ std::unique_ptr<MemberLiveness> StartProtocol::makeLiveness() {
 Status StartProtocol::join(int n, int* attempt) {
   *attempt = n;
   if (s_.opts.elastic) {
-    Membership m =
+    Result<Membership> m =
         s_.rounds.joinElastic(*s_.control_client, *s_.liveness, s_.next_attempt, attempt);
+    if (!m.isOk()) return m.status();
     MutexLock lock(s_.mu);
-    s_.membership = m;
+    s_.membership = std::move(m).value();
     s_.lost_agents.clear();
     s_.unclaimed_losses.clear();
     s_.waiting_claimed = false;
   } else if (!s_.hasMembership()) {
-    Membership m = s_.rounds.joinStatic(*s_.control_client, *s_.liveness);
+    Result<Membership> m = s_.rounds.joinStatic(*s_.control_client, *s_.liveness);
+    if (!m.isOk()) return m.status();
     MutexLock lock(s_.mu);
-    s_.membership = m;
+    s_.membership = std::move(m).value();
   }
   {
     MutexLock lock(s_.mu);

@@ -55,18 +55,6 @@ Status waitForKeys(WaitContext& context, rendezvous::Store& store,
   }
 }
 
-void waitKeys(WaitContext& context, rendezvous::Store& store, const std::vector<std::string>& keys,
-              std::chrono::milliseconds total, std::chrono::milliseconds slice,
-              const std::string& what, const std::function<bool()>& on_slice,
-              const std::function<std::string()>& describe) {
-  std::function<SliceVerdict()> verdict;
-  if (on_slice) {
-    verdict = [&on_slice] { return on_slice() ? SliceVerdict::done() : SliceVerdict::goOn(); };
-  }
-  Status s = waitForKeys(context, store, keys, total, slice, what, verdict, describe);
-  if (!s.isOk()) throw Abandoned{std::move(s)};
-}
-
 std::string withThousands(int64_t n) {
   std::string digits = std::to_string(n < 0 ? -n : n);
   for (int at = static_cast<int>(digits.size()) - 3; at > 0; at -= 3) {

@@ -1,13 +1,14 @@
-// Coordinator waits: how the job coordinator's parts (store_job_coordinator.cc,
-// rendezvous_rounds.h) wait for keys in the store. A wait runs in keep-alive-sized slices, so a
-// lost store, a lost agent or the end of the job is noticed within one interval, and it says
-// what it waits for every few seconds (WaitNotice) in the log and in /status.
+// Coordinator waits: how the job coordinator's parts (store_job_coordinator.cc and its
+// coordinator_*.cc, rendezvous_rounds.h) wait for keys in the store. A wait runs in
+// keep-alive-sized slices, so a lost store, a lost agent or the end of the job is noticed within
+// one interval, and it says what it waits for every few seconds (WaitNotice) in the log and in
+// /status.
 //
 // A wait returns its outcome as a Status (waitForKeys): OK when what it waited for came, else
 // the Status the coordinator's caller receives (the job is over, the store is lost, a member is
 // lost, the wait timed out); the caller checks it and returns it on. Only the store's own
 // exceptions (StoreError, StoreTimeout) are thrown, and the coordinator turns them into a value
-// at its boundary. waitKeys and Abandoned are the throwing form rendezvous_rounds.cc still uses.
+// at its boundary (StoreCoordinator::guarded). No wait throws for control flow.
 //
 // Thread safety: a WaitContext is called from the thread that waits and must be safe from
 // there; WaitAnnouncer belongs to one wait (one thread); the free functions touch only their
@@ -30,12 +31,6 @@ class Store;
 
 namespace cpprun::agent {
 
-// Thrown by waitKeys and checkAbandoned (rendezvous_rounds.cc's waits) when the job is over or
-// the store is gone; the coordinator's own waits return the Status instead (waitForKeys).
-struct Abandoned {
-  Status status;
-};
-
 // Ten years: a wait that only liveness (the store connection, heartbeats) ends.
 inline constexpr std::chrono::milliseconds kNoDeadline = std::chrono::hours(24 * 365 * 10);
 // A wait wakes at least this often, so its notices keep their schedule.
@@ -47,10 +42,6 @@ class WaitContext {
   virtual ~WaitContext() = default;
   // Why waits must end now (the store is lost, the agent is shutting down); OK: they go on.
   virtual Status abandonment() = 0;
-  // abandonment(), thrown as Abandoned when it is not OK.
-  void checkAbandoned() {
-    if (Status s = abandonment(); !s.isOk()) throw Abandoned{std::move(s)};
-  }
   // What the agent waits for now ("" when nothing), for /status.
   virtual void setWaiting(const std::string& what) = 0;
   // Hot spares (rendezvous_rounds.h): the agent waits as a spare now (true) or no longer, and
@@ -107,14 +98,6 @@ struct SliceVerdict {
                                  const std::string& what,
                                  const std::function<SliceVerdict()>& on_slice = {},
                                  const std::function<std::string()>& describe = {});
-
-// waitForKeys, throwing Abandoned with the Status where it returns one that is not OK;
-// `on_slice` returns true to end the wait as if the keys had come (and may throw Abandoned).
-// rendezvous_rounds.cc's form.
-void waitKeys(WaitContext& context, rendezvous::Store& store, const std::vector<std::string>& keys,
-              std::chrono::milliseconds total, std::chrono::milliseconds slice,
-              const std::string& what, const std::function<bool()>& on_slice = {},
-              const std::function<std::string()>& describe = {});
 
 // A list of nodes in a log line names at most this many; the rest are counted ("and 99,990
 // more"), so a line stays short whatever --nnodes is.

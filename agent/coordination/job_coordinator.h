@@ -107,10 +107,10 @@ struct AttemptReport {
   std::vector<WorkerFailure> failures;
 };
 
-// An elastic agent that waited to join (a spare) finds the job over: the Abandoned status's
+// An elastic agent that waited to join (a spare) finds the job over: the join's Status's
 // message starts with this (code kAlreadyExists); the agent exits 0, it was not needed.
 inline constexpr const char* kJobOverBeforeJoin = "the job ended before this node could join it";
-// A spare asked to leave (drain) while it waited: the Abandoned status's message starts with this
+// A spare asked to leave (drain) while it waited: the join's Status's message starts with this
 // (code kAlreadyExists); the agent exits 0, it left.
 inline constexpr const char* kLeftWhileSpare = "this node left the job while it waited as a spare";
 // A node the decider excluded from the job (node_exclusion.h): it leaves, the others re-form.

@@ -50,24 +50,28 @@ class RendezvousRounds {
   RendezvousRounds(const StoreCoordinatorOptions& options, WaitContext& waits)
       : opts_(options), waits_(waits) {}
 
-  // Static: this agent's membership, once every agent joined (join_timeout; Abandoned with
-  // kTimeout naming the missing nodes).
+  // The functions below return why the rendezvous cannot go on as a Status (the waits'
+  // abandonment(), a timeout, a malformed record, the job's end); the store's own exceptions
+  // (StoreError, StoreTimeout) are thrown as the store throws them.
+
+  // Static: this agent's membership, once every agent joined (join_timeout; else kTimeout
+  // naming the missing nodes).
   // `liveness` is renewed before this agent's record is written (its members must find it
   // alive from the moment they can see it).
-  Membership joinStatic(rendezvous::Store& store, MemberLiveness& liveness);
+  Result<Membership> joinStatic(rendezvous::Store& store, MemberLiveness& liveness);
 
   // Elastic: joins rounds until this agent is a member of one; returns its membership and sets
   // `attempt` to the job's attempt number for it. `next_attempt` (host): the attempt number the
   // round it closes starts.
-  Membership joinElastic(rendezvous::Store& store, MemberLiveness& liveness, int next_attempt,
-                         int* attempt);
+  Result<Membership> joinElastic(rendezvous::Store& store, MemberLiveness& liveness,
+                                 int next_attempt, int* attempt);
 
   // Host, elastic: tells agents still waiting to join that the job is over (`outcome`).
   void endRounds(rendezvous::Store& store, const std::string& outcome);
 
   // The agents whose record is in round r now (while an attempt runs: the spares waiting in
   // the next round; a drained spare empties its slot). Control thread.
-  int waitingIn(rendezvous::Store& store, int r);
+  Result<int> waitingIn(rendezvous::Store& store, int r);
 
   // The round agents join next (elastic; -1 before the first).
   int nextRound() const;
@@ -75,67 +79,48 @@ class RendezvousRounds {
   RendezvousProgress progress() const;
 
  private:
-  // The records in round r's slots 1..joined, in slot order, one per agent (see the .cc).
-  std::vector<RoundMember> roundRecords(rendezvous::Store& store, int r, int64_t joined,
-                                        bool all_written = false);
-  // The slots taken in round r (one ADD).
-  static int64_t joinedIn(rendezvous::Store& store, int r);
   // How round r closed for this agent: the whole members document (the closer, an agent that
   // came after the close) or only this agent's assignment (everyone else).
   struct RoundResult {
     nlohmann::json members;     // null when `assignment` holds it
     nlohmann::json assignment;  // rdzv/round/<r>/assigned/<slot>
   };
+  // A step of closeRound: nullopt to go on to the next step.
+  using MaybeClosed = std::optional<RoundResult>;
   // closeRound, in its steps: wait for min_nodes (awaitMinNodes; a round that fails publishes
   // its error), on etcd let the agent in slot min_nodes close it (awaitCloser), the last call
   // (lastCall), then publish the members and every slot's assignment (closeWithMembers).
-  RoundResult closeRound(rendezvous::Store& store, int r, int64_t my_slot, int next_attempt);
-  // The members document of round r, read from the store, with every slot's assignment
-  // published when nobody did yet (the closer was lost in between; host_per_round).
-  nlohmann::json readClosedRound(rendezvous::Store& store, int r);
-  // Closer: every slot's assignment (1..`slots`) with one multiSet, then round r's closed mark.
-  void publishAssignments(rendezvous::Store& store, int r, const nlohmann::json& members,
-                          int64_t slots);
+  Result<RoundResult> closeRound(rendezvous::Store& store, int r, int64_t my_slot,
+                                 int next_attempt);
   // Waits (up to `total`) for this agent's assignment in round r, or for the round to close
-  // without its slot; returns the assignment. Abandoned (kTimeout) when neither came.
-  nlohmann::json awaitAssignment(rendezvous::Store& store, int r, int64_t slot,
-                                 std::chrono::milliseconds total);
-  // This agent's membership from how round r closed; nullopt when it is not a member. Throws
-  // Abandoned for the round's error and for the end of the job.
-  std::optional<Membership> membershipFrom(rendezvous::Store& store, int r,
-                                           const RoundResult& result, int* attempt);
+  // without its slot; returns the assignment. kTimeout when neither came.
+  Result<nlohmann::json> awaitAssignment(rendezvous::Store& store, int r, int64_t slot,
+                                         std::chrono::milliseconds total);
   int64_t takeSlot(rendezvous::Store& store, int r, const std::string& record);
   void started(int round);
   void completed(int round, const Membership& m);
-  void logMembership(const Membership& m) const;
   // Before round r is closed or waited for: when round r-1's attempt still runs, this agent is
   // a spare and waits (no deadline) until that attempt is decided, a member of round r-1 joins
   // round r, or (etcd) no member of round r-1 is alive. Records who round r-1's members were
   // and how many of them will come back (previous_ids_, expected_survivors_).
-  // A spare asked to leave (WaitContext::leaveRequested) empties its slot `my_slot` and throws
-  // Abandoned (kLeftWhileSpare).
+  // A spare asked to leave (WaitContext::leaveRequested) empties its slot `my_slot` and returns
+  // kAlreadyExists (kLeftWhileSpare); one that finds the job over, kJobOverBeforeJoin.
   // `survivor_may_skip`: an agent that was a member of round r-1 and does not close round r
   // needs none of this (it read r-1's decision); it reads nothing (previous_unread_).
-  void waitForRunningRound(rendezvous::Store& store, int r, int64_t my_slot,
-                           bool survivor_may_skip = true);
+  Status waitForRunningRound(rendezvous::Store& store, int r, int64_t my_slot,
+                             bool survivor_may_skip = true);
+  // waitForRunningRound's end: round r-1's decision (attempt `attempt`) read; the job's end
+  // returned, or how many survivors come back (expected_survivors_).
+  Status readRunningDecision(rendezvous::Store& store, int r, int attempt);
   bool survivorNotClosing(int r, int64_t my_slot) const;
   // closeRound's last call when round r-1's survivors are known: until they all joined and
   // max_nodes are in, bounded by last_call_timeout.
-  void lastCallForSurvivors(rendezvous::Store& store, int r);
+  Status lastCallForSurvivors(rendezvous::Store& store, int r);
   // closeRound's steps (see the .cc). nullopt: go on to the next step.
-  std::optional<RoundResult> awaitMinNodes(rendezvous::Store& store, int r);
-  std::optional<RoundResult> awaitCloser(rendezvous::Store& store, int r, int64_t my_slot);
-  void lastCall(rendezvous::Store& store, int r);
-  nlohmann::json closeWithMembers(rendezvous::Store& store, int r, int next_attempt);
-  // Publishes round r's members document `doc`; returns the one in the store (on etcd another
-  // closer's may have won).
-  nlohmann::json publishMembers(rendezvous::Store& store, int r, const nlohmann::json& doc);
-  // Whether another agent closed round r already (etcd, host_per_round).
-  bool closedByOther(rendezvous::Store& store, int r);
-  // The distinct agents with a record in round r's first `joined` slots.
-  int64_t distinctAgents(rendezvous::Store& store, int r, int64_t joined);
-  // A spare counts itself out of attempt n's final decision (the store host waits for all).
-  void countSpareOut(rendezvous::Store& store, int r, int attempt);
+  Result<MaybeClosed> awaitMinNodes(rendezvous::Store& store, int r);
+  Result<MaybeClosed> awaitCloser(rendezvous::Store& store, int r, int64_t my_slot);
+  Status lastCall(rendezvous::Store& store, int r);
+  Result<nlohmann::json> closeWithMembers(rendezvous::Store& store, int r, int next_attempt);
 
   const StoreCoordinatorOptions& opts_;
   WaitContext& waits_;

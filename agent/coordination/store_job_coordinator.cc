@@ -83,14 +83,13 @@ class StoreCoordinator : public JobCoordinator {
   // Why this agent may not leave attempt n now (OK: it may). Control thread.
   Status leaveRefusal(int n);
 
-  // Runs `f` (which returns a Result<T>), turning store trouble into a Status: the store's
-  // exceptions, and Abandoned from the rounds' waits (rendezvous_rounds.h). Control thread.
+  // Runs `f` (which returns a Result<T>), turning the store's exceptions (StoreTimeout,
+  // StoreError) into a Status; everything else (the waits, the rounds) returns its Status.
+  // Control thread.
   template <typename T, typename F>
   Result<T> guarded(F f) {
     try {
       return f();
-    } catch (const Abandoned& a) {
-      return a.status;
     } catch (const StoreTimeout& e) {
       return timeoutError(e.what());
     } catch (const StoreError& e) {
@@ -240,7 +239,9 @@ Status StoreCoordinator::leaveRefusal(int n) {
     }
     world = s_.membership->group_world_size - static_cast<int>(s_.lost_agents.size());
   }
-  const int64_t spares = s_.rounds.waitingIn(*s_.control_client, s_.rounds.nextRound());
+  const Result<int> waiting = s_.rounds.waitingIn(*s_.control_client, s_.rounds.nextRound());
+  if (!waiting.isOk()) return waiting.status();
+  const int64_t spares = waiting.value();
   if (world - 1 + spares < s_.opts.min_nodes) {
     return Status(StatusCode::kInvalidArgument,
                   "leaving would leave " + std::to_string(world - 1) + " node(s) and " +

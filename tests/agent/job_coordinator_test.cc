@@ -907,11 +907,11 @@ TEST_CASE("rendezvous rounds: reading a round of written slots is one CHECK, not
   RendezvousRounds rounds(options, waits);
   auto store = std::make_shared<CheckCounter>(shared, std::make_shared<std::atomic<bool>>(), 5s);
   rendezvous::PrefixStore view(jobNamespace(""), store);
-  CHECK(rounds.waitingIn(view, 0) == kSlots);
+  CHECK(rounds.waitingIn(view, 0).value() == kSlots);
   CHECK(store->checks == 1);
   // A slot left empty (its joiner died): each slot is then checked, and the empty one skipped.
   shared.deleteKey(kNoneRun + roundAgentKey(0, 7));
   store->checks = 0;
-  CHECK(rounds.waitingIn(view, 0) == kSlots - 1);
+  CHECK(rounds.waitingIn(view, 0).value() == kSlots - 1);
   CHECK(store->checks == 1 + kSlots);
 }
