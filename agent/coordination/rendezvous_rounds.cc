@@ -17,7 +17,6 @@ using nlohmann::json;
 using rendezvous::Store;
 using rendezvous::StoreTimeout;
 using rendezvous::toString;
-using SteadyClock = std::chrono::steady_clock;
 
 namespace {
 
@@ -252,7 +251,7 @@ void RendezvousRounds::started(int round) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     progress_.round = round;
-    round_began_ = SteadyClock::now();
+    round_began_ = waits_.clock().now();
   }
   emitRendezvousStarted(opts_.event_log,
                         {round,
@@ -267,7 +266,7 @@ void RendezvousRounds::completed(int round, const Membership& m) {
   double seconds = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    seconds = std::chrono::duration<double>(SteadyClock::now() - round_began_).count();
+    seconds = std::chrono::duration<double>(waits_.clock().now() - round_began_).count();
     ++progress_.rounds_completed;
     progress_.last_duration_s = seconds;
     progress_.nodes = m.group_world_size;
@@ -469,7 +468,7 @@ Status RendezvousRounds::readRunningDecision(Store& store, int r, int attempt) {
 }
 
 Status RendezvousRounds::lastCallForSurvivors(Store& store, int r) {
-  const auto began = SteadyClock::now();
+  const auto began = waits_.clock().now();
   const auto deadline = began + opts_.last_call_timeout;
   // Survivors join within moments of the decision (their teardown is over); one that does not
   // (a failed health check, a slow node) is not waited for longer than the keep-alive bound
@@ -489,11 +488,11 @@ Status RendezvousRounds::lastCallForSurvivors(Store& store, int r) {
       if (previous_ids_.count(c.agent.id)) ++survivors;
     }
     if (total >= opts_.max_nodes &&
-        (survivors >= wanted_survivors || SteadyClock::now() >= survivors_deadline)) {
+        (survivors >= wanted_survivors || waits_.clock().now() >= survivors_deadline)) {
       return Status::ok();
     }
     const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - waits_.clock().now());
     if (left <= std::chrono::milliseconds(0)) return Status::ok();
     if (Status s = waits_.abandonment(); !s.isOk()) return s;
     try {  // the next slot's record, or a slice
@@ -537,7 +536,7 @@ std::vector<RoundMember> selectRoundMembers(std::vector<RoundMember> candidates,
 // one slot more. Within the join timeout, else the round fails: its error is published (unless
 // another closer published first) and returned (kTimeout).
 Result<RendezvousRounds::MaybeClosed> RendezvousRounds::awaitMinNodes(Store& store, int r) {
-  const auto deadline = SteadyClock::now() + opts_.join_timeout;
+  const auto deadline = waits_.clock().now() + opts_.join_timeout;
   int64_t awaited_slot = opts_.min_nodes;
   Status failed;
   for (;;) {
@@ -545,7 +544,7 @@ Result<RendezvousRounds::MaybeClosed> RendezvousRounds::awaitMinNodes(Store& sto
         waits_, store, {roundAgentKey(r, awaited_slot)},
         std::max(
             std::chrono::milliseconds(0),
-            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now())),
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - waits_.clock().now())),
         opts_.keep_alive_interval, "rendezvous round " + std::to_string(r),
         [&] {
           if (closedByOther(opts_, store, r)) return SliceVerdict::done();
@@ -724,14 +723,14 @@ Result<json> RendezvousRounds::awaitAssignment(Store& store, int r, int64_t slot
 // the old slot is left empty or holds a copy of this record, and the host skips both
 // (roundRecords).
 int64_t RendezvousRounds::takeSlot(Store& store, int r, const std::string& record) {
-  const auto deadline = SteadyClock::now() + opts_.join_timeout;
+  const auto deadline = waits_.clock().now() + opts_.join_timeout;
   while (true) {
     try {
       const int64_t index = store.takeTicket(roundJoinedKey(r));
       store.set(roundAgentKey(r, index), record);
       return index;
     } catch (const StoreTimeout& e) {
-      if (SteadyClock::now() >= deadline) throw;
+      if (waits_.clock().now() >= deadline) throw;
       CPPRUN_LOG(kWarn) << "rendezvous round " << r << ": " << e.what() << "; joining again";
     }
   }
