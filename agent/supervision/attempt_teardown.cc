@@ -45,8 +45,7 @@ struct AttemptTeardown::Timers {
 AttemptTeardown::AttemptTeardown(asio::io_context& io, ProcessLauncher& launcher,
                                  std::vector<AttemptWorker>& workers, Options options,
                                  Callbacks callbacks)
-    : io_(io),
-      launcher_(launcher),
+    : launcher_(launcher),
       workers_(workers),
       options_(options),
       callbacks_(std::move(callbacks)),

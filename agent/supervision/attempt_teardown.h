@@ -95,7 +95,6 @@ class AttemptTeardown {
   void onReapTimeout();
   void giveUp(AttemptWorker& w, double seconds_after_kill);
 
-  boost::asio::io_context& io_;
   ProcessLauncher& launcher_;
   std::vector<AttemptWorker>& workers_;
   Options options_;
