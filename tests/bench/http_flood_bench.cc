@@ -43,6 +43,7 @@
 #include "common/command_line.h"
 #include "common/network_address.h"
 #include "rendezvous/tcp_store_client.h"
+#include "tests/bench/bench_flags.h"
 #include "tests/support/http_get.h"
 
 namespace {
@@ -238,11 +239,8 @@ RunResult runJob(const Options& o, const std::string& cpprun, const std::string&
   std::exit(2);
 }
 
-// A numeric flag's value in [min, max], or usage() naming the flag and the text.
 int unsignedValue(const std::string& flag, const std::string& text, uint64_t min, uint64_t max) {
-  cpprun::Result<uint64_t> n = cpprun::parseUnsigned(flag, text, min, max);
-  if (!n.isOk()) usage(n.status().message());
-  return static_cast<int>(n.value());
+  return cpprun::bench::unsignedFlag(usage, flag, text, min, max);
 }
 
 Options parse(int argc, char** argv) {

@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "common/command_line.h"
+#include "tests/bench/bench_flags.h"
 
 namespace {
 
@@ -369,11 +370,9 @@ int Driver::run() {
   std::exit(2);
 }
 
-// A numeric flag's value, or usage() naming the flag and the text.
 int unsignedValue(const std::string& flag, const std::string& text, uint64_t max) {
-  Result<uint64_t> n = parseUnsigned(flag, text, max);
-  if (!n.isOk()) usage(n.status().message().c_str());
-  return static_cast<int>(n.value());
+  return cpprun::bench::unsignedFlag([](const std::string& why) { usage(why.c_str()); }, flag, text,
+                                     0, max);
 }
 
 Options parse(int argc, char** argv) {
