@@ -409,8 +409,8 @@ void LocalAgent::makeCoordinatorAndSupervisor() {
     }
     coordinator_ = makeStoreCoordinator(
         io_, co, [this](int restart_count) { return prepareHostAttempt(restart_count); },
-        [this](int n, const std::string& reason, int signal) {
-          if (supervisor_) supervisor_->onPeerStop(n, reason, signal);
+        [this](int n, const std::string& reason, int signal, bool stall) {
+          if (supervisor_) supervisor_->onPeerStop(n, reason, signal, stall);
         },
         [this](const Status& s) {
           if (supervisor_) supervisor_->onCoordinatorLost(s);

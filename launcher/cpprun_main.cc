@@ -364,7 +364,10 @@ int reportOutcome(const Job& job, const agent::JobOutcome& outcome, int world_si
           << (outcome.restarts ? " after " + std::to_string(outcome.restarts) + " restart(s)" : "");
       break;
     case agent::JobOutcome::Kind::kWorkersFailed: {
-      if (job.rdzv.multi_node && !outcome.summary.empty()) {
+      if (outcome.summary.rfind("hang: ", 0) == 0) {
+        // The stall verdict (agent/supervision/stall_verdict.h): who caused the hang.
+        CPPRUN_LOG(kError) << "the job failed; " << outcome.summary;
+      } else if (job.rdzv.multi_node && !outcome.summary.empty()) {
         CPPRUN_LOG(kError) << "the job failed; first failure: " << outcome.summary;
       }
       logText(

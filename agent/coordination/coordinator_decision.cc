@@ -4,6 +4,7 @@
 #include <set>
 #include <sstream>
 
+#include "agent/coordination/job_decision.h"
 #include "agent/coordination/job_keys.h"
 #include "agent/coordination/node_exclusion.h"
 #include "common/logging.h"
@@ -158,24 +159,38 @@ Result<JobDecision> DecisionExchange::decide(int n) {
   }
   const auto now = SystemClock::now();
   JobDecision d = decideJob(membership, outcomes, stop, policy, s_.restarts_used, now);
-  considerExclusion(membership, outcomes, stop, now, d);
+  // A hang: the culprit's node is charged, whoever noticed the stall first.
+  int charged = stop.by;
+  bool charged_by_verdict = false;
+  if (auto hang = applyJobStallVerdict(membership, outcomes, d)) {
+    CPPRUN_LOG(kError) << "attempt " << n << " hung: " << hang->verdict.summary;
+    emitEvent(s_.opts.event_log, "stall_verdict", stallVerdictEvent(n, hang->verdict, hang->states));
+    charged = hang->culprit_node;
+    charged_by_verdict = true;
+  }
+  considerExclusion(membership, outcomes, stop, charged, charged_by_verdict, now, d);
   s_.restarts_used = d.restarts_used;
   return d;
 }
 
 void DecisionExchange::considerExclusion(const Membership& membership,
                                          const std::map<int, NodeOutcome>& outcomes,
-                                         const StopClaim& stop, SystemClock::time_point now,
-                                         JobDecision& d) {
-  if (s_.opts.exclude_after <= 0 || stop.cause != StopCause::kFailure || stop.by < 0) return;
-  if (d.kind != JobDecision::Kind::kRestart && d.kind != JobDecision::Kind::kFailed) return;
-  if (d.membership_change || d.signal != 0) return;
-  const auto culprit = outcomes.find(stop.by);
-  if (culprit == outcomes.end() || culprit->second.lost ||
-      culprit->second.report.kind != AttemptReport::Kind::kFailed) {
+                                         const StopClaim& stop, int charged, bool by_verdict,
+                                         SystemClock::time_point now, JobDecision& d) {
+  if (s_.opts.exclude_after <= 0 || charged < 0 ||
+      (stop.cause != StopCause::kFailure && stop.cause != StopCause::kStall)) {
     return;
   }
-  const AgentInfo& agent = membership.agents.at(static_cast<size_t>(stop.by));
+  if (d.kind != JobDecision::Kind::kRestart && d.kind != JobDecision::Kind::kFailed) return;
+  if (d.membership_change || d.signal != 0) return;
+  const auto culprit = outcomes.find(charged);
+  // The stop's owner counts when its own workers failed; a hang's culprit node counts whatever
+  // its report says (the peer's stall stopped it).
+  if (culprit == outcomes.end() || culprit->second.lost ||
+      (!by_verdict && culprit->second.report.kind != AttemptReport::Kind::kFailed)) {
+    return;
+  }
+  const AgentInfo& agent = membership.agents.at(static_cast<size_t>(charged));
   const int64_t now_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count();
   s_.control_client->append(
@@ -184,7 +199,7 @@ void DecisionExchange::considerExclusion(const Membership& membership,
   const auto history = decodeFailureHistory(toString(s_.control_client->get(kExclusionHistoryKey)));
   ExclusionPolicy policy{s_.opts.exclude_after, s_.opts.exclude_window};
   ExclusionInput in;
-  in.culprit_rank = stop.by;
+  in.culprit_rank = charged;
   in.failures = failuresWithin(history, agent.id, policy.window, now_ms);
   in.elastic = s_.opts.elastic;
   in.min_nodes = s_.opts.min_nodes;
@@ -192,10 +207,10 @@ void DecisionExchange::considerExclusion(const Membership& membership,
   for (const auto& [rank, outcome] : outcomes) lost += outcome.lost ? 1 : 0;
   in.survivors = membership.group_world_size - lost;
   // c10d: the store host's agent is the job's store; it cannot leave without ending the job.
-  in.culprit_may_leave = s_.opts.host_per_round || stop.by != membership.group_rank;
+  in.culprit_may_leave = s_.opts.host_per_round || charged != membership.group_rank;
   const int restarts_before = s_.restarts_used;
   if (const std::string blocked = exclusionBlocked(policy, in); !blocked.empty()) {
-    CPPRUN_LOG(kWarn) << "node " << stop.by << " (" << agent.host << ") caused " << in.failures
+    CPPRUN_LOG(kWarn) << "node " << charged << " (" << agent.host << ") caused " << in.failures
                       << " failures within " << policy.window.count()
                       << " s but is not excluded: " << blocked;
     return;

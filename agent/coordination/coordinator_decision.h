@@ -36,8 +36,11 @@ class DecisionExchange {
   // Decider: when the attempt's root cause was one node's own workers, records it in the job's
   // failure history (in the store, so a later decider reads it too) and excludes the node once
   // it has caused exclude_after failures within exclude_window (node_exclusion.h).
+  // `charged`: the node whose workers caused the failure (the stop's owner, or a hang's culprit
+  // node when `by_verdict`; -1: nobody).
   void considerExclusion(const Membership& membership, const std::map<int, NodeOutcome>& outcomes,
-                         const StopClaim& stop, SystemClock::time_point now, JobDecision& d);
+                         const StopClaim& stop, int charged, bool by_verdict,
+                         SystemClock::time_point now, JobDecision& d);
 
   // After the final decision: wake every watcher (the stop key), tell agents still waiting to
   // join that the job is over, count this agent out and, on the host, keep serving until

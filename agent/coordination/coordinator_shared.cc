@@ -183,7 +183,7 @@ void CoordinatorShared::memberLost(int attempt, const LostMember& lost) {
   cv.notifyAll();
   if (started) {
     const std::string reason = lost.reason;
-    post([this, attempt, reason] { on_peer_stop(attempt, reason, 0); });
+    post([this, attempt, reason] { on_peer_stop(attempt, reason, 0, false); });
   }
 }
 

@@ -55,7 +55,7 @@ void CoordinatorWatcher::run() {
           handled_stop = n;
           if (s_.acksStops()) acknowledgeStop(*client, n);
           if (stop.by != s_.myRank() && stop.by != kByNobody) {
-            s_.post([this, n, stop] { s_.on_peer_stop(n, stop.reason, stop.signal); });
+            s_.post([this, n, stop] { s_.on_peer_stop(n, stop.reason, stop.signal, stop.cause == StopCause::kStall); });
           } else if (stop.by == s_.myRank() && stop.cause == StopCause::kLost) {
             // The others lost this agent (it was stopped, starved or cut off for a while)
             // and went on without it: its workers must stop too, or they run on outside
@@ -64,7 +64,7 @@ void CoordinatorWatcher::run() {
             const std::string reason =
                 std::string(s_.opts.host_per_round ? "the other nodes" : "the store host") +
                 " declared this node lost (" + stop.reason + ")";
-            s_.post([this, n, reason] { s_.on_peer_stop(n, reason, 0); });
+            s_.post([this, n, reason] { s_.on_peer_stop(n, reason, 0, false); });
           }
         } catch (const StoreTimeout&) {
         }
@@ -73,7 +73,7 @@ void CoordinatorWatcher::run() {
         const std::string reason =
             "this node was silent for longer than its liveness bound and the others count it "
             "as lost";
-        s_.post([this, n, reason] { s_.on_peer_stop(n, reason, 0); });
+        s_.post([this, n, reason] { s_.on_peer_stop(n, reason, 0, false); });
       }
       bool polls;
       {
@@ -133,7 +133,7 @@ void CoordinatorWatcher::checkJoiners(Store& client, int n) {
       std::to_string(waiting) + " node(s) waiting to join; re-forming the group";
   CPPRUN_LOG(kInfo) << reason;
   s_.claimStop(client, n, {s_.myRank(), reason, StopCause::kJoin, 0});
-  s_.post([this, n, reason] { s_.on_peer_stop(n, reason, 0); });
+  s_.post([this, n, reason] { s_.on_peer_stop(n, reason, 0, false); });
 }
 
 }  // namespace cpprun::agent

@@ -46,6 +46,7 @@
 
 #include "agent/observability/event_log.h"
 #include "agent/supervision/failure_report.h"
+#include "agent/supervision/stall_verdict.h"
 #include "common/clock.h"
 #include "common/status.h"
 
@@ -105,6 +106,9 @@ struct AttemptReport {
   int signal = 0;     // kSignalled
   std::string error;  // kStartFailed
   std::vector<WorkerFailure> failures;
+  // A stall (this node's or a peer's) stopped the attempt: every rank's state when it did
+  // (stall_verdict.h), for the decider's verdict. Empty otherwise.
+  std::vector<RankState> rank_states;
 };
 
 // An elastic agent that waited to join (a spare) finds the job over: the join's Status's
@@ -153,7 +157,10 @@ class JobCoordinator {
   // Another agent claimed the attempt's stop (or an agent was lost): tear the workers down.
   // `signal` is the signal that agent received and forwarded (its workers get it; so should
   // these: a scheduler's SIGUSR1 means "checkpoint", not "die"), 0 for a failure or a loss.
-  using PeerStop = std::function<void(int restart_count, const std::string& reason, int signal)>;
+  // `stall`: that agent's ranks stalled (announceStall): take a snapshot of every rank before
+  // the teardown, for the job's verdict on who caused the hang.
+  using PeerStop =
+      std::function<void(int restart_count, const std::string& reason, int signal, bool stall)>;
   // The store cannot be reached any more (this agent is cut off from the job).
   using Lost = std::function<void(const Status&)>;
   // Host only, run on the loop before every attempt: clear the workers' keys and make the
@@ -164,6 +171,11 @@ class JobCoordinator {
   virtual void beginAttempt(int restart_count, StartDone done) = 0;
   // This agent's workers failed (signal 0) or it received `signal`: claim the attempt's stop.
   virtual void announceStop(int restart_count, const std::string& reason, int signal) = 0;
+  // This agent's ranks stalled: claim the attempt's stop as a stall (the others snapshot their
+  // ranks before they tear down, stall_verdict.h).
+  virtual void announceStall(int restart_count, const std::string& reason) {
+    announceStop(restart_count, reason, 0);
+  }
   virtual void endAttempt(int restart_count, const AttemptReport& report, DecisionDone done) = 0;
   // This agent asks to leave the job during attempt `restart_count` (drain: SIGPWR or POST
   // /leave). `done` (on the loop) gets OK once the attempt's stop is claimed for the leave

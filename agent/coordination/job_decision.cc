@@ -1,5 +1,6 @@
 #include "agent/coordination/job_decision.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "agent/supervision/restart_policy.h"
@@ -100,6 +101,40 @@ JobDecision decideJob(const Membership& membership, const std::map<int, NodeOutc
     d.kind = JobDecision::Kind::kSucceeded;
   }
   return d;
+}
+
+std::optional<JobStallVerdict> applyJobStallVerdict(const Membership& membership,
+                                                    const std::map<int, NodeOutcome>& outcomes,
+                                                    JobDecision& decision) {
+  JobStallVerdict out;
+  for (const auto& [rank, outcome] : outcomes) {
+    if (outcome.lost) continue;
+    const size_t node = static_cast<size_t>(rank);
+    const std::string host = node < membership.agents.size() ? membership.agents[node].host : "";
+    for (RankState s : outcome.report.rank_states) {
+      s.node = rank;
+      s.host = host;
+      out.states.push_back(std::move(s));
+    }
+  }
+  if (out.states.empty()) return std::nullopt;
+  auto verdict = decideStall(out.states);
+  if (!verdict) return std::nullopt;
+  out.verdict = std::move(*verdict);
+  if (!out.verdict.culprits.empty()) {
+    out.culprit_node = out.states[out.verdict.culprits.front()].node;
+  }
+  applyStallVerdict(out.verdict, out.states, decision.failures);
+  // Root cause first: the culprits (by the times applyStallVerdict gave them), then the rest.
+  std::stable_sort(decision.failures.begin(), decision.failures.end(),
+                   [](const WorkerFailure& a, const WorkerFailure& b) {
+                     const bool a_first = !a.teardown && !a.collateral && !a.waiting;
+                     const bool b_first = !b.teardown && !b.collateral && !b.waiting;
+                     if (a_first != b_first) return a_first;
+                     return a_first && a.time < b.time;
+                   });
+  decision.summary = "hang: " + out.verdict.summary;
+  return out;
 }
 
 }  // namespace cpprun::agent

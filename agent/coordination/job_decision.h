@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "agent/coordination/job_coordinator.h"
@@ -47,5 +48,20 @@ struct DecisionPolicy {
 JobDecision decideJob(const Membership& membership, const std::map<int, NodeOutcome>& outcomes,
                       const StopClaim& stop, const DecisionPolicy& policy, int restarts_used,
                       std::chrono::system_clock::time_point now);
+
+// A hang's verdict over the whole job (stall_verdict.h): every node's rank states, each with
+// its node's group rank and host.
+struct JobStallVerdict {
+  StallVerdict verdict;
+  std::vector<RankState> states;
+  int culprit_node = -1;  // group rank of the first culprit's node; -1: no culprit
+};
+// When nodes reported rank states (a stall stopped the attempt) and a rank was in a collective:
+// decides the verdict and applies it to `decision` — culprits first as the root cause, waiting
+// ranks listed as waiting, the summary the verdict's line. nullopt (decision unchanged)
+// otherwise. REQUIRES: membership.agents covers every rank in `outcomes`.
+std::optional<JobStallVerdict> applyJobStallVerdict(const Membership& membership,
+                                                    const std::map<int, NodeOutcome>& outcomes,
+                                                    JobDecision& decision);
 
 }  // namespace cpprun::agent

@@ -76,6 +76,7 @@ json failureToJson(const WorkerFailure& f) {
       {"stderr_tail", f.stderr_tail},
       {"teardown", f.teardown},
       {"collateral", f.collateral},
+      {"waiting", f.waiting},
       {"host", f.host},
       {"error_document", f.error_document},
       {"unreaped", f.unreaped},
@@ -98,6 +99,7 @@ WorkerFailure failureFromJson(const json& d) {
   f.stderr_tail = d.value("stderr_tail", std::vector<std::string>{});
   f.teardown = d.value("teardown", false);
   f.collateral = d.value("collateral", false);
+  f.waiting = d.value("waiting", false);
   f.host = d.value("host", "");
   if (d.contains("error_document")) f.error_document = d["error_document"];
   f.unreaped = d.value("unreaped", false);
@@ -154,6 +156,8 @@ const char* stopCauseName(StopCause c) {
       return "end";
     case StopCause::kLeave:
       return "leave";
+    case StopCause::kStall:
+      return "stall";
   }
   return "failure";
 }
@@ -164,6 +168,7 @@ StopCause stopCauseFromName(const std::string& s) {
   if (s == "join") return StopCause::kJoin;
   if (s == "end") return StopCause::kEnd;
   if (s == "leave") return StopCause::kLeave;
+  if (s == "stall") return StopCause::kStall;
   return StopCause::kFailure;
 }
 
@@ -193,6 +198,17 @@ json reportToJson(const AttemptReport& report, const std::string& host) {
     with_host.host = host;
     doc["failures"].push_back(failureToJson(with_host));
   }
+  if (!report.rank_states.empty()) {
+    // Stacks only of the ranks that may be culprits: a waiting rank's digest stays small.
+    std::vector<RankState> states = report.rank_states;
+    trimWaitingStacks(states);
+    json ranks = json::array();
+    for (const RankState& s : states) {
+      if (ranks.size() >= kMaxReportedRankStates) break;
+      ranks.push_back(rankStateToJson(s));
+    }
+    doc["ranks"] = std::move(ranks);
+  }
   return doc;
 }
 
@@ -205,6 +221,15 @@ AttemptReport reportFromJson(const json& doc) {
   report.error = doc.value("error", "");
   for (const json& f : doc.value("failures", json::array())) {
     report.failures.push_back(failureFromJson(f));
+  }
+  // Every rank's state at a stall: a malformed one is left out (the verdict then counts the rank
+  // as one that gave no state), never an exception.
+  if (auto ranks = doc.find("ranks"); ranks != doc.end() && ranks->is_array()) {
+    for (const json& r : *ranks) {
+      if (report.rank_states.size() >= kMaxReportedRankStates) break;
+      auto state = rankStateFromJson(r, "a node's report");
+      if (state.isOk()) report.rank_states.push_back(std::move(state).value());
+    }
   }
   return report;
 }

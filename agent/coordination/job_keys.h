@@ -127,7 +127,10 @@ nlohmann::json failureToJson(const WorkerFailure& failure);
 WorkerFailure failureFromJson(const nlohmann::json& doc);
 
 // An agent's report of one attempt; `host` is written into every failure. A malformed report
-// decodes as kFailed without failures.
+// decodes as kFailed without failures. A stall's rank states ("ranks") travel with it, at most
+// kMaxReportedRankStates, waiting ranks without their stacks (trimWaitingStacks); a malformed
+// state is dropped.
+inline constexpr size_t kMaxReportedRankStates = 4096;
 nlohmann::json reportToJson(const AttemptReport& report, const std::string& host);
 AttemptReport reportFromJson(const nlohmann::json& doc);
 
@@ -145,7 +148,9 @@ Result<DecisionRecord> decisionFromJson(const nlohmann::json& doc, int default_r
 
 // Who stopped an attempt and why: the first claim of the attempt's stop key wins.
 // kLeave: the claiming agent leaves the job (drained: SIGPWR or POST /leave, local_agent.h).
-enum class StopCause { kFailure, kSignal, kLost, kJoin, kEnd, kLeave };
+// kStall: the claiming agent's ranks stalled (a failure whose root cause the job's stall verdict
+// names, job_decision.h).
+enum class StopCause { kFailure, kSignal, kLost, kJoin, kEnd, kLeave, kStall };
 inline constexpr int kByNobody = -1;  // the end of the job (no agent's doing)
 struct StopClaim {
   int by = kByNobody;  // the claiming agent's group rank; for kLost, the lost agent's

@@ -66,6 +66,7 @@ class StoreCoordinator : public JobCoordinator {
   // back to the loop.
   void beginAttempt(int n, StartDone done) override;
   void announceStop(int n, const std::string& reason, int signal) override;
+  void announceStall(int n, const std::string& reason) override;
   void requestLeave(int n, const std::string& reason, LeaveDone done) override;
   void endAttempt(int n, const AttemptReport& report, DecisionDone done) override;
 
@@ -76,6 +77,8 @@ class StoreCoordinator : public JobCoordinator {
  private:
   // Queues `task` for the control thread. Loop.
   void enqueue(std::function<void()> task);
+  // Claims the attempt's stop in this agent's name (on the control thread).
+  void claimOwnStop(int n, const std::string& reason, StopCause cause, int signal);
 
   // The control thread: runs the queued tasks one at a time until shutdown.
   void controlLoop();
@@ -118,19 +121,27 @@ void StoreCoordinator::beginAttempt(int n, StartDone done) {
     // go) and stops at once for them, after the start on the loop.
     for (const std::string& reason : lost_before_start) {
       const int attempt = result.value().attempt;
-      s_.post([this, attempt, reason] { s_.on_peer_stop(attempt, reason, 0); });
+      s_.post([this, attempt, reason] { s_.on_peer_stop(attempt, reason, 0, false); });
     }
   });
 }
 
 void StoreCoordinator::announceStop(int n, const std::string& reason, int signal) {
-  enqueue([this, n, reason, signal] {
+  claimOwnStop(n, reason, signal == 0 ? StopCause::kFailure : StopCause::kSignal, signal);
+}
+
+void StoreCoordinator::announceStall(int n, const std::string& reason) {
+  claimOwnStop(n, reason, StopCause::kStall, 0);
+}
+
+void StoreCoordinator::claimOwnStop(int n, const std::string& reason, StopCause cause, int signal) {
+  enqueue([this, n, reason, cause, signal] {
     Result<bool> claimed = guarded<bool>([&]() -> Result<bool> {
       const int rank = s_.myRank();
       s_.claimStop(
           *s_.control_client, n,
           {rank, "node " + std::to_string(rank) + " (" + s_.opts.self.host + "): " + reason,
-           signal == 0 ? StopCause::kFailure : StopCause::kSignal, signal});
+           cause, signal});
       return true;
     });
     if (!claimed.isOk()) {

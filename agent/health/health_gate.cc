@@ -63,6 +63,10 @@ void HealthGate::announceStop(int restart_count, const std::string& reason, int 
   inner_.announceStop(restart_count, reason, signal);
 }
 
+void HealthGate::announceStall(int restart_count, const std::string& reason) {
+  inner_.announceStall(restart_count, reason);
+}
+
 void HealthGate::endAttempt(int restart_count, const AttemptReport& report, DecisionDone done) {
   std::weak_ptr<bool> alive = alive_;
   inner_.endAttempt(restart_count, report,

@@ -47,6 +47,7 @@ class HealthGate : public JobCoordinator {
 
   void beginAttempt(int restart_count, StartDone done) override;
   void announceStop(int restart_count, const std::string& reason, int signal) override;
+  void announceStall(int restart_count, const std::string& reason) override;
   void endAttempt(int restart_count, const AttemptReport& report, DecisionDone done) override;
   RendezvousProgress progress() const override;
 

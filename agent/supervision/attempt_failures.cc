@@ -96,6 +96,30 @@ std::vector<WorkerFailure> collectFailures(const std::vector<AttemptWorker>& wor
   return failures;
 }
 
+std::vector<RankState> attemptRankStates(const std::vector<AttemptWorker>& workers,
+                                         const StallWatchdog& watchdog) {
+  std::vector<RankState> states = watchdog.rankStates();
+  for (RankState& s : states) {
+    for (const AttemptWorker& w : workers) {
+      if (w.pid != s.pid || !s.exited) continue;
+      s.exit_code = WIFSIGNALED(w.status) ? -WTERMSIG(w.status) : WEXITSTATUS(w.status);
+    }
+  }
+  return states;
+}
+
+std::string applyNodeStallVerdict(const std::vector<RankState>& states,
+                                  std::vector<WorkerFailure>& failures, int attempt,
+                                  EventLog* log) {
+  if (states.empty()) return "";
+  auto verdict = decideStall(states);
+  if (!verdict) return "";
+  applyStallVerdict(*verdict, states, failures);
+  CPPRUN_LOG(kError) << "attempt " << attempt << " hung: " << verdict->summary;
+  emitEvent(log, "stall_verdict", stallVerdictEvent(attempt, *verdict, states));
+  return "hang: " + verdict->summary;
+}
+
 namespace {
 
 std::string describeTimerExpiry(const FileTimerServer::Expiry& e, pid_t worker_pid) {
@@ -208,6 +232,7 @@ nlohmann::json failureEvent(const WorkerFailure& f) {
   if (!f.error_file.empty()) fields["error_file"] = f.error_file;
   if (!f.traceback.empty()) fields["traceback"] = f.traceback;
   if (f.collateral) fields["collateral"] = true;
+  if (f.waiting) fields["waiting"] = true;
   if (f.unreaped) {
     fields["unreaped"] = true;
     fields["state"] = f.state == 0 ? std::string() : std::string(1, f.state);

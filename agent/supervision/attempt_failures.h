@@ -31,6 +31,18 @@ std::vector<WorkerFailure> collectFailures(const std::vector<AttemptWorker>& wor
                                            const StallWatchdog& watchdog, int stop_signal,
                                            std::chrono::milliseconds reap_timeout);
 
+// Every rank's state from the attempt's stall snapshot (stall_watchdog.h), with the exit code
+// of each rank that had exited by then; empty when no snapshot was taken.
+std::vector<RankState> attemptRankStates(const std::vector<AttemptWorker>& workers,
+                                         const StallWatchdog& watchdog);
+
+// One node: the hang's verdict over `states` (stall_verdict.h) applied to `failures`, logged and
+// emitted as `stall_verdict` for attempt `attempt` (`log` may be null). Returns its summary
+// ("hang: ..."), or "" when there is no verdict (no states, no rank in a collective).
+std::string applyNodeStallVerdict(const std::vector<RankState>& states,
+                                  std::vector<WorkerFailure>& failures, int attempt,
+                                  EventLog* log);
+
 // A FileTimer scope of `w` expired (the server sent its pid the signal): records it as the
 // worker's failure (w.timer_expiry: "FileTimer scope 'train_step' expired 60.0 s after it was
 // armed; cpprun sent SIGKILL to pid 42", and what else expired with it), logs it and emits

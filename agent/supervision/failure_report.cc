@@ -118,7 +118,11 @@ std::vector<std::string> formatEntry(size_t idx, const std::string& host, const 
                (f.wchan.empty() ? std::string("-") : f.wchan) + ", still alive after SIGKILL";
   }
   if (f.signal > 0) exitcode += " " + signalName(f.signal);
-  if (f.teardown) exitcode += " (stopped by cpprun during teardown)";
+  if (f.waiting) {
+    exitcode += " (waiting: stopped by cpprun while it waited for the culprit)";
+  } else if (f.teardown) {
+    exitcode += " (stopped by cpprun during teardown)";
+  }
   if (f.collateral) exitcode += " (collateral: failed after the root cause had stopped the job)";
   lines.push_back(std::move(exitcode));
   lines.push_back("  error_file: " +
@@ -324,7 +328,7 @@ WorkerFailure describeFailure(int local_rank, int rank, int pid, int wait_status
 
 size_t rootCauseIndex(const std::vector<WorkerFailure>& failures) {
   CPPRUN_CHECK(!failures.empty());
-  auto secondary = [](const WorkerFailure& f) { return f.teardown || f.collateral; };
+  auto secondary = [](const WorkerFailure& f) { return f.teardown || f.collateral || f.waiting; };
   bool any_primary = std::any_of(failures.begin(), failures.end(),
                                  [&](const WorkerFailure& f) { return !secondary(f); });
   std::optional<size_t> best;

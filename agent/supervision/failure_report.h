@@ -68,6 +68,9 @@ struct WorkerFailure {
   // once a peer is gone): listed, never a root cause.
   std::string host;
   bool collateral = false;
+  // A hang's victim (stall_verdict.h): it waited in the collective a culprit did not enter;
+  // message says where. Listed, never a root cause unless nothing else.
+  bool waiting = false;
   // Never reaped: still alive the teardown's reap bound after SIGKILL (exit_code and signal are
   // then 0). What /proc said of it at the bound: its state letter ('D': uninterruptible sleep)
   // and kernel wait channel; message names both, traceback holds its kernel stack when readable.

@@ -109,6 +109,121 @@ def _cpprun_start_progress():
     threading.Thread(target=ask, name="cpprun-progress", daemon=True).start()
 
 
+def _cpprun_track_collectives():
+    # The collective record (agent/supervision/stall_verdict.h): what this rank waits in, so a
+    # hang's culprit can be told from its victims. torch.distributed's collectives are wrapped
+    # as the package is imported (before any program code can bind them), each writing
+    # "in <op> <group> <seq>" before the call and "after ..." when it returns: two pwrite(2)s.
+    import os
+    import sys
+    path = os.environ.get("CPPRUN_COLLECTIVE_FILE")
+    if not path:
+        return
+    names = ("all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base",
+             "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "broadcast",
+             "reduce", "barrier", "monitored_barrier", "all_to_all", "all_to_all_single",
+             "gather", "scatter", "all_gather_object", "broadcast_object_list",
+             "gather_object", "scatter_object_list", "all_reduce_coalesced",
+             "all_gather_coalesced")
+
+    def patch(dist):
+        import functools
+        import inspect
+        import zlib
+        c10d = sys.modules.get("torch.distributed.distributed_c10d")
+        if c10d is None:
+            return
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        pwrite = os.pwrite
+        seqs = {}
+        names_of = {}
+        depth = [0]
+
+        def group_name(group):
+            if group is None:
+                return "world"
+            key = id(group)
+            name = names_of.get(key)
+            if name is None:
+                try:
+                    if group is c10d.GroupMember.WORLD or group is c10d._get_default_group():
+                        name = "world"
+                except Exception:
+                    pass
+                if name is None:
+                    try:
+                        ranks = c10d.get_process_group_ranks(group)
+                    except Exception:
+                        ranks = sorted(getattr(c10d, "_pg_group_ranks", {}).get(group, {}))
+                    name = "g%08x.%d" % (zlib.crc32(repr(list(ranks)).encode()), len(ranks))
+                names_of[key] = (name, group)  # the group is kept: its id stays its own
+                return name
+            return name[0] if isinstance(name, tuple) else name
+
+        def wrap(fn, op):
+            try:
+                params = list(inspect.signature(fn).parameters)
+                at = params.index("group")
+            except (TypeError, ValueError):
+                at = None
+
+            @functools.wraps(fn)
+            def collective(*args, **kwargs):
+                if depth[0]:
+                    return fn(*args, **kwargs)
+                group = kwargs.get("group")
+                if group is None and at is not None and at < len(args):
+                    group = args[at]
+                name = group_name(group)
+                n = seqs.get(name, 0) + 1
+                seqs[name] = n
+                tail = " %s %s %d" % (op, name, n)
+                pwrite(fd, ("in" + tail).ljust(127).encode() + b"\n", 0)
+                depth[0] += 1
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    depth[0] -= 1
+                    pwrite(fd, ("after" + tail).ljust(127).encode() + b"\n", 0)
+            return collective
+
+        for name in names:
+            fn = getattr(c10d, name, None)
+            if fn is None or not callable(fn):
+                continue
+            wrapped = wrap(fn, name.lstrip("_"))
+            setattr(c10d, name, wrapped)
+            if getattr(dist, name, None) is fn:
+                setattr(dist, name, wrapped)
+
+    class Finder:
+        def find_spec(self, name, search_path, target=None):
+            if name != "torch.distributed":
+                return None
+            import importlib.machinery
+            spec = importlib.machinery.PathFinder.find_spec(name, search_path)
+            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+                return spec
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                try:
+                    sys.meta_path.remove(finder)
+                except ValueError:
+                    pass
+                run(module)
+                try:
+                    patch(module)
+                except Exception as error:  # the record never stops a trainer
+                    sys.stderr.write("cpprun: collective records are off: %r\n" % (error,))
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    finder = Finder()
+    sys.meta_path.insert(0, finder)
+
+
 def _cpprun_chain():
     import importlib.machinery
     import importlib.util
@@ -122,6 +237,11 @@ def _cpprun_chain():
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
+try:
+    _cpprun_track_collectives()
+except Exception as error:
+    import sys
+    sys.stderr.write("cpprun: collective records are off: %r\n" % (error,))
 try:
     _cpprun_start_progress()
 except Exception as error:  # progress stamps never stop a trainer

@@ -1,5 +1,7 @@
 #include "agent/supervision/stall_watchdog.h"
 
+#include "agent/supervision/stall_verdict.h"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -76,6 +78,7 @@ class StallWatchdog::Impl : public std::enable_shared_from_this<StallWatchdog::I
     bool exited = false;
     std::string progress_path;
     std::string stack_path;
+    std::string collective_path;
     int64_t last_mtime_ns = -1;
     uint64_t python_stack_offset = 0;
     bool python_stack_requested = false;
@@ -126,6 +129,9 @@ class StallWatchdog::Impl : public std::enable_shared_from_this<StallWatchdog::I
     collecting_stacks_ = false;
     ++stall_generation_;
     stack_timer_.cancel();
+    states_.clear();
+    // A collection of the last attempt asked for by a peer's stop: answered now, with nothing.
+    runWaiters();
   }
 
   void workerStarted(size_t index, const Worker& worker) {
@@ -134,6 +140,7 @@ class StallWatchdog::Impl : public std::enable_shared_from_this<StallWatchdog::I
     if (!worker.rank_dir.empty()) {
       w.progress_path = progressFile(worker.rank_dir);
       w.stack_path = stackFile(worker.rank_dir);
+      w.collective_path = collectiveFile(worker.rank_dir);
     }
     w.state.started = true;
     w.state.last_progress = SteadyClock::now();
@@ -215,12 +222,6 @@ class StallWatchdog::Impl : public std::enable_shared_from_this<StallWatchdog::I
   bool stacksOn() const { return options_.stacks_timeout.count() > 0; }
 
   void onStall(const std::vector<size_t>& indices, SteadyClock::time_point now) {
-    collecting_stacks_ = true;
-    stall_deadline_ = now + options_.stacks_timeout;
-    ++stall_generation_;
-    collection_pending_ = 0;
-    stall_indices_ = indices;
-    bool any_python = false;
     for (size_t i : indices) {
       Watched& w = workers_[i];
       ++stalls_total_;
@@ -229,7 +230,7 @@ class StallWatchdog::Impl : public std::enable_shared_from_this<StallWatchdog::I
       w.state.stall_message = describeStall(w, now);
       CPPRUN_LOG(kError) << "rank " << w.worker.rank << " (local_rank " << w.worker.local_rank
                          << ", pid " << w.worker.pid << ") is " << w.state.stall_message
-                         << "; collecting its stacks into " << w.worker.rank_dir;
+                         << "; collecting the state of every rank into their directories";
       emitEvent(
           event_log_, "stall_detected",
           {{"attempt", attempt_},
@@ -239,23 +240,49 @@ class StallWatchdog::Impl : public std::enable_shared_from_this<StallWatchdog::I
            {"seconds_since_progress",
             std::chrono::duration<double>(now - w.state.last_progress).count()},
            {"progress", w.state.progress ? nlohmann::json(*w.state.progress) : nlohmann::json()}});
+    }
+    beginCollection(indices, /*local_stall=*/true, now);
+  }
+
+  // A snapshot of every rank: SIGUSR1 to each running Python worker (its stacks), gdb for the
+  // stalled ranks that have no Python stacks, then the states (finishStall). `stalled`: the
+  // ranks this node found stalled (empty when a peer's stall asked for the snapshot).
+  void beginCollection(const std::vector<size_t>& stalled, bool local_stall,
+                       SteadyClock::time_point now) {
+    collecting_stacks_ = true;
+    local_stall_ = local_stall;
+    stall_deadline_ = now + options_.stacks_timeout;
+    ++stall_generation_;
+    collection_pending_ = 0;
+    stall_indices_ = stalled;
+    bool any_python = false;
+    for (Watched& w : workers_) {
+      w.python_stack_requested = false;
+      w.gdb_output_path.clear();
       // Python stacks: only a worker whose helper registered faulthandler on SIGUSR1 (it
       // created the stack file) gets the signal; to any other, SIGUSR1 may mean "stop".
-      if (stacksOn() && !w.stack_path.empty() && std::filesystem::exists(w.stack_path)) {
-        w.python_stack_offset = fileSize(w.stack_path);
-        w.python_stack_requested = true;
-        Status sent = launcher_.signalProcess(w.worker.pid, SIGUSR1);
-        if (sent.isOk()) {
-          any_python = true;
-        } else {
-          CPPRUN_LOG(kWarn) << sent.message();
-        }
+      if (!stacksOn() || !w.state.started || w.exited || w.worker.pid <= 0 ||
+          w.stack_path.empty() || !std::filesystem::exists(w.stack_path)) {
+        continue;
+      }
+      w.python_stack_offset = fileSize(w.stack_path);
+      w.python_stack_requested = true;
+      Status sent = launcher_.signalProcess(w.worker.pid, SIGUSR1);
+      if (sent.isOk()) {
+        any_python = true;
+      } else {
+        w.python_stack_requested = false;
+        CPPRUN_LOG(kWarn) << sent.message();
       }
     }
-    if (stacksOn() && options_.gdb_path.empty()) {
-      CPPRUN_LOG(kWarn) << "gdb not found: no native stacks of the stalled ranks";
+    if (stacksOn() && options_.gdb_path.empty() && local_stall) {
+      bool any_native = false;
+      for (size_t i : stalled) any_native = any_native || !workers_[i].python_stack_requested;
+      if (any_native) {
+        CPPRUN_LOG(kWarn) << "gdb not found: no native stacks of the stalled ranks";
+      }
     }
-    if (callbacks_.on_stalled) callbacks_.on_stalled(indices);
+    if (local_stall && callbacks_.on_stalled) callbacks_.on_stalled(stalled);
     const milliseconds grace = std::min(options_.faulthandler_grace, options_.stacks_timeout / 2);
     stack_timer_.expires_after(any_python ? grace : milliseconds(0));
     stack_timer_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
@@ -265,11 +292,32 @@ class StallWatchdog::Impl : public std::enable_shared_from_this<StallWatchdog::I
     });
   }
 
+  // A peer's stall stopped the attempt: snapshot every rank, then `done` (at once when checks
+  // never ran; joins a collection already in progress).
+  void collectForPeer(std::function<void()> done) {
+    waiters_.push_back(std::move(done));
+    if (collecting_stacks_) return;
+    if (!stallDetectionOn()) {
+      runWaiters();
+      return;
+    }
+    refreshProgress(SteadyClock::now());
+    beginCollection({}, /*local_stall=*/false, SteadyClock::now());
+  }
+
+  void runWaiters() {
+    auto waiters = std::move(waiters_);
+    waiters_.clear();
+    for (auto& done : waiters) done();
+  }
+
   void startNativeStacks() {
     if (stacksOn() && !options_.gdb_path.empty()) {
       for (size_t i : stall_indices_) {
         Watched& w = workers_[i];
-        if (w.exited || w.worker.rank_dir.empty()) continue;
+        // Python workers have their faulthandler stacks: gdb would not finish in the bound on
+        // a torch process (it reads the symbols of hundreds of libraries), so it is left out.
+        if (w.exited || w.worker.rank_dir.empty() || w.python_stack_requested) continue;
         w.gdb_output_path = w.worker.rank_dir + "/stacks_gdb.txt";
         const int fd =
             ::open(w.gdb_output_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -344,48 +392,75 @@ class StallWatchdog::Impl : public std::enable_shared_from_this<StallWatchdog::I
     return true;
   }
 
-  // Every stack collection of the stall is over: build the excerpts, log them, report.
+  // Every stack collection of the stall is over: build the excerpts and every rank's state,
+  // log the stalled ranks' stacks, report.
   void finishStall() {
     if (!collecting_stacks_) return;
     collecting_stacks_ = false;
     stack_timer_.cancel();
-    for (size_t i : stall_indices_) {
-      Watched& w = workers_[i];
-      std::vector<std::string>& excerpt = w.state.stack_excerpt;
-      std::vector<std::string> files;
+    states_.clear();
+    for (Watched& w : workers_) {
+      if (!w.state.started) continue;
+      std::vector<std::string> python_lines;
+      std::string python_text;
       if (w.python_stack_requested) {
-        auto lines = stackLines(readFileFrom(w.stack_path, w.python_stack_offset, 256 * 1024), 60);
-        if (!lines.empty()) {
-          excerpt.push_back("Python stacks (faulthandler, " + w.stack_path + "):");
-          excerpt.insert(excerpt.end(), lines.begin(), lines.end());
-          files.push_back(w.stack_path);
-        }
+        python_text = readFileFrom(w.stack_path, w.python_stack_offset, 256 * 1024);
+        python_lines = stackLines(python_text, 60);
       }
-      if (!w.gdb_output_path.empty()) {
-        auto lines = stackLines(readFileFrom(w.gdb_output_path, 0, 1024 * 1024), 80);
-        if (!lines.empty()) {
-          excerpt.push_back("native stacks (gdb, " + w.gdb_output_path + "):");
-          excerpt.insert(excerpt.end(), lines.begin(), lines.end());
-        } else {
-          excerpt.push_back("gdb gave no stack (see " + w.gdb_output_path +
-                            "; ptrace may be forbidden here)");
-        }
-        files.push_back(w.gdb_output_path);
-      }
-      if (excerpt.empty() && !stacksOn()) {
-        excerpt.push_back("no stacks: --stall-stacks-timeout off");
-      } else if (excerpt.empty()) {
-        excerpt.push_back(
-            "no stacks: gdb was not found and the worker registered no faulthandler "
-            "(examples/python/cpprun_progress.py)");
-      }
-      CPPRUN_LOG(kError) << "rank " << w.worker.rank << " stacks:";
-      for (const std::string& line : excerpt) CPPRUN_LOG(kError) << "  " << line;
-      emitEvent(
-          event_log_, "stall_stacks",
-          {{"attempt", attempt_}, {"rank", w.worker.rank}, {"files", files}, {"stacks", excerpt}});
+      states_.push_back(stateOf(w, python_text));
+      if (!w.state.stalled || !w.state.stack_excerpt.empty()) continue;
+      buildExcerpt(w, python_lines);
     }
-    if (callbacks_.on_collected) callbacks_.on_collected(stall_indices_);
+    if (local_stall_ && callbacks_.on_collected) callbacks_.on_collected(stall_indices_);
+    runWaiters();
+  }
+
+  RankState stateOf(const Watched& w, const std::string& python_text) const {
+    RankState s;
+    s.rank = w.worker.rank;
+    s.local_rank = w.worker.local_rank;
+    s.pid = w.worker.pid;
+    s.stalled = w.state.stalled;
+    s.exited = w.exited;
+    if (!w.collective_path.empty()) {
+      auto record = parseCollectiveRecord(readFileFrom(w.collective_path, 0, 256));
+      if (record.isOk()) s.collective = record.value();
+    }
+    s.frame = innermostPythonFrame(python_text);
+    s.stack = mainThreadStack(python_text);
+    return s;
+  }
+
+  void buildExcerpt(Watched& w, const std::vector<std::string>& python_lines) {
+    std::vector<std::string>& excerpt = w.state.stack_excerpt;
+    std::vector<std::string> files;
+    if (!python_lines.empty()) {
+      excerpt.push_back("Python stacks (faulthandler, " + w.stack_path + "):");
+      excerpt.insert(excerpt.end(), python_lines.begin(), python_lines.end());
+      files.push_back(w.stack_path);
+    }
+    if (!w.gdb_output_path.empty()) {
+      auto lines = stackLines(readFileFrom(w.gdb_output_path, 0, 1024 * 1024), 80);
+      if (!lines.empty()) {
+        excerpt.push_back("native stacks (gdb, " + w.gdb_output_path + "):");
+        excerpt.insert(excerpt.end(), lines.begin(), lines.end());
+      } else {
+        excerpt.push_back("gdb gave no stack (see " + w.gdb_output_path +
+                          "; ptrace may be forbidden here)");
+      }
+      files.push_back(w.gdb_output_path);
+    }
+    if (excerpt.empty() && !stacksOn()) {
+      excerpt.push_back("no stacks: --stall-stacks-timeout off");
+    } else if (excerpt.empty()) {
+      excerpt.push_back(
+          "no stacks: gdb was not found and the worker registered no faulthandler "
+          "(examples/python/cpprun_progress.py)");
+    }
+    CPPRUN_LOG(kError) << "rank " << w.worker.rank << " stacks:";
+    for (const std::string& line : excerpt) CPPRUN_LOG(kError) << "  " << line;
+    emitEvent(event_log_, "stall_stacks",
+              {{"attempt", attempt_}, {"rank", w.worker.rank}, {"files", files}, {"stacks", excerpt}});
   }
 
   ProcessLauncher& launcher_;
@@ -407,6 +482,9 @@ class StallWatchdog::Impl : public std::enable_shared_from_this<StallWatchdog::I
   uint64_t stall_generation_ = 0;
   std::map<pid_t, uint64_t> helpers_;
   uint64_t stalls_total_ = 0;
+  bool local_stall_ = false;  // the collection is this node's stall (else a peer's)
+  std::vector<RankState> states_;  // every rank's, from the last collection of the attempt
+  std::vector<std::function<void()>> waiters_;  // collectForPeer's
 };
 
 StallWatchdog::StallWatchdog(asio::io_context& io, ProcessLauncher& launcher, StallOptions options,
@@ -422,6 +500,13 @@ std::string StallWatchdog::progressFile(const std::string& rank_dir) {
 std::string StallWatchdog::stackFile(const std::string& rank_dir) {
   return rank_dir + "/python_stacks.txt";
 }
+std::string StallWatchdog::collectiveFile(const std::string& rank_dir) {
+  return rank_dir + "/collective";
+}
+void StallWatchdog::collectForPeer(std::function<void()> done) {
+  impl_->collectForPeer(std::move(done));
+}
+const std::vector<RankState>& StallWatchdog::rankStates() const { return impl_->states_; }
 
 void StallWatchdog::beginAttempt(int attempt, size_t worker_count) {
   impl_->beginAttempt(attempt, worker_count);

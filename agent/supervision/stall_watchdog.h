@@ -10,17 +10,23 @@
 // `first_timeout` (imports, CUDA/NCCL set-up, the rendezvous, loading data), or whose file has
 // not changed since its last report for `timeout`, is stalled.
 //
-// Stack collection, per stall (every rank found stalled by one check together), all of it
-// bounded by `stacks_timeout` from the stall (0: no stacks, on_collected at once):
+// A snapshot of every rank, per stall (every rank found stalled by one check together) or when
+// a peer's stall stopped the attempt (collectForPeer), all of it bounded by `stacks_timeout`
+// from the stall (0: no stacks, on_collected at once). Every rank is looked at, not only the
+// stalled ones: the culprit of a hang is often one that is not stalled or not stalled first
+// (agent/supervision/stall_verdict.h).
 //
-//   check finds ranks stalled ──▶ SIGUSR1 to each rank whose faulthandler helper created its
-//        │                        stack file (Python stacks), then on_stalled
+//   check finds ranks stalled ──▶ SIGUSR1 to every running rank whose faulthandler helper
+//        │                        created its stack file (Python stacks), then on_stalled
 //        ▼ faulthandler_grace (0 when no rank got SIGUSR1; at most half the bound)
-//   gdb -batch "thread apply all bt" per stalled rank still running (native stacks), each
+//   gdb -batch "thread apply all bt" per stalled rank still running that has no Python stacks
+//        │ (native stacks; gdb does not finish within the bound on a torch process), each
 //        │ writing <rank dir>/stacks_gdb.txt; all SIGKILLed (and their ranks sent SIGCONT, so
 //        │ none stays stopped by ptrace) when the bound is reached
 //        ▼ every gdb exited (or none was started)
-//   excerpts built from both files, logged ──▶ on_collected (the supervisor fails the attempt)
+//   excerpts of the stalled ranks built from both files and logged; every rank's RankState
+//   (its collective record, innermost Python frame, stack) ──▶ on_collected (the supervisor
+//   decides the verdict and fails the attempt), then collectForPeer's callbacks
 //
 // While stacks are collected no new stall is declared. A new attempt (beginAttempt) abandons a
 // collection in progress: gdbs of an older stall that exit later are consumed and ignored.
@@ -43,6 +49,7 @@
 
 #include "agent/observability/event_log.h"
 #include "agent/processes/process_launcher.h"
+#include "agent/supervision/stall_verdict.h"
 
 namespace boost::asio {
 class io_context;
@@ -108,6 +115,8 @@ class StallWatchdog {
   // The files a worker with rank directory `rank_dir` is given.
   static std::string progressFile(const std::string& rank_dir);
   static std::string stackFile(const std::string& rank_dir);
+  // The worker's collective record (stall_verdict.h; CPPRUN_COLLECTIVE_FILE).
+  static std::string collectiveFile(const std::string& rank_dir);
 
   // A new attempt `attempt` (for events) with `worker_count` workers: forgets the last one's
   // workers and abandons its stack collection. Checks stay stopped until startChecks.
@@ -124,6 +133,14 @@ class StallWatchdog {
   void refresh();
   // A child exited: true when it was one of the watchdog's helpers (gdb), which it consumes.
   bool onChildExit(pid_t pid, int wait_status);
+
+  // A peer's stall stopped the attempt: takes a snapshot of every rank (as for a stall of this
+  // node's own, without declaring any stalled), then calls `done` on the loop; joins one in
+  // progress; calls it at once with stall detection off. beginAttempt calls pending ones.
+  void collectForPeer(std::function<void()> done);
+  // Every started rank's state from the attempt's last snapshot, in worker order (exit codes
+  // are the supervisor's to fill in); empty when none was taken.
+  const std::vector<RankState>& rankStates() const;
 
   const WorkerProgress& worker(size_t index) const;
   uint64_t stallsTotal() const;

@@ -193,7 +193,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     // Another node stopped this attempt before it started here (its workers could not start,
     // say): these workers must not run on alone.
     if (auto stop = std::exchange(early_peer_stop_, std::nullopt)) {
-      onPeerStop(stop->attempt, stop->reason, stop->signal);
+      onPeerStop(stop->attempt, stop->reason, stop->signal, stop->stall);
     }
   }
 
@@ -267,6 +267,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     if (!rank_dir.empty()) {
       env[kProgressFileVariable] = StallWatchdog::progressFile(rank_dir);
       env["CPPRUN_STACK_FILE"] = StallWatchdog::stackFile(rank_dir);
+      env[kCollectiveFileVariable] = StallWatchdog::collectiveFile(rank_dir);
     }
     auto eof = [weak = weak_from_this()] {
       if (auto self = weak.lock()) self->teardown_.onOutputEof();
@@ -306,8 +307,9 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
       ranks += (ranks.empty() ? "" : ", ") + std::to_string(workers_[i].spec.rank);
     }
     attempt_failed_ = true;
-    announce("rank(s) " + ranks + " stalled (no progress for " +
-             formatWait(options_.stall.timeout) + ")");
+    const std::string reason =
+        "rank(s) " + ranks + " stalled (no progress for " + formatWait(options_.stall.timeout) + ")";
+    if (options_.coordinator != nullptr) options_.coordinator->announceStall(restart_count_, reason);
     CPPRUN_LOG(kError) << "stopping the workers: rank(s) " << ranks << " stalled";
     beginStop(SIGTERM);
   }
@@ -404,14 +406,27 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     }
   }
 
-  void onPeerStop(int n, const std::string& reason, int signo) {
+  void onPeerStop(int n, const std::string& reason, int signo, bool stall) {
     if (state_ == State::kIdle && options_.coordinator != nullptr) {
       // The attempt's start is on its way (the stop and the start are posted from different
       // threads of the coordinator): act on it once the workers are up.
-      early_peer_stop_ = PeerStopNote{n, reason, signo};
+      early_peer_stop_ = PeerStopNote{n, reason, signo, stall};
       return;
     }
     if (n != restart_count_ || state_ != State::kRunning) return;
+    if (stall && signo == 0 && watchdog_.stallDetectionOn() && !peer_stopped_) {
+      // Who caused the hang may be here: every rank's state first, then the teardown.
+      CPPRUN_LOG(kWarn) << "another node stopped attempt " << n << " (" << reason
+                        << "); taking every rank's state before stopping the workers";
+      peer_stopped_ = true;
+      watchdog_.collectForPeer([weak = weak_from_this(), n] {
+        auto self = weak.lock();
+        if (self && self->restart_count_ == n && self->state_ == State::kRunning) {
+          self->beginStop(SIGTERM);
+        }
+      });
+      return;
+    }
     if (signo != 0) {
       CPPRUN_LOG(kWarn) << "another node stopped attempt " << n << " (" << reason
                         << "); forwarding " << signalName(signo) << " to the workers";
@@ -478,6 +493,13 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
 
   void finishAttempt() {
     failures_ = collectFailures(workers_, watchdog_, teardown_.stopSignal(), options_.reap_timeout);
+    rank_states_ = attemptRankStates(workers_, watchdog_);
+    // One node: the hang's verdict is this node's to make (multi-node: the decider's).
+    if (options_.coordinator == nullptr) {
+      std::string verdict =
+          applyNodeStallVerdict(rank_states_, failures_, restart_count_, options_.event_log);
+      if (!verdict.empty() || summary_.rfind("hang: ", 0) == 0) summary_ = std::move(verdict);
+    }
     for (const WorkerFailure& f : failures_) {
       if (f.teardown) continue;
       ++worker_failures_;
@@ -513,8 +535,9 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
   // Multi-node: tell the others how this node's attempt ended; act on the job's decision.
   void endAttemptWithPeers() {
     // The restart is the job's decision (the host's), not this node's.
-    const AttemptReport report = nodeReport(decideAttempt(facts(), /*restart_left=*/false).end,
-                                            failures_, start_error_, received_signal_);
+    AttemptReport report = nodeReport(decideAttempt(facts(), /*restart_left=*/false).end,
+                                      failures_, start_error_, received_signal_);
+    report.rank_states = rank_states_;
     setState(State::kIdle);
     options_.coordinator->endAttempt(
         restart_count_, report,
@@ -653,6 +676,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
   State state_ = State::kIdle;
   int restart_count_ = 0;
   std::vector<WorkerFailure> failures_;
+  std::vector<RankState> rank_states_;  // the attempt's stall snapshot (empty: no stall)
   bool attempt_failed_ = false;
   bool peer_stopped_ = false;
   bool leaving_ = false;     // onLeave: this node leaves the job after this attempt
@@ -661,6 +685,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     int attempt;
     std::string reason;
     int signal;
+    bool stall;
   };
   std::optional<PeerStopNote> early_peer_stop_;  // a peer's stop that came before the start
   Status lost_error_;
@@ -690,8 +715,9 @@ void Supervisor::start() { impl_->startAttempt(); }
 void Supervisor::onChildExit(pid_t pid, int wait_status) { impl_->onChildExit(pid, wait_status); }
 void Supervisor::onSignal(int signo) { impl_->onSignal(signo); }
 void Supervisor::onWindowChange() { impl_->wiring_.resizeTerminals(impl_->workers_); }
-void Supervisor::onPeerStop(int restart_count, const std::string& reason, int signal) {
-  impl_->onPeerStop(restart_count, reason, signal);
+void Supervisor::onPeerStop(int restart_count, const std::string& reason, int signal,
+                            bool stall) {
+  impl_->onPeerStop(restart_count, reason, signal, stall);
 }
 const std::optional<AttemptStart>& Supervisor::attemptStart() const {
   return impl_->attempt_start_;

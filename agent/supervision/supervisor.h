@@ -211,8 +211,11 @@ class Supervisor {
   // Multi-node: another node's failure (or a lost agent) stopped attempt `restart_count`; the
   // workers get SIGTERM. When that node received a handled signal (`signal` != 0), the workers
   // get that signal instead, as that node's did (a SIGUSR1 pre-emption warning reaches every
-  // rank, not only the ranks of the node Slurm happened to signal first).
-  void onPeerStop(int restart_count, const std::string& reason, int signal = 0);
+  // rank, not only the ranks of the node Slurm happened to signal first). `stall`: that node's
+  // ranks stalled; with stall detection on, a snapshot of every rank (stall_watchdog.h) is taken
+  // first (within --stall-stacks-timeout) for the job's verdict on who caused the hang.
+  void onPeerStop(int restart_count, const std::string& reason, int signal = 0,
+                  bool stall = false);
   // Multi-node, elastic: the coordinator claimed the running attempt's stop for this node's
   // leave (drain, JobCoordinator::requestLeave): the workers get SIGTERM (then SIGKILL after
   // shutdown_timeout), this node reports and reads the job's decision like the others, and

@@ -172,7 +172,7 @@ class Agent {
     if (adjust) adjust(o);
     coordinator_ = makeStoreCoordinator(
         io_, o, [](int attempt) { return "nccl-id-" + std::to_string(attempt); },
-        [this](int n, const std::string& reason, int signal) {
+        [this](int n, const std::string& reason, int signal, bool) {
           std::lock_guard<std::mutex> lock(mu_);
           peer_stops_.push_back({n, reason, signal});
         },

@@ -250,7 +250,7 @@ class SimAgent {
     wrapConnector(o.store);
     coordinator_ = agent::makeStoreCoordinator(
         io_, std::move(o), [](int) { return std::string(); },
-        [this](int, const std::string&, int) { events_.peer_stop = true; },
+        [this](int, const std::string&, int, bool) { events_.peer_stop = true; },
         [this](const Status&) { events_.lost = true; });
   }
 

@@ -6,6 +6,15 @@ stamps of --python-progress (agent/supervision/python_progress.h). Run under cpp
                                                    stops taking part (sleeps) and every other rank
                                                    blocks in the next all_reduce; a later attempt
                                                    finishes
+    collective_hang_worker.py CULPRIT R [STEPS]      STEPS all-reduces, then in the first attempt
+                                                   rank R is the culprit of a hang and every other
+                                                   rank blocks in the next all_reduce; CULPRIT:
+                                                   sleep-rank (time.sleep), read-rank (a blocking
+                                                   read of a pipe), exit-rank (leaves its loop and
+                                                   exits 0), desync-rank (a broadcast where the
+                                                   others all_reduce), stop-rank (enters the
+                                                   all_reduce, then is stopped by SIGSTOP: every
+                                                   rank waits in the same collective, no culprit)
     collective_hang_worker.py busy SECONDS         every rank spins in pure Python for SECONDS
                                                    (no call into C longer than microseconds),
                                                    then one all_reduce, and exits 0
@@ -31,6 +40,30 @@ if mode == "hang-rank":
             while True:
                 time.sleep(3600)
         dist.all_reduce(tensor)  # the other rank never comes: blocked in gloo
+elif mode in ("sleep-rank", "read-rank", "exit-rank", "desync-rank", "stop-rank"):
+    culprit = int(sys.argv[2])
+    for _ in range(int(sys.argv[3]) if len(sys.argv) > 3 else 3):
+        dist.all_reduce(tensor)
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+        print(f"HANG_AT {time.time():.6f}", flush=True)
+        if dist.get_rank() == culprit:
+            if mode == "sleep-rank":
+                time.sleep(3600)
+            elif mode == "read-rank":
+                never_written, keep = os.pipe()
+                os.read(never_written, 1)
+            elif mode == "exit-rank":
+                os._exit(0)
+            elif mode == "desync-rank":
+                dist.broadcast(torch.ones(1000), src=culprit)
+            elif mode == "stop-rank":
+                if os.fork() == 0:  # stops the rank once it is inside gloo's all_reduce
+                    time.sleep(1.0)
+                    os.kill(os.getppid(), 19)
+                    os._exit(0)
+                dist.all_reduce(tensor)
+        else:
+            dist.all_reduce(tensor)  # the culprit never comes: blocked in gloo
 elif mode == "busy":
     end = time.time() + float(sys.argv[2])
     spins = 0

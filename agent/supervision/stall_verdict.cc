@@ -1,0 +1,422 @@
+#include "agent/supervision/stall_verdict.h"
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+#include <tuple>
+
+namespace cpprun::agent {
+
+using nlohmann::json;
+
+namespace {
+
+bool nameChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+         c == '-' || c == '.' || c == ':';
+}
+
+bool validName(const std::string& name) {
+  return !name.empty() && name.size() <= kMaxCollectiveNameBytes &&
+         std::all_of(name.begin(), name.end(), nameChar);
+}
+
+std::optional<uint64_t> parseSeq(const std::string& text) {
+  if (text.empty() || text.size() > 19) return std::nullopt;
+  uint64_t value = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    value = value * 10 + static_cast<uint64_t>(c - '0');
+  }
+  return value;
+}
+
+// Printable ASCII only, cut at `max` bytes: what a peer sent goes into logs and reports.
+std::string clean(const std::string& text, size_t max) {
+  std::string out;
+  for (char c : text) {
+    if (out.size() >= max) break;
+    out.push_back(c >= 0x20 && c < 0x7f ? c : '?');
+  }
+  return out;
+}
+
+std::string describeCollective(const CollectiveRecord& c) {
+  std::string text = c.op + " #" + std::to_string(c.seq);
+  if (c.group != "world") text += " of group " + c.group;
+  return text;
+}
+
+std::string rankName(const RankState& s) {
+  std::string text = "rank " + std::to_string(s.rank);
+  if (s.node >= 0) {
+    text += " (node " + std::to_string(s.node) + (s.host.empty() ? "" : ", " + s.host) + ")";
+  }
+  return text;
+}
+
+// Why `s` is a culprit, given the collective `waited` the others are in.
+std::string culpritReason(const RankState& s, const CollectiveRecord& waited) {
+  const std::string waited_text = describeCollective(waited);
+  std::string where;
+  if (!s.frame.empty()) where = "it is in " + s.frame;
+  if (s.exited) {
+    std::string text = s.exit_code < 0 ? "was killed by signal " + std::to_string(-s.exit_code)
+                                       : "exited with code " + std::to_string(s.exit_code);
+    if (s.collective) {
+      text += (s.collective->inside ? " inside " : " after ") + describeCollective(*s.collective);
+    }
+    return text + " and never entered " + waited_text;
+  }
+  const CollectiveRecord& c = *s.collective;
+  const bool same_point = c.group == waited.group && c.seq == waited.seq;
+  if (c.inside && same_point) {
+    return "waits in " + describeCollective(c) + ", not " + waited.op + " (a desync)";
+  }
+  if (c.inside) {
+    const bool behind = c.group == waited.group && c.seq < waited.seq;
+    return std::string(behind ? "is behind: it waits in " : "waits in another collective, ") +
+           describeCollective(c) + (where.empty() ? "" : " (" + where + ")");
+  }
+  std::string text = "did not enter " + waited_text;
+  if (!where.empty()) text += ": " + where;
+  text += (where.empty() ? ": " : ", ") + std::string("after ") + describeCollective(c);
+  return text;
+}
+
+}  // namespace
+
+Result<CollectiveRecord> parseCollectiveRecord(const std::string& text) {
+  const std::string line = text.substr(0, text.find('\n'));
+  std::istringstream in(line);
+  std::string state, op, group, seq, extra;
+  in >> state >> op >> group >> seq;
+  if (state.empty()) return Status(StatusCode::kInvalidArgument, "empty collective record");
+  if (in >> extra || seq.empty()) {
+    return Status(StatusCode::kInvalidArgument,
+                  "a collective record is \"<in|after> <op> <group> <seq>\", not \"" +
+                      clean(line, 80) + "\"");
+  }
+  CollectiveRecord r;
+  if (state != "in" && state != "after") {
+    return Status(StatusCode::kInvalidArgument,
+                  "collective record: state \"" + clean(state, 16) + "\" is not in or after");
+  }
+  r.inside = state == "in";
+  if (!validName(op) || !validName(group)) {
+    return Status(StatusCode::kInvalidArgument,
+                  "collective record: op and group are 1 to " +
+                      std::to_string(kMaxCollectiveNameBytes) + " of [A-Za-z0-9_.:-]");
+  }
+  auto n = parseSeq(seq);
+  if (!n) {
+    return Status(StatusCode::kInvalidArgument,
+                  "collective record: sequence \"" + clean(seq, 24) + "\" is not a number");
+  }
+  r.op = op;
+  r.group = group;
+  r.seq = *n;
+  return r;
+}
+
+std::string formatCollectiveRecord(const CollectiveRecord& r) {
+  std::string line = std::string(r.inside ? "in " : "after ") + r.op + " " + r.group + " " +
+                     std::to_string(r.seq);
+  line.resize(kCollectiveRecordBytes - 1, ' ');
+  return line + "\n";
+}
+
+std::vector<std::string> mainThreadStack(const std::string& text) {
+  // faulthandler lists threads newest first, each "Thread 0x... (most recent call first):" (or
+  // "Current thread ...", the one the signal ran on) and its "  File ..." lines; the main thread
+  // is the oldest, the last block. A dump appended to the file twice: the last one counts.
+  std::istringstream in(text);
+  std::string line;
+  std::vector<std::string> block;
+  while (std::getline(in, line)) {
+    const size_t start = line.find_first_not_of(' ');
+    if (start == std::string::npos) continue;
+    const std::string body = line.substr(start);
+    if (body.rfind("Thread ", 0) == 0 || body.rfind("Current thread", 0) == 0) {
+      block.clear();
+      block.push_back(clean(line, kMaxStackLineBytes));
+    } else if (!block.empty() && body.rfind("File \"", 0) == 0 &&
+               block.size() < kMaxStackLines) {
+      block.push_back(clean(line, kMaxStackLineBytes));
+    }
+  }
+  return block;
+}
+
+std::string innermostPythonFrame(const std::string& text) {
+  const std::vector<std::string> stack = mainThreadStack(text);
+  if (stack.size() < 2) return "";
+  // "  File "path", line N in name" → "path:N in name"
+  const std::string& frame = stack[1];
+  const size_t open = frame.find('"');
+  const size_t close = open == std::string::npos ? open : frame.find('"', open + 1);
+  if (close == std::string::npos) return "";
+  std::string text_out = frame.substr(open + 1, close - open - 1);
+  const std::string rest = frame.substr(close + 1);
+  const size_t l = rest.find("line ");
+  if (l != std::string::npos) {
+    size_t e = l + 5;
+    while (e < rest.size() && rest[e] >= '0' && rest[e] <= '9') ++e;
+    text_out += ":" + rest.substr(l + 5, e - l - 5);
+    const size_t in_at = rest.find(" in ", e);
+    if (in_at != std::string::npos) text_out += " in " + rest.substr(in_at + 4);
+  }
+  return clean(text_out, kMaxFrameBytes);
+}
+
+json rankStateToJson(const RankState& s) {
+  json doc = {{"r", s.rank}, {"l", s.local_rank}, {"p", s.pid}};
+  if (s.stalled) doc["s"] = true;
+  if (s.exited) {
+    doc["x"] = true;
+    doc["c"] = s.exit_code;
+  }
+  if (s.collective) {
+    doc["in"] = s.collective->inside;
+    doc["op"] = s.collective->op;
+    doc["g"] = s.collective->group;
+    doc["q"] = s.collective->seq;
+  }
+  if (!s.frame.empty()) doc["f"] = s.frame;
+  if (!s.stack.empty()) doc["k"] = s.stack;
+  return doc;
+}
+
+Result<RankState> rankStateFromJson(const json& doc, const std::string& where) {
+  auto bad = [&](const std::string& what) {
+    return Status(StatusCode::kInvalidArgument, where + ": " + what);
+  };
+  if (!doc.is_object()) return bad("a rank's state is not a JSON object");
+  auto integer = [&](const char* key, int64_t lo, int64_t hi, int64_t& out) -> bool {
+    auto it = doc.find(key);
+    if (it == doc.end()) return true;
+    if (!it->is_number_integer()) return false;
+    const int64_t v = it->get<int64_t>();
+    if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi)) return false;
+    if (v < lo || v > hi) return false;
+    out = v;
+    return true;
+  };
+  auto boolean = [&](const char* key, bool& out) -> bool {
+    auto it = doc.find(key);
+    if (it == doc.end()) return true;
+    if (!it->is_boolean()) return false;
+    out = it->get<bool>();
+    return true;
+  };
+  RankState s;
+  int64_t rank = -1, local = -1, pid = 0, code = 0;
+  if (!doc.contains("r") || !integer("r", 0, 1 << 24, rank)) return bad("rank (r) out of range");
+  if (!integer("l", -1, 1 << 16, local)) return bad("local rank (l) out of range");
+  if (!integer("p", 0, 1 << 30, pid)) return bad("pid (p) out of range");
+  if (!integer("c", -128, 255, code)) return bad("exit code (c) out of range");
+  if (!boolean("s", s.stalled) || !boolean("x", s.exited)) return bad("s and x are booleans");
+  s.rank = static_cast<int>(rank);
+  s.local_rank = static_cast<int>(local);
+  s.pid = static_cast<int>(pid);
+  s.exit_code = static_cast<int>(code);
+  if (doc.contains("op")) {
+    CollectiveRecord c;
+    const auto op = doc.find("op");
+    const auto group = doc.find("g");
+    const auto seq = doc.find("q");
+    if (!op->is_string() || group == doc.end() || !group->is_string() || seq == doc.end() ||
+        !seq->is_number_unsigned() || !boolean("in", c.inside)) {
+      return bad("collective (op, g, q, in) malformed");
+    }
+    c.op = op->get<std::string>();
+    c.group = group->get<std::string>();
+    c.seq = seq->get<uint64_t>();
+    if (!validName(c.op) || !validName(c.group)) return bad("collective op or group malformed");
+    s.collective = c;
+  }
+  if (auto f = doc.find("f"); f != doc.end()) {
+    if (!f->is_string() || f->get_ref<const std::string&>().size() > kMaxFrameBytes) {
+      return bad("frame (f) is not text of at most " + std::to_string(kMaxFrameBytes) + " bytes");
+    }
+    s.frame = clean(f->get<std::string>(), kMaxFrameBytes);
+  }
+  if (auto k = doc.find("k"); k != doc.end()) {
+    if (!k->is_array() || k->size() > kMaxStackLines) return bad("stack (k) is not a short list");
+    for (const json& line : *k) {
+      if (!line.is_string() || line.get_ref<const std::string&>().size() > kMaxStackLineBytes) {
+        return bad("stack (k) holds a line that is not short text");
+      }
+      s.stack.push_back(clean(line.get<std::string>(), kMaxStackLineBytes));
+    }
+  }
+  return s;
+}
+
+void trimWaitingStacks(std::vector<RankState>& local) {
+  // Ranks in the same collective as another rank of this node are victims wherever the culprit
+  // is (unless every rank of the job is there: then nobody is a culprit and no stack is read).
+  std::map<std::tuple<std::string, uint64_t, std::string>, int> in_collective;
+  for (const RankState& s : local) {
+    if (s.collective && s.collective->inside && !s.exited) {
+      ++in_collective[{s.collective->group, s.collective->seq, s.collective->op}];
+    }
+  }
+  for (RankState& s : local) {
+    if (s.collective && s.collective->inside && !s.exited &&
+        in_collective[{s.collective->group, s.collective->seq, s.collective->op}] > 1) {
+      s.stack.clear();
+    }
+  }
+}
+
+std::optional<StallVerdict> decideStall(const std::vector<RankState>& states) {
+  // The collective the job waits in: the most ranks; ties: the later sequence number.
+  std::map<std::tuple<std::string, uint64_t, std::string>, int> count;
+  for (const RankState& s : states) {
+    if (s.collective && s.collective->inside && !s.exited) {
+      ++count[{s.collective->group, s.collective->seq, s.collective->op}];
+    }
+  }
+  if (count.empty()) return std::nullopt;
+  auto best = count.begin();
+  for (auto it = count.begin(); it != count.end(); ++it) {
+    if (it->second > best->second ||
+        (it->second == best->second && std::get<1>(it->first) > std::get<1>(best->first))) {
+      best = it;
+    }
+  }
+  CollectiveRecord waited;
+  waited.inside = true;
+  std::tie(waited.group, waited.seq, waited.op) = best->first;
+
+  std::vector<size_t> order(states.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return states[a].rank < states[b].rank; });
+
+  StallVerdict v;
+  v.waited_in = describeCollective(waited);
+  for (size_t i : order) {
+    const RankState& s = states[i];
+    const bool waits = s.collective && s.collective->inside && !s.exited &&
+                       s.collective->group == waited.group && s.collective->seq == waited.seq &&
+                       s.collective->op == waited.op;
+    if (waits) {
+      v.waiting.push_back(i);
+    } else if (!s.collective && !s.exited) {
+      v.unknown.push_back(i);
+    } else {
+      v.culprits.push_back(i);
+      v.culprit_reasons.push_back(culpritReason(s, waited));
+    }
+  }
+  const std::string waiting_text = std::to_string(v.waiting.size()) +
+                                   (v.waiting.size() == 1 ? " rank waits in " : " ranks wait in ") +
+                                   v.waited_in;
+  if (v.culprits.empty()) {
+    v.summary = (v.unknown.empty() ? "all " : "") + waiting_text + "; no rank is behind";
+    if (!v.unknown.empty()) {
+      v.summary += " of those that said (" + std::to_string(v.unknown.size()) +
+                   " gave no state, e.g. " + rankName(states[v.unknown.front()]) + ")";
+    }
+    v.summary += ": suspect the network or a device";
+    return v;
+  }
+  v.summary = rankName(states[v.culprits.front()]) + " " + v.culprit_reasons.front();
+  if (v.culprits.size() > 1) {
+    v.summary += " (and " + std::to_string(v.culprits.size() - 1) + " more culprit rank" +
+                 (v.culprits.size() == 2 ? "" : "s") + ")";
+  }
+  v.summary += "; " + waiting_text;
+  return v;
+}
+
+json stallVerdictEvent(int attempt, const StallVerdict& v, const std::vector<RankState>& states) {
+  json culprits = json::array();
+  for (size_t k = 0; k < v.culprits.size(); ++k) {
+    const RankState& s = states[v.culprits[k]];
+    json c = {{"rank", s.rank}, {"local_rank", s.local_rank}, {"why", v.culprit_reasons[k]}};
+    if (s.node >= 0) c["node"] = s.node;
+    if (!s.host.empty()) c["host"] = s.host;
+    if (!s.frame.empty()) c["frame"] = s.frame;
+    culprits.push_back(std::move(c));
+  }
+  auto ranks = [&](const std::vector<size_t>& indices) {
+    json out = json::array();
+    for (size_t i : indices) out.push_back(states[i].rank);
+    return out;
+  };
+  return {{"attempt", attempt},         {"summary", v.summary},
+          {"waited_in", v.waited_in},   {"culprits", std::move(culprits)},
+          {"waiting", ranks(v.waiting)}, {"unknown", ranks(v.unknown)}};
+}
+
+void applyStallVerdict(const StallVerdict& v, const std::vector<RankState>& states,
+                       std::vector<WorkerFailure>& failures) {
+  auto earliest = std::chrono::system_clock::time_point::max();
+  for (const WorkerFailure& f : failures) earliest = std::min(earliest, f.time);
+  if (failures.empty()) earliest = std::chrono::system_clock::now();
+  auto find = [&](const RankState& s) -> WorkerFailure* {
+    for (WorkerFailure& f : failures) {
+      if (f.rank == s.rank) return &f;
+    }
+    return nullptr;
+  };
+  const std::string others = std::to_string(v.waiting.size()) +
+                             (v.waiting.size() == 1 ? " rank waits in " : " ranks wait in ") +
+                             v.waited_in;
+  for (size_t k = 0; k < v.culprits.size(); ++k) {
+    const RankState& s = states[v.culprits[k]];
+    WorkerFailure* f = find(s);
+    if (f == nullptr) {
+      WorkerFailure made;
+      made.rank = s.rank;
+      made.local_rank = s.local_rank;
+      made.pid = s.pid;
+      made.host = s.host;
+      made.exit_code = s.exit_code > 0 ? s.exit_code : 0;
+      made.signal = s.exit_code < 0 ? -s.exit_code : 0;
+      failures.push_back(std::move(made));
+      f = &failures.back();
+    }
+    const std::string why = "the hang's culprit: " + rankName(s) + " " + v.culprit_reasons[k] +
+                            "; " + others;
+    const std::string stall_line = f->message;  // the stall's own line, when it was stalled
+    f->teardown = false;
+    f->collateral = false;
+    f->waiting = false;
+    f->message = why;
+    std::string traceback = why + "\n";
+    if (!stall_line.empty() && stall_line != why && s.stalled) traceback += stall_line + "\n";
+    if (!s.stack.empty()) {
+      for (const std::string& line : s.stack) traceback += line + "\n";
+    } else if (!f->traceback.empty() && s.stalled) {
+      // The node's own stall text already carries the stacks after its first line.
+      const size_t nl = f->traceback.find('\n');
+      if (nl != std::string::npos) traceback += f->traceback.substr(nl + 1);
+    }
+    f->traceback = traceback;
+    // The first culprit in rank order is the root cause.
+    f->time = earliest - std::chrono::microseconds(v.culprits.size() - k);
+  }
+  if (v.culprits.empty()) {
+    // Nobody to blame: the stalled ranks stay the failures, with the verdict as their first line.
+    for (WorkerFailure& f : failures) {
+      if (f.teardown) continue;
+      f.message = v.summary;
+      f.traceback = v.summary + "\n" + f.traceback;
+    }
+    return;
+  }
+  for (size_t i : v.waiting) {
+    WorkerFailure* f = find(states[i]);
+    if (f == nullptr) continue;
+    f->waiting = true;
+    f->collateral = false;
+    f->message = "waiting in " + v.waited_in + " for the culprit";
+    f->traceback = f->message + "\n";
+  }
+}
+
+}  // namespace cpprun::agent
