@@ -164,11 +164,13 @@ Result<JobDecision> DecisionExchange::decide(int n) {
   bool charged_by_verdict = false;
   if (auto hang = applyJobStallVerdict(membership, outcomes, d)) {
     CPPRUN_LOG(kError) << "attempt " << n << " hung: " << hang->verdict.summary;
-    emitEvent(s_.opts.event_log, "stall_verdict", stallVerdictEvent(n, hang->verdict, hang->states));
+    emitEvent(s_.opts.event_log, "stall_verdict",
+              stallVerdictEvent(n, hang->verdict, hang->states));
     charged = hang->culprit_node;
     charged_by_verdict = true;
   }
-  considerExclusion(membership, outcomes, stop, charged, charged_by_verdict, now, d);
+  considerExclusion(membership, outcomes, stop, charged, charged_by_verdict, policy.waiting_nodes,
+                    now, d);
   s_.restarts_used = d.restarts_used;
   return d;
 }
@@ -176,7 +178,8 @@ Result<JobDecision> DecisionExchange::decide(int n) {
 void DecisionExchange::considerExclusion(const Membership& membership,
                                          const std::map<int, NodeOutcome>& outcomes,
                                          const StopClaim& stop, int charged, bool by_verdict,
-                                         SystemClock::time_point now, JobDecision& d) {
+                                         int waiting_nodes, SystemClock::time_point now,
+                                         JobDecision& d) {
   if (s_.opts.exclude_after <= 0 || charged < 0 ||
       (stop.cause != StopCause::kFailure && stop.cause != StopCause::kStall)) {
     return;
@@ -206,6 +209,7 @@ void DecisionExchange::considerExclusion(const Membership& membership,
   int lost = 0;
   for (const auto& [rank, outcome] : outcomes) lost += outcome.lost ? 1 : 0;
   in.survivors = membership.group_world_size - lost;
+  in.waiting = waiting_nodes;
   // c10d: the store host's agent is the job's store; it cannot leave without ending the job.
   in.culprit_may_leave = s_.opts.host_per_round || charged != membership.group_rank;
   const int restarts_before = s_.restarts_used;

@@ -39,7 +39,7 @@ class DecisionExchange {
   // `charged`: the node whose workers caused the failure (the stop's owner, or a hang's culprit
   // node when `by_verdict`; -1: nobody).
   void considerExclusion(const Membership& membership, const std::map<int, NodeOutcome>& outcomes,
-                         const StopClaim& stop, int charged, bool by_verdict,
+                         const StopClaim& stop, int charged, bool by_verdict, int waiting_nodes,
                          SystemClock::time_point now, JobDecision& d);
 
   // After the final decision: wake every watcher (the stop key), tell agents still waiting to

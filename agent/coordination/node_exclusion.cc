@@ -49,9 +49,10 @@ std::string exclusionBlocked(const ExclusionPolicy& policy, const ExclusionInput
   if (!in.culprit_may_leave) {
     return "it serves the job's store (c10d backend): the others cannot go on without it";
   }
-  if (in.survivors - 1 < in.min_nodes) {
-    return std::to_string(in.survivors - 1) + " nodes would be left, fewer than the minimum " +
-           std::to_string(in.min_nodes);
+  if (in.survivors - 1 + in.waiting < in.min_nodes) {
+    return std::to_string(in.survivors - 1) + " nodes would be left" +
+           (in.waiting > 0 ? " with " + std::to_string(in.waiting) + " spare(s)" : "") +
+           ", fewer than the minimum " + std::to_string(in.min_nodes);
   }
   return "";
 }

@@ -9,7 +9,8 @@
 // whose root cause was the node's own workers count (the stop claim's owner reported a worker
 // failure); lost nodes, signals, start failures and the other nodes' collateral failures do not.
 //
-// Exclusion needs an elastic job that can go on without the node (at least MIN left) and a node
+// Exclusion needs an elastic job that can go on without the node (at least MIN left, counting the
+// hot spares waiting to join: one takes its place) and a node
 // that may leave (on the c10d backend the store host's agent is the job's store: it is never
 // excluded; exclusionBlocked says why). The failure that triggers it is charged to the node, not
 // the job: the re-formed group's attempt does not use the restart budget.
@@ -52,6 +53,7 @@ struct ExclusionInput {
   int culprit_rank = -1;  // group rank of the node whose workers caused the failure
   int failures = 0;       // its failures within the window, this one included
   int survivors = 0;      // live nodes of the attempt, the culprit included
+  int waiting = 0;        // hot spares waiting to join: one takes the culprit's place
   bool elastic = false;
   int min_nodes = 1;
   bool culprit_may_leave = true;  // false: the c10d store host

@@ -11,26 +11,6 @@ using nlohmann::json;
 
 namespace {
 
-bool nameChar(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-         c == '-' || c == '.' || c == ':';
-}
-
-bool validName(const std::string& name) {
-  return !name.empty() && name.size() <= kMaxCollectiveNameBytes &&
-         std::all_of(name.begin(), name.end(), nameChar);
-}
-
-std::optional<uint64_t> parseSeq(const std::string& text) {
-  if (text.empty() || text.size() > 19) return std::nullopt;
-  uint64_t value = 0;
-  for (char c : text) {
-    if (c < '0' || c > '9') return std::nullopt;
-    value = value * 10 + static_cast<uint64_t>(c - '0');
-  }
-  return value;
-}
-
 // Printable ASCII only, cut at `max` bytes: what a peer sent goes into logs and reports.
 std::string clean(const std::string& text, size_t max) {
   std::string out;
@@ -86,46 +66,6 @@ std::string culpritReason(const RankState& s, const CollectiveRecord& waited) {
 
 }  // namespace
 
-Result<CollectiveRecord> parseCollectiveRecord(const std::string& text) {
-  const std::string line = text.substr(0, text.find('\n'));
-  std::istringstream in(line);
-  std::string state, op, group, seq, extra;
-  in >> state >> op >> group >> seq;
-  if (state.empty()) return Status(StatusCode::kInvalidArgument, "empty collective record");
-  if (in >> extra || seq.empty()) {
-    return Status(StatusCode::kInvalidArgument,
-                  "a collective record is \"<in|after> <op> <group> <seq>\", not \"" +
-                      clean(line, 80) + "\"");
-  }
-  CollectiveRecord r;
-  if (state != "in" && state != "after") {
-    return Status(StatusCode::kInvalidArgument,
-                  "collective record: state \"" + clean(state, 16) + "\" is not in or after");
-  }
-  r.inside = state == "in";
-  if (!validName(op) || !validName(group)) {
-    return Status(StatusCode::kInvalidArgument,
-                  "collective record: op and group are 1 to " +
-                      std::to_string(kMaxCollectiveNameBytes) + " of [A-Za-z0-9_.:-]");
-  }
-  auto n = parseSeq(seq);
-  if (!n) {
-    return Status(StatusCode::kInvalidArgument,
-                  "collective record: sequence \"" + clean(seq, 24) + "\" is not a number");
-  }
-  r.op = op;
-  r.group = group;
-  r.seq = *n;
-  return r;
-}
-
-std::string formatCollectiveRecord(const CollectiveRecord& r) {
-  std::string line = std::string(r.inside ? "in " : "after ") + r.op + " " + r.group + " " +
-                     std::to_string(r.seq);
-  line.resize(kCollectiveRecordBytes - 1, ' ');
-  return line + "\n";
-}
-
 std::vector<std::string> mainThreadStack(const std::string& text) {
   // faulthandler lists threads newest first, each "Thread 0x... (most recent call first):" (or
   // "Current thread ...", the one the signal ran on) and its "  File ..." lines; the main thread
@@ -140,8 +80,7 @@ std::vector<std::string> mainThreadStack(const std::string& text) {
     if (body.rfind("Thread ", 0) == 0 || body.rfind("Current thread", 0) == 0) {
       block.clear();
       block.push_back(clean(line, kMaxStackLineBytes));
-    } else if (!block.empty() && body.rfind("File \"", 0) == 0 &&
-               block.size() < kMaxStackLines) {
+    } else if (!block.empty() && body.rfind("File \"", 0) == 0 && block.size() < kMaxStackLines) {
       block.push_back(clean(line, kMaxStackLineBytes));
     }
   }
@@ -232,7 +171,8 @@ Result<RankState> rankStateFromJson(const json& doc, const std::string& where) {
     c.op = op->get<std::string>();
     c.group = group->get<std::string>();
     c.seq = seq->get<uint64_t>();
-    if (!validName(c.op) || !validName(c.group)) return bad("collective op or group malformed");
+    if (!validCollectiveName(c.op) || !validCollectiveName(c.group))
+      return bad("collective op or group malformed");
     s.collective = c;
   }
   if (auto f = doc.find("f"); f != doc.end()) {
@@ -347,8 +287,8 @@ json stallVerdictEvent(int attempt, const StallVerdict& v, const std::vector<Ran
     for (size_t i : indices) out.push_back(states[i].rank);
     return out;
   };
-  return {{"attempt", attempt},         {"summary", v.summary},
-          {"waited_in", v.waited_in},   {"culprits", std::move(culprits)},
+  return {{"attempt", attempt},          {"summary", v.summary},
+          {"waited_in", v.waited_in},    {"culprits", std::move(culprits)},
           {"waiting", ranks(v.waiting)}, {"unknown", ranks(v.unknown)}};
 }
 
@@ -380,8 +320,8 @@ void applyStallVerdict(const StallVerdict& v, const std::vector<RankState>& stat
       failures.push_back(std::move(made));
       f = &failures.back();
     }
-    const std::string why = "the hang's culprit: " + rankName(s) + " " + v.culprit_reasons[k] +
-                            "; " + others;
+    const std::string why =
+        "the hang's culprit: " + rankName(s) + " " + v.culprit_reasons[k] + "; " + others;
     const std::string stall_line = f->message;  // the stall's own line, when it was stalled
     f->teardown = false;
     f->collateral = false;

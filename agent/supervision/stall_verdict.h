@@ -17,12 +17,9 @@
 //   - no verdict at all (nullopt) when no rank was in a collective: the stall stays the stalled
 //     ranks' own, as before (non-Python programs, programs without torch.distributed).
 //
-// The collective record (CPPRUN_COLLECTIVE_FILE, docs/operations.md "Who caused a hang"): one
-// line of text at offset 0, "<in|after> <op> <group> <seq>", space-padded to a fixed width so
-// each update is one pwrite(2) in place. `in`: the rank entered collective number <seq> of
-// process group <group> and has not returned from it; `after`: it returned from it. cpprun's
-// sitecustomize writes it for Python workers (python_progress.h) and the bundled trainer for
-// its own collectives; any trainer can write it.
+// What each rank waits in comes from its collective record (common/collective_record.h), written
+// by cpprun's sitecustomize for Python workers (python_progress.h), by the bundled trainer for its
+// own collectives, and by any trainer that opts in.
 //
 // Everything here decodes untrusted bytes (a worker's file, a peer's report) into values or
 // errors, never exceptions, with every field bounded (kMaxRankStateBytes per rank).
@@ -37,35 +34,18 @@
 #include <vector>
 
 #include "agent/supervision/failure_report.h"
+#include "common/collective_record.h"
 #include "common/status.h"
 
 namespace cpprun::agent {
 
-inline constexpr const char* kCollectiveFileVariable = "CPPRUN_COLLECTIVE_FILE";
-// A record's width: the line is padded with spaces to this many bytes, newline included.
-inline constexpr size_t kCollectiveRecordBytes = 128;
-// Field bounds (a longer field is refused): op and group names, a frame, a stack excerpt.
-inline constexpr size_t kMaxCollectiveNameBytes = 48;
+// Field bounds (a longer field is refused): a frame, a stack excerpt.
 inline constexpr size_t kMaxFrameBytes = 200;
 inline constexpr size_t kMaxStackLines = 24;
 inline constexpr size_t kMaxStackLineBytes = 200;
 // A rank's digest as it crosses the store: at most this many bytes of JSON (a waiting rank's
 // is about 150: no stack; a possible culprit's carries its stack excerpt).
 inline constexpr size_t kMaxRankStateBytes = 6 * 1024;
-
-// What a rank's collective record says.
-struct CollectiveRecord {
-  bool inside = false;  // "in": entered, not returned
-  std::string op;       // all_reduce, broadcast, barrier, ...
-  std::string group;    // "world" for the default group
-  uint64_t seq = 0;     // the collective's number in its group, from 1
-};
-
-// Parses a record's text (the first line; trailing padding ignored). kInvalidArgument naming
-// what is wrong for anything else.
-Result<CollectiveRecord> parseCollectiveRecord(const std::string& text);
-// The padded line for `record` (kCollectiveRecordBytes long).
-std::string formatCollectiveRecord(const CollectiveRecord& record);
 
 // The main thread's block of a faulthandler dump (its header and File lines, innermost first,
 // at most kMaxStackLines of at most kMaxStackLineBytes); empty when there is none.

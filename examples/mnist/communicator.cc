@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/collective_record.h"
 #include "common/network_address.h"
 #include "examples/mnist/gloo_store.h"
 #include "rendezvous/tcp_store_client.h"
@@ -56,6 +57,7 @@ class GlooCommunicator : public Communicator {
   void allreduceSum(double* data, size_t count) override { allreduce(data, count); }
 
   void broadcast(float* data, size_t count, int root) override {
+    auto recorded = recorder_.enter("broadcast");
     gloo::BroadcastOptions opts(context_);
     opts.setOutput(data, count);
     opts.setRoot(root);
@@ -65,6 +67,7 @@ class GlooCommunicator : public Communicator {
   }
 
   void barrier() override {
+    auto recorded = recorder_.enter("barrier");
     gloo::BarrierOptions opts(context_);
     opts.setTag(nextTag());
     opts.setTimeout(options_.timeout);
@@ -93,6 +96,7 @@ class GlooCommunicator : public Communicator {
   template <typename T>
   void allreduce(T* data, size_t count) {
     if (count == 0) return;
+    auto recorded = recorder_.enter("all_reduce");
     gloo::AllreduceOptions opts(context_);
     opts.setOutput(data, count);
     opts.setReduceFunction(
@@ -110,6 +114,8 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<gloo::Context> context_;
   uint32_t tag_ = 0;
   bool finished_ = false;
+  // What this rank waits in, for cpprun's hang verdict (common/collective_record.h).
+  CollectiveRecorder recorder_ = CollectiveRecorder::fromEnvironment();
 };
 
 }  // namespace

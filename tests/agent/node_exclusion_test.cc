@@ -73,6 +73,10 @@ TEST_CASE("a node is excluded at K failures, and only when the job can go on wit
   at_min.survivors = 2;
   CHECK_FALSE(shouldExclude(policy, at_min));
   CHECK_THAT(exclusionBlocked(policy, at_min), Catch::Contains("fewer than the minimum 2"));
+  // A hot spare waiting takes the culprit's place: the job keeps its minimum.
+  ExclusionInput with_spare = at_min;
+  with_spare.waiting = 1;
+  CHECK(shouldExclude(policy, with_spare));
 
   ExclusionInput static_job = culprit(2);
   static_job.elastic = false;

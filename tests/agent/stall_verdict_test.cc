@@ -73,9 +73,9 @@ TEST_CASE("stall verdict: the collective record is one padded line, parsed stric
     INFO(bad);
     CHECK_FALSE(parseCollectiveRecord(bad).isOk());
   }
-  CHECK_FALSE(parseCollectiveRecord("in " + std::string(kMaxCollectiveNameBytes + 1, 'a') +
-                                    " world 1")
-                  .isOk());
+  CHECK_FALSE(
+      parseCollectiveRecord("in " + std::string(kMaxCollectiveNameBytes + 1, 'a') + " world 1")
+          .isOk());
 }
 
 TEST_CASE("stall verdict: the main thread's innermost frame comes from faulthandler's last block",
@@ -104,11 +104,10 @@ TEST_CASE("stall verdict: the main thread's innermost frame comes from faulthand
   CHECK(innermostPythonFrame(huge).size() <= kMaxFrameBytes);
 }
 
-TEST_CASE("stall verdict: the rank between collectives is the culprit, the others wait",
-          "[unit]") {
-  std::vector<RankState> states = {inCollective(0, "all_reduce", 5), inCollective(1, "all_reduce", 5),
-                                   after(2, "all_reduce", 4, "train.py:6 in <module>"),
-                                   inCollective(3, "all_reduce", 5)};
+TEST_CASE("stall verdict: the rank between collectives is the culprit, the others wait", "[unit]") {
+  std::vector<RankState> states = {
+      inCollective(0, "all_reduce", 5), inCollective(1, "all_reduce", 5),
+      after(2, "all_reduce", 4, "train.py:6 in <module>"), inCollective(3, "all_reduce", 5)};
   auto v = decideStall(states);
   REQUIRE(v.has_value());
   CHECK(ranksOf(states, v->culprits) == std::vector<int>{2});
@@ -119,8 +118,7 @@ TEST_CASE("stall verdict: the rank between collectives is the culprit, the other
         "3 ranks wait in all_reduce #5");
 }
 
-TEST_CASE("stall verdict: a desync, a rank behind, an exited rank and nodes are named",
-          "[unit]") {
+TEST_CASE("stall verdict: a desync, a rank behind, an exited rank and nodes are named", "[unit]") {
   SECTION("a desync: one rank in a different collective at the same point") {
     std::vector<RankState> states;
     for (int r = 0; r < 8; ++r) states.push_back(inCollective(r, "all_reduce", 12));
@@ -128,14 +126,14 @@ TEST_CASE("stall verdict: a desync, a rank behind, an exited rank and nodes are 
     auto v = decideStall(states);
     REQUIRE(v.has_value());
     CHECK(ranksOf(states, v->culprits) == std::vector<int>{5});
-    CHECK(v->summary == "rank 5 waits in all_gather #12, not all_reduce (a desync); 7 ranks wait in "
-                        "all_reduce #12");
+    CHECK(v->summary ==
+          "rank 5 waits in all_gather #12, not all_reduce (a desync); 7 ranks wait in "
+          "all_reduce #12");
   }
   SECTION("behind in sequence, on another node") {
-    std::vector<RankState> states = {inCollective(0, "all_reduce", 9, 0),
-                                     inCollective(1, "all_reduce", 9, 0),
-                                     inCollective(2, "all_reduce", 8, 1),
-                                     inCollective(3, "all_reduce", 9, 1)};
+    std::vector<RankState> states = {
+        inCollective(0, "all_reduce", 9, 0), inCollective(1, "all_reduce", 9, 0),
+        inCollective(2, "all_reduce", 8, 1), inCollective(3, "all_reduce", 9, 1)};
     states[2].host = "node-b";
     auto v = decideStall(states);
     REQUIRE(v.has_value());
@@ -151,11 +149,13 @@ TEST_CASE("stall verdict: a desync, a rank behind, an exited rank and nodes are 
     auto v = decideStall(states);
     REQUIRE(v.has_value());
     CHECK(ranksOf(states, v->culprits) == std::vector<int>{1});
-    CHECK(v->summary == "rank 1 exited with code 0 after all_reduce #3 and never entered "
-                        "all_reduce #4; 1 rank waits in all_reduce #4");
+    CHECK(v->summary ==
+          "rank 1 exited with code 0 after all_reduce #3 and never entered "
+          "all_reduce #4; 1 rank waits in all_reduce #4");
   }
   SECTION("ties go to the later collective; ranks without a record are unknown, not culprits") {
-    std::vector<RankState> states = {inCollective(0, "all_reduce", 3), inCollective(1, "all_reduce", 4)};
+    std::vector<RankState> states = {inCollective(0, "all_reduce", 3),
+                                     inCollective(1, "all_reduce", 4)};
     RankState silent;
     silent.rank = 2;
     states.push_back(silent);
@@ -191,10 +191,9 @@ TEST_CASE("stall verdict: none when no rank is in a collective", "[unit]") {
 
 TEST_CASE("stall verdict: applied, the culprit is the root cause and the stalled victims wait",
           "[unit]") {
-  std::vector<RankState> states = {inCollective(0, "all_reduce", 5, 0),
-                                   inCollective(1, "all_reduce", 5, 0),
-                                   inCollective(2, "all_reduce", 5, 1),
-                                   after(3, "all_reduce", 4, "train.py:6 in <module>", 1)};
+  std::vector<RankState> states = {
+      inCollective(0, "all_reduce", 5, 0), inCollective(1, "all_reduce", 5, 0),
+      inCollective(2, "all_reduce", 5, 1), after(3, "all_reduce", 4, "train.py:6 in <module>", 1)};
   states[3].host = "b";
   states[3].stalled = false;  // torn down because node 0 stopped the job
   states[3].stack = {"Current thread 0x1 (most recent call first):",
@@ -265,8 +264,15 @@ TEST_CASE("stall verdict: a rank's digest survives JSON and hostile digests are 
 
   using nlohmann::json;
   const std::vector<json> hostile = {
-      json(), json(7), json::array(), json({{"l", 1}}), json({{"r", "1"}}), json({{"r", -1}}),
-      json({{"r", 1}, {"p", 1e9}}), json({{"r", 1}, {"c", 4000}}), json({{"r", 1}, {"s", 1}}),
+      json(),
+      json(7),
+      json::array(),
+      json({{"l", 1}}),
+      json({{"r", "1"}}),
+      json({{"r", -1}}),
+      json({{"r", 1}, {"p", 1e9}}),
+      json({{"r", 1}, {"c", 4000}}),
+      json({{"r", 1}, {"s", 1}}),
       json({{"r", 1}, {"op", 5}, {"g", "world"}, {"q", 1}, {"in", true}}),
       json({{"r", 1}, {"op", "all_reduce"}, {"g", "world"}, {"q", -1}, {"in", true}}),
       json({{"r", 1}, {"op", "all_reduce"}, {"g", "world"}, {"q", 1}, {"in", "yes"}}),
@@ -285,8 +291,9 @@ TEST_CASE("stall verdict: a rank's digest survives JSON and hostile digests are 
 
 TEST_CASE("stall verdict: a node's waiting ranks lose their stacks, possible culprits keep them",
           "[unit]") {
-  std::vector<RankState> local = {inCollective(0, "all_reduce", 5), inCollective(1, "all_reduce", 5),
-                                  after(2, "all_reduce", 4, "t.py:1"), inCollective(3, "barrier", 5)};
+  std::vector<RankState> local = {
+      inCollective(0, "all_reduce", 5), inCollective(1, "all_reduce", 5),
+      after(2, "all_reduce", 4, "t.py:1"), inCollective(3, "barrier", 5)};
   for (RankState& s : local) s.stack = {"Current thread 0x1 (most recent call first):"};
   trimWaitingStacks(local);
   CHECK(local[0].stack.empty());

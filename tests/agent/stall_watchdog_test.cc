@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/supervision/stall_verdict.h"
 #include "common/asio.h"
 #include "common/progress_file.h"
 #include "tests/support/test_support.h"
@@ -170,29 +171,31 @@ TEST_CASE_METHOD(Fixture,
   CHECK_FALSE(watchdog->worker(1).stalled);
 }
 
-TEST_CASE_METHOD(Fixture,
-                 "stall watchdog: stacks are collected Python first then gdb and reported once "
-                 "every gdb exited",
-                 "[unit]") {
+TEST_CASE_METHOD(
+    Fixture,
+    "stall watchdog: a Python rank gives its faulthandler stacks, a native rank gdb's, "
+    "and the stall is reported once every gdb exited",
+    "[unit]") {
   StallOptions options;
   options.timeout = 50ms;
   options.check_interval = 10ms;
   options.faulthandler_grace = 20ms;
   options.gdb_path = "/opt/fake/gdb";
   make(options);
-  // Rank 0's helper registered faulthandler: it created its stack file.
+  // Rank 0's helper registered faulthandler: it created its stack file. Rank 1 is native.
   std::filesystem::create_directories(rankDir(0));
   std::ofstream(StallWatchdog::stackFile(rankDir(0))) << "old dump\n  File \"old.py\", line 1\n";
-  startAttempt(1);
+  startAttempt(2);
   REQUIRE(runUntil([&] { return launcher.spawned.size() == 1; }));
   // The faulthandler wrote its dump between SIGUSR1 and gdb.
   std::ofstream(StallWatchdog::stackFile(rankDir(0)), std::ios::app)
       << "Current thread 0x1 (most recent call first):\n  File \"t.py\", line 3 in hang\n";
+  // gdb only for the native rank: on a torch process it would not finish within the bound.
   const ProcessSpec& gdb = launcher.spawned[0];
   CHECK(gdb.argv.front() == "/opt/fake/gdb");
-  CHECK(std::find(gdb.argv.begin(), gdb.argv.end(), "100") != gdb.argv.end());
+  CHECK(std::find(gdb.argv.begin(), gdb.argv.end(), "101") != gdb.argv.end());
   // gdb writes its stacks; nothing is reported until it exits.
-  std::ofstream(rankDir(0) + "/stacks_gdb.txt", std::ios::app)
+  std::ofstream(rankDir(1) + "/stacks_gdb.txt", std::ios::app)
       << "Thread 1 (LWP 9):\n#0  pause () at pause.c:29\n";
   io.run_for(50ms);
   io.restart();
@@ -200,16 +203,91 @@ TEST_CASE_METHOD(Fixture,
   CHECK_FALSE(watchdog->onChildExit(4242, 0));  // not a helper of the watchdog
   CHECK(watchdog->onChildExit(6000001, 0));
   CHECK(collected);
-  CHECK(log == std::vector<std::string>{"signal 100 " + std::to_string(SIGUSR1), "stalled 0",
-                                        "spawn /opt/fake/gdb 6000001", "collected 0"});
-  const auto& excerpt = watchdog->worker(0).stack_excerpt;
-  REQUIRE(excerpt.size() == 6);
-  CHECK_THAT(excerpt[0], Catch::StartsWith("Python stacks (faulthandler, "));
-  CHECK(excerpt[1] == "Current thread 0x1 (most recent call first):");  // not the old dump
-  CHECK(excerpt[2] == "  File \"t.py\", line 3 in hang");
-  CHECK_THAT(excerpt[3], Catch::StartsWith("native stacks (gdb, "));
-  CHECK(excerpt[4] == "Thread 1 (LWP 9):");
-  CHECK(excerpt[5] == "#0  pause () at pause.c:29");
+  CHECK(log == std::vector<std::string>{"signal 100 " + std::to_string(SIGUSR1), "stalled 0,1",
+                                        "spawn /opt/fake/gdb 6000001", "collected 0,1"});
+  const auto& python = watchdog->worker(0).stack_excerpt;
+  REQUIRE(python.size() == 3);
+  CHECK_THAT(python[0], Catch::StartsWith("Python stacks (faulthandler, "));
+  CHECK(python[1] == "Current thread 0x1 (most recent call first):");  // not the old dump
+  CHECK(python[2] == "  File \"t.py\", line 3 in hang");
+  const auto& native = watchdog->worker(1).stack_excerpt;
+  REQUIRE(native.size() == 3);
+  CHECK_THAT(native[0], Catch::StartsWith("native stacks (gdb, "));
+  CHECK(native[1] == "Thread 1 (LWP 9):");
+  CHECK(native[2] == "#0  pause () at pause.c:29");
+  // Every rank's state: the Python rank's innermost frame; no collective record from either.
+  const auto& states = watchdog->rankStates();
+  REQUIRE(states.size() == 2);
+  CHECK(states[0].frame == "t.py:3 in hang");
+  CHECK(states[0].stalled);
+  CHECK_FALSE(states[0].collective.has_value());
+  CHECK(states[1].frame.empty());
+}
+
+TEST_CASE_METHOD(Fixture,
+                 "stall watchdog: at a stall every rank is looked at, stalled or not, and its "
+                 "collective record read",
+                 "[unit]") {
+  StallOptions options;
+  options.timeout = 100ms;
+  options.check_interval = 10ms;
+  options.faulthandler_grace = 10ms;
+  make(options);
+  startAttempt(3);
+  // Rank 0 waits in all_reduce #5 (stalls); rank 1 keeps stamping progress (a busy culprit that
+  // never entered it); rank 2 exited after all_reduce #4.
+  std::ofstream(StallWatchdog::collectiveFile(rankDir(0)))
+      << formatCollectiveRecord({true, "all_reduce", "world", 5});
+  std::ofstream(StallWatchdog::collectiveFile(rankDir(1)))
+      << formatCollectiveRecord({false, "all_reduce", "world", 4});
+  std::ofstream(StallWatchdog::collectiveFile(rankDir(2))) << "in garbage";
+  watchdog->workerExited(2);
+  ProgressReporter keeps(StallWatchdog::progressFile(rankDir(1)));
+  uint64_t step = 0;
+  REQUIRE(runUntil([&] {
+    keeps.bump(++step);
+    return collected;
+  }));
+  CHECK(log.front() == "stalled 0");
+  const auto& states = watchdog->rankStates();
+  REQUIRE(states.size() == 3);
+  CHECK(states[0].stalled);
+  REQUIRE(states[0].collective.has_value());
+  CHECK(states[0].collective->inside);
+  CHECK(states[0].collective->seq == 5);
+  CHECK_FALSE(states[1].stalled);
+  REQUIRE(states[1].collective.has_value());
+  CHECK_FALSE(states[1].collective->inside);
+  CHECK(states[2].exited);
+  CHECK_FALSE(states[2].collective.has_value());  // a malformed record is no record
+  auto verdict = decideStall(states);
+  REQUIRE(verdict.has_value());
+  REQUIRE(verdict->culprits.size() == 2);
+  CHECK(states[verdict->culprits[0]].rank == 1);
+}
+
+TEST_CASE_METHOD(Fixture,
+                 "stall watchdog: a peer's stall takes a snapshot without declaring a stall here",
+                 "[unit]") {
+  StallOptions options;
+  options.timeout = 10s;
+  options.check_interval = 10ms;
+  options.faulthandler_grace = 10ms;
+  make(options);
+  std::filesystem::create_directories(rankDir(0));
+  std::ofstream(StallWatchdog::stackFile(rankDir(0))).flush();
+  startAttempt(1);
+  std::ofstream(StallWatchdog::collectiveFile(rankDir(0)))
+      << formatCollectiveRecord({false, "broadcast", "world", 2});
+  bool done = false;
+  watchdog->collectForPeer([&] { done = true; });
+  REQUIRE(runUntil([&] { return done; }));
+  CHECK_FALSE(collected);  // not this node's stall: on_collected is for its own
+  CHECK(log == std::vector<std::string>{"signal 100 " + std::to_string(SIGUSR1)});
+  CHECK(watchdog->stallsTotal() == 0);
+  REQUIRE(watchdog->rankStates().size() == 1);
+  CHECK_FALSE(watchdog->rankStates()[0].stalled);
+  CHECK(watchdog->rankStates()[0].collective->op == "broadcast");
 }
 
 TEST_CASE_METHOD(Fixture, "stall watchdog: a gdb that hangs is killed at its bound", "[unit]") {

@@ -439,16 +439,20 @@ TEST_CASE(
   const auto all = readEventLog(events);
   auto stalls = eventsNamed(all, "stall_detected");
   REQUIRE(!stalls.empty());
-  bool blocked_rank_caught = false;
   for (const Json& stall : stalls) {
     CHECK(stall["attempt"] == 0);
-    blocked_rank_caught = blocked_rank_caught || stall["rank"] == 0;
     // Within the timeout + 1 s of the hang; never before the timeout less one stamp interval.
     const double after = eventSeconds(stall) - hang_at;
     CHECK(after >= 3.0 - 0.35);
     CHECK(after <= 3.0 + 1.0);
   }
-  CHECK(blocked_rank_caught);  // rank 0 is the one stuck inside gloo's all_reduce
+  // Whichever rank was found stalled first, the verdict names the culprit, rank 1 (it sleeps),
+  // and rank 0, stuck inside gloo's all_reduce, waits for it.
+  const auto verdicts = eventsNamed(all, "stall_verdict");
+  REQUIRE(verdicts.size() == 1);
+  REQUIRE(verdicts[0]["culprits"].size() == 1);
+  CHECK(verdicts[0]["culprits"][0]["rank"] == 1);
+  CHECK(verdicts[0]["waiting"] == Json::array({0}));
   double next_attempt = 0;
   for (const Json& started : eventsNamed(all, "worker_started")) {
     if (started["attempt"] == 1 && next_attempt == 0) next_attempt = eventSeconds(started);

@@ -10,8 +10,9 @@ stamps of --python-progress (agent/supervision/python_progress.h). Run under cpp
                                                    rank R is the culprit of a hang and every other
                                                    rank blocks in the next all_reduce; CULPRIT:
                                                    sleep-rank (time.sleep), read-rank (a blocking
-                                                   read of a pipe), exit-rank (leaves its loop and
-                                                   exits 0), desync-rank (a broadcast where the
+                                                   read of a pipe), early-rank (leaves its loop a
+                                                   step early and blocks in its end-of-training
+                                                   work), desync-rank (a broadcast where the
                                                    others all_reduce), stop-rank (enters the
                                                    all_reduce, then is stopped by SIGSTOP: every
                                                    rank waits in the same collective, no culprit)
@@ -40,29 +41,41 @@ if mode == "hang-rank":
             while True:
                 time.sleep(3600)
         dist.all_reduce(tensor)  # the other rank never comes: blocked in gloo
-elif mode in ("sleep-rank", "read-rank", "exit-rank", "desync-rank", "stop-rank"):
+elif mode in ("sleep-rank", "read-rank", "early-rank", "desync-rank", "stop-rank"):
     culprit = int(sys.argv[2])
-    for _ in range(int(sys.argv[3]) if len(sys.argv) > 3 else 3):
+    steps = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    early = mode == "early-rank" and first_attempt and dist.get_rank() == culprit
+    for _ in range(steps - 1 if early else steps):
         dist.all_reduce(tensor)
-    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
-        print(f"HANG_AT {time.time():.6f}", flush=True)
+    if first_attempt:
+        if mode != "stop-rank":
+            print(f"HANG_AT {time.time():.6f}", flush=True)
         if dist.get_rank() == culprit:
             if mode == "sleep-rank":
                 time.sleep(3600)
             elif mode == "read-rank":
                 never_written, keep = os.pipe()
                 os.read(never_written, 1)
-            elif mode == "exit-rank":
-                os._exit(0)
+            elif mode == "early-rank":
+                # Leaves the loop a step early and goes on to its end-of-training work (here a
+                # wait for a file nobody writes), holding its gloo connections open.
+                never_written, keep = os.pipe()
+                os.read(never_written, 1)
             elif mode == "desync-rank":
                 dist.broadcast(torch.ones(1000), src=culprit)
             elif mode == "stop-rank":
-                if os.fork() == 0:  # stops the rank once it is inside gloo's all_reduce
-                    time.sleep(1.0)
+                # Enters all_reduce #4 first and is stopped (SIGSTOP) inside it, as a rank whose
+                # device or link died would be; the others enter it after, and wait.
+                if os.fork() == 0:
+                    time.sleep(0.3)
                     os.kill(os.getppid(), 19)
+                    print(f"HANG_AT {time.time():.6f}", flush=True)
                     os._exit(0)
                 dist.all_reduce(tensor)
         else:
+            if mode == "stop-rank":
+                time.sleep(1.0)  # after the culprit entered the collective and was stopped
             dist.all_reduce(tensor)  # the culprit never comes: blocked in gloo
 elif mode == "busy":
     end = time.time() + float(sys.argv[2])
