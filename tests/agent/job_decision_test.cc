@@ -326,3 +326,88 @@ TEST_CASE("decide: a node that left re-forms the group without using the budget"
   // The claim survives its JSON round trip.
   CHECK(stopFromJson(stopToJson(leave)).cause == StopCause::kLeave);
 }
+
+namespace {
+
+RankState rankIn(int rank, bool inside, uint64_t seq) {
+  RankState s;
+  s.rank = rank;
+  s.local_rank = rank % 2;
+  s.pid = 100 + rank;
+  s.stalled = inside;
+  s.collective = CollectiveRecord{inside, "all_reduce", "world", seq};
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "job decision: a hang's verdict over every node's states names the culprit's node, "
+    "whoever stopped the attempt",
+    "[unit]") {
+  // Node 0 found its ranks stalled first and claimed the stop; rank 5 on node 2 never entered
+  // all_reduce #7. Its digest travels in node 2's report, through the report's JSON.
+  std::map<int, NodeOutcome> outcomes = {
+      {0, reported(AttemptReport::Kind::kFailed, {failure("h0", 0, 0), failure("h0", 1, 0)})},
+      {1, reported(AttemptReport::Kind::kStopped,
+                   {failure("h1", 2, 0, true), failure("h1", 3, 0, true)})},
+      {2, reported(AttemptReport::Kind::kStopped,
+                   {failure("h2", 4, 0, true), failure("h2", 5, 0, true)})}};
+  outcomes[0].report.failures[0].message = "stalled: no progress for 4.0 s";
+  outcomes[0].report.rank_states = {rankIn(0, true, 7), rankIn(1, true, 7)};
+  outcomes[1].report.rank_states = {rankIn(2, true, 7), rankIn(3, true, 7)};
+  AttemptReport node2;
+  node2.kind = AttemptReport::Kind::kStopped;
+  node2.failures = outcomes[2].report.failures;
+  node2.rank_states = {rankIn(4, true, 7), rankIn(5, false, 6)};
+  node2.rank_states[1].frame = "train.py:40 in save";
+  node2.rank_states[1].stack = {"Current thread 0x1 (most recent call first):",
+                                "  File \"train.py\", line 40 in save"};
+  node2.rank_states[0].stack = {"Current thread 0x1 (most recent call first):"};
+  outcomes[2].report = reportFromJson(reportToJson(node2, "h2"));
+  REQUIRE(outcomes[2].report.rank_states.size() == 2);
+  // Rank 4 is alone in its collective on its node (a possible culprit): its stack travels too.
+  CHECK(outcomes[2].report.rank_states[0].stack.size() == 1);
+  CHECK(outcomes[2].report.rank_states[1].stack.size() == 2);
+  // Node 1's ranks wait in the same collective: their stacks stay home.
+  for (RankState& s : outcomes[1].report.rank_states) s.stack = {"Current thread 0x1"};
+  outcomes[1].report = reportFromJson(reportToJson(outcomes[1].report, "h1"));
+  REQUIRE(outcomes[1].report.rank_states.size() == 2);
+  CHECK(outcomes[1].report.rank_states[0].stack.empty());
+  CHECK(outcomes[1].report.rank_states[1].stack.empty());
+
+  JobDecision d =
+      decideJob(threeNodes(), outcomes,
+                claimBy(0, "node 0 (h0): rank(s) 0 stalled", StopCause::kStall), {}, 0, kNow);
+  auto hang = applyJobStallVerdict(threeNodes(), outcomes, d);
+  REQUIRE(hang.has_value());
+  CHECK(hang->culprit_node == 2);
+  CHECK(d.summary ==
+        "hang: rank 5 (node 2, h2) did not enter all_reduce #7: it is in train.py:40 "
+        "in save, after all_reduce #6; 5 ranks wait in all_reduce #7");
+  REQUIRE(!d.failures.empty());
+  CHECK(d.failures.front().rank == 5);  // root cause first
+  CHECK(d.failures[rootCauseIndex(d.failures)].rank == 5);
+  CHECK(d.failures.front().host == "h2");
+  CHECK_THAT(d.failures.front().traceback, Catch::Contains("line 40 in save"));
+  for (const WorkerFailure& f : d.failures) {
+    if (f.rank != 5) CHECK(f.waiting);
+  }
+}
+
+TEST_CASE("job decision: no rank states, or a malformed report's, leave the decision alone",
+          "[unit]") {
+  auto outcomes = nodeTwoFailed();
+  JobDecision d =
+      decideJob(threeNodes(), outcomes, claimBy(2, "node 2: rank 5 exited"), {}, 0, kNow);
+  const JobDecision before = d;
+  CHECK_FALSE(applyJobStallVerdict(threeNodes(), outcomes, d).has_value());
+  CHECK(d.summary == before.summary);
+  // Hostile digests in a report are dropped, never thrown.
+  nlohmann::json doc = reportToJson(AttemptReport{}, "h1");
+  doc["ranks"] = nlohmann::json::array({nlohmann::json({{"r", "x"}}), nlohmann::json(3),
+                                        nlohmann::json({{"r", 1}, {"q", -1}, {"op", "a"}})});
+  CHECK(reportFromJson(doc).rank_states.empty());
+  doc["ranks"] = "not a list";
+  CHECK(reportFromJson(doc).rank_states.empty());
+}

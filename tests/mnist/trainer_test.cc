@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/collective_record.h"
 #include "examples/mnist/checkpoint.h"
 #include "examples/mnist/gpu_engine.h"
 #include "examples/mnist/network.h"
@@ -91,6 +92,35 @@ TEST_CASE("cpprun-mnist: world size 2 with batch b trains exactly like world siz
   // ... and landed in the same place, up to the order of floating-point sums.
   CHECK(relativeDistance(b.value().parameters, a.value().parameters) < 1e-5);
   CHECK(relativeDistance(b.value().optimizer_buffers[0], a.value().optimizer_buffers[0]) < 1e-4);
+}
+
+TEST_CASE(
+    "cpprun-mnist: its gloo collectives are numbered in the collective record cpprun reads "
+    "at a hang",
+    "[integration][mnist][trainer][stall]") {
+  TempDir dir;
+  std::string output;
+  REQUIRE(runToEnd(underCpprun(2,
+                               {"--max-steps", "3", "--epochs", "1", "--quiet", "--threads", "1",
+                                "--test-batch-size", "500", "--checkpoint-dir", dir.path()},
+                               {"--stall-timeout=60", "--log-dir=" + dir.path() + "/logs",
+                                "--rdzv-id=rec"}),
+                   120s, &output) == 0);
+  INFO(output);
+  // Both ranks ran the same collectives, the last returned ("after"), numbered alike.
+  std::vector<cpprun::CollectiveRecord> records;
+  for (int rank = 0; rank < 2; ++rank) {
+    std::ifstream in(dir.path() + "/logs/rec/attempt_0/" + std::to_string(rank) + "/collective");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto record = cpprun::parseCollectiveRecord(text);
+    REQUIRE(record.isOk());
+    records.push_back(record.value());
+  }
+  CHECK_FALSE(records[0].inside);
+  CHECK(records[0].group == "world");
+  CHECK(records[0].seq > 3);  // the initial broadcast, 3 steps' gradients, the metrics
+  CHECK(records[0].seq == records[1].seq);
+  CHECK(records[0].op == records[1].op);
 }
 
 TEST_CASE("cpprun-mnist: a worker killed mid-epoch is restarted and resumes from the checkpoint",
