@@ -8,6 +8,8 @@
 #include <sstream>
 #include <utility>
 
+#include "common/clip.h"
+
 namespace cpprun {
 
 namespace {
@@ -15,16 +17,6 @@ namespace {
 bool nameChar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
          c == '-' || c == '.' || c == ':';
-}
-
-// Printable ASCII only, cut at `max` bytes: a worker's bytes go into a message.
-std::string shown(const std::string& text, size_t max) {
-  std::string out;
-  for (char c : text) {
-    if (out.size() >= max) break;
-    out.push_back(c >= 0x20 && c < 0x7f ? c : '?');
-  }
-  return out;
 }
 
 }  // namespace
@@ -44,10 +36,10 @@ Result<CollectiveRecord> parseCollectiveRecord(const std::string& text) {
   };
   if (state.empty()) return bad("empty");
   if (in >> extra || seq.empty()) {
-    return bad("not \"<in|after> <op> <group> <seq>\": \"" + shown(line, 80) + "\"");
+    return bad("not \"<in|after> <op> <group> <seq>\": \"" + clipValue(line, 80) + "\"");
   }
   if (state != "in" && state != "after") {
-    return bad("state \"" + shown(state, 16) + "\" is not in or after");
+    return bad("state \"" + clipValue(state, 16) + "\" is not in or after");
   }
   if (!validCollectiveName(op) || !validCollectiveName(group)) {
     return bad("op and group are 1 to " + std::to_string(kMaxCollectiveNameBytes) +
@@ -55,7 +47,7 @@ Result<CollectiveRecord> parseCollectiveRecord(const std::string& text) {
   }
   if (seq.size() > 19 ||
       !std::all_of(seq.begin(), seq.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-    return bad("sequence \"" + shown(seq, 24) + "\" is not a number");
+    return bad("sequence \"" + clipValue(seq, 24) + "\" is not a number");
   }
   CollectiveRecord r;
   r.inside = state == "in";

@@ -82,6 +82,12 @@ std::string prometheusText(const AgentStatus& s) {
            static_cast<double>(sup.stalls_total));
   w.metric("cpprun_stall_timeout_seconds", "gauge", "--stall-timeout; 0 when off.",
            s.stall_timeout_s);
+  w.metric("cpprun_hang_verdicts_total", "counter",
+           "Hangs whose verdict named who caused them (or that every rank waited).",
+           static_cast<double>(sup.last_hang.verdicts_total));
+  w.metric("cpprun_hang_culprits_total", "counter",
+           "Ranks named as a hang's culprit (not the ranks that waited for it).",
+           static_cast<double>(sup.last_hang.culprits_total));
 
   w.family("cpprun_state", "gauge", "1 for the agent's current state.");
   for (const auto& [state, seconds] : sup.seconds_in_state) {
@@ -210,6 +216,12 @@ nlohmann::json statusJson(const AgentStatus& s) {
       {"max_restarts", s.max_restarts},
       {"stall_timeout_s", s.stall_timeout_s},
       {"stalls", sup.stalls_total},
+      {"last_hang", sup.last_hang.attempt < 0
+                        ? nlohmann::json(nullptr)
+                        : nlohmann::json({{"attempt", sup.last_hang.attempt},
+                                          {"summary", sup.last_hang.summary},
+                                          {"culprits", sup.last_hang.culprits},
+                                          {"waiting", sup.last_hang.waiting}})},
       {"waiting_for", s.rendezvous.waiting_for.empty() ? nlohmann::json(nullptr)
                                                        : nlohmann::json(s.rendezvous.waiting_for)},
       {"seconds_in_state", sup.seconds_in_state},

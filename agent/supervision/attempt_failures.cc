@@ -120,6 +120,24 @@ std::string applyNodeStallVerdict(const std::vector<RankState>& states,
   return "hang: " + verdict->summary;
 }
 
+void noteHangVerdict(HangVerdictSnapshot& hang, int attempt, const std::string& summary,
+                     const std::vector<WorkerFailure>& failures) {
+  if (summary.rfind("hang: ", 0) != 0) return;
+  hang.attempt = attempt;
+  hang.summary = summary;
+  hang.culprits.clear();
+  hang.waiting.clear();
+  for (const WorkerFailure& f : failures) {
+    if (f.waiting) {
+      hang.waiting.push_back(f.rank);
+    } else if (f.message.rfind(kHangCulpritPrefix, 0) == 0) {
+      hang.culprits.push_back(f.rank);
+    }
+  }
+  ++hang.verdicts_total;
+  hang.culprits_total += hang.culprits.size();
+}
+
 namespace {
 
 std::string describeTimerExpiry(const FileTimerServer::Expiry& e, pid_t worker_pid) {

@@ -40,8 +40,12 @@ std::vector<RankState> attemptRankStates(const std::vector<AttemptWorker>& worke
 // emitted as `stall_verdict` for attempt `attempt` (`log` may be null). Returns its summary
 // ("hang: ..."), or "" when there is no verdict (no states, no rank in a collective).
 std::string applyNodeStallVerdict(const std::vector<RankState>& states,
-                                  std::vector<WorkerFailure>& failures, int attempt,
-                                  EventLog* log);
+                                  std::vector<WorkerFailure>& failures, int attempt, EventLog* log);
+
+// Records in `hang` a verdict that ended attempt `attempt`: `summary` ("hang: ...", else nothing
+// is recorded) and the culprits and waiting ranks as `failures` say (applyStallVerdict's marks).
+void noteHangVerdict(HangVerdictSnapshot& hang, int attempt, const std::string& summary,
+                     const std::vector<WorkerFailure>& failures);
 
 // A FileTimer scope of `w` expired (the server sent its pid the signal): records it as the
 // worker's failure (w.timer_expiry: "FileTimer scope 'train_step' expired 60.0 s after it was

@@ -321,7 +321,7 @@ void applyStallVerdict(const StallVerdict& v, const std::vector<RankState>& stat
       f = &failures.back();
     }
     const std::string why =
-        "the hang's culprit: " + rankName(s) + " " + v.culprit_reasons[k] + "; " + others;
+        std::string(kHangCulpritPrefix) + rankName(s) + " " + v.culprit_reasons[k] + "; " + others;
     const std::string stall_line = f->message;  // the stall's own line, when it was stalled
     f->teardown = false;
     f->collateral = false;

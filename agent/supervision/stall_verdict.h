@@ -99,6 +99,9 @@ std::optional<StallVerdict> decideStall(const std::vector<RankState>& states);
 nlohmann::json stallVerdictEvent(int attempt, const StallVerdict& verdict,
                                  const std::vector<RankState>& states);
 
+// How a culprit's failure message begins.
+inline constexpr const char* kHangCulpritPrefix = "the hang's culprit: ";
+
 // Applies a verdict to the failures of the same attempt (matched by rank): every culprit becomes
 // a root-cause failure carrying why, its stack and what the others wait in (one is made for a
 // culprit that exited 0 or has no failure entry: host from its state); every waiting rank's

@@ -1,7 +1,5 @@
 #include "agent/supervision/stall_watchdog.h"
 
-#include "agent/supervision/stall_verdict.h"
-
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -16,6 +14,7 @@
 #include <sstream>
 #include <utility>
 
+#include "agent/supervision/stall_verdict.h"
 #include "common/asio.h"
 #include "common/logging.h"
 #include "common/progress_file.h"
@@ -459,8 +458,9 @@ class StallWatchdog::Impl : public std::enable_shared_from_this<StallWatchdog::I
     }
     CPPRUN_LOG(kError) << "rank " << w.worker.rank << " stacks:";
     for (const std::string& line : excerpt) CPPRUN_LOG(kError) << "  " << line;
-    emitEvent(event_log_, "stall_stacks",
-              {{"attempt", attempt_}, {"rank", w.worker.rank}, {"files", files}, {"stacks", excerpt}});
+    emitEvent(
+        event_log_, "stall_stacks",
+        {{"attempt", attempt_}, {"rank", w.worker.rank}, {"files", files}, {"stacks", excerpt}});
   }
 
   ProcessLauncher& launcher_;
@@ -482,7 +482,7 @@ class StallWatchdog::Impl : public std::enable_shared_from_this<StallWatchdog::I
   uint64_t stall_generation_ = 0;
   std::map<pid_t, uint64_t> helpers_;
   uint64_t stalls_total_ = 0;
-  bool local_stall_ = false;  // the collection is this node's stall (else a peer's)
+  bool local_stall_ = false;       // the collection is this node's stall (else a peer's)
   std::vector<RankState> states_;  // every rank's, from the last collection of the attempt
   std::vector<std::function<void()>> waiters_;  // collectForPeer's
 };

@@ -307,9 +307,10 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
       ranks += (ranks.empty() ? "" : ", ") + std::to_string(workers_[i].spec.rank);
     }
     attempt_failed_ = true;
-    const std::string reason =
-        "rank(s) " + ranks + " stalled (no progress for " + formatWait(options_.stall.timeout) + ")";
-    if (options_.coordinator != nullptr) options_.coordinator->announceStall(restart_count_, reason);
+    const std::string reason = "rank(s) " + ranks + " stalled (no progress for " +
+                               formatWait(options_.stall.timeout) + ")";
+    if (options_.coordinator != nullptr)
+      options_.coordinator->announceStall(restart_count_, reason);
     CPPRUN_LOG(kError) << "stopping the workers: rank(s) " << ranks << " stalled";
     beginStop(SIGTERM);
   }
@@ -499,6 +500,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
       std::string verdict =
           applyNodeStallVerdict(rank_states_, failures_, restart_count_, options_.event_log);
       if (!verdict.empty() || summary_.rfind("hang: ", 0) == 0) summary_ = std::move(verdict);
+      noteHangVerdict(last_hang_, restart_count_, summary_, failures_);
     }
     for (const WorkerFailure& f : failures_) {
       if (f.teardown) continue;
@@ -535,8 +537,8 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
   // Multi-node: tell the others how this node's attempt ended; act on the job's decision.
   void endAttemptWithPeers() {
     // The restart is the job's decision (the host's), not this node's.
-    AttemptReport report = nodeReport(decideAttempt(facts(), /*restart_left=*/false).end,
-                                      failures_, start_error_, received_signal_);
+    AttemptReport report = nodeReport(decideAttempt(facts(), /*restart_left=*/false).end, failures_,
+                                      start_error_, received_signal_);
     report.rank_states = rank_states_;
     setState(State::kIdle);
     options_.coordinator->endAttempt(
@@ -556,6 +558,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     }
     const JobDecision& d = r.value();
     summary_ = d.summary;
+    noteHangVerdict(last_hang_, restart_count_, d.summary, d.failures);
     switch (d.kind) {
       case JobDecision::Kind::kRestart:
         if (leaving_) break;  // the others re-form without this node
@@ -637,6 +640,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
     snap.workers_started_total = workers_started_;
     snap.worker_failures_total = worker_failures_;
     snap.stalls_total = watchdog_.stallsTotal();
+    snap.last_hang = last_hang_;
     return snap;
   }
 
@@ -677,6 +681,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
   int restart_count_ = 0;
   std::vector<WorkerFailure> failures_;
   std::vector<RankState> rank_states_;  // the attempt's stall snapshot (empty: no stall)
+  HangVerdictSnapshot last_hang_;
   bool attempt_failed_ = false;
   bool peer_stopped_ = false;
   bool leaving_ = false;     // onLeave: this node leaves the job after this attempt
@@ -715,8 +720,7 @@ void Supervisor::start() { impl_->startAttempt(); }
 void Supervisor::onChildExit(pid_t pid, int wait_status) { impl_->onChildExit(pid, wait_status); }
 void Supervisor::onSignal(int signo) { impl_->onSignal(signo); }
 void Supervisor::onWindowChange() { impl_->wiring_.resizeTerminals(impl_->workers_); }
-void Supervisor::onPeerStop(int restart_count, const std::string& reason, int signal,
-                            bool stall) {
+void Supervisor::onPeerStop(int restart_count, const std::string& reason, int signal, bool stall) {
   impl_->onPeerStop(restart_count, reason, signal, stall);
 }
 const std::optional<AttemptStart>& Supervisor::attemptStart() const {

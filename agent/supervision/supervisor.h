@@ -134,6 +134,17 @@ struct WorkerSnapshot {
   std::string numa_binding;  // WorkerSpec::binding (empty: --numa-binding off)
 };
 
+// The job's last hang verdict (stall_verdict.h) as this node learnt it: its own (one node) or
+// the decider's (multi-node). attempt -1: none yet.
+struct HangVerdictSnapshot {
+  int attempt = -1;
+  std::string summary;        // "hang: rank 3 (node 1, b) did not enter all_reduce #5: ..."
+  std::vector<int> culprits;  // ranks; empty: every rank waited in the same collective
+  std::vector<int> waiting;   // ranks
+  uint64_t verdicts_total = 0;
+  uint64_t culprits_total = 0;  // ranks named culprits, every verdict
+};
+
 struct SupervisorSnapshot {
   std::string state;  // waiting, running, stopping, draining, done
   int restart_count = 0;
@@ -144,6 +155,7 @@ struct SupervisorSnapshot {
   uint64_t workers_started_total = 0;
   uint64_t worker_failures_total = 0;  // exits that were not 0, teardown excluded
   uint64_t stalls_total = 0;
+  HangVerdictSnapshot last_hang;
   // Worker lines not shown because the console did not keep up (the log files have them), and
   // the agent's own log lines dropped for the same reason.
   uint64_t console_lines_dropped_total = 0;
@@ -214,8 +226,7 @@ class Supervisor {
   // rank, not only the ranks of the node Slurm happened to signal first). `stall`: that node's
   // ranks stalled; with stall detection on, a snapshot of every rank (stall_watchdog.h) is taken
   // first (within --stall-stacks-timeout) for the job's verdict on who caused the hang.
-  void onPeerStop(int restart_count, const std::string& reason, int signal = 0,
-                  bool stall = false);
+  void onPeerStop(int restart_count, const std::string& reason, int signal = 0, bool stall = false);
   // Multi-node, elastic: the coordinator claimed the running attempt's stop for this node's
   // leave (drain, JobCoordinator::requestLeave): the workers get SIGTERM (then SIGKILL after
   // shutdown_timeout), this node reports and reads the job's decision like the others, and

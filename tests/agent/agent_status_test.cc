@@ -31,6 +31,8 @@
 #include "agent/local_agent.h"
 #include "agent/observability/agent_http_routes.h"
 #include "agent/observability/event_log.h"
+#include "agent/supervision/attempt_failures.h"
+#include "agent/supervision/stall_verdict.h"
 #include "common/asio.h"
 #include "common/logging.h"
 #include "rendezvous/tcp_store_client.h"
@@ -163,6 +165,29 @@ TEST_CASE("/status: the snapshot as JSON", "[unit]") {
   AgentStatus waiting = twoWorkers();
   waiting.rendezvous.waiting_for = "waiting for 1 of 2 nodes (n2) to join";
   CHECK(statusJson(waiting)["waiting_for"] == "waiting for 1 of 2 nodes (n2) to join");
+}
+
+TEST_CASE("/status and /metrics: the last hang's culprits and waiting ranks", "[unit]") {
+  AgentStatus s = twoWorkers();
+  CHECK(statusJson(s)["last_hang"].is_null());
+  // The verdict as applyStallVerdict leaves the failures: rank 3 the culprit, 0..2 waiting.
+  std::vector<WorkerFailure> failures(4);
+  for (int r = 0; r < 4; ++r) {
+    failures[static_cast<size_t>(r)].rank = r;
+    failures[static_cast<size_t>(r)].waiting = r != 3;
+  }
+  failures[3].message = std::string(kHangCulpritPrefix) + "rank 3 (node 1, b) did not enter ...";
+  noteHangVerdict(s.supervisor.last_hang, 2, "hang: rank 3 (node 1, b) did not enter ...",
+                  failures);
+  noteHangVerdict(s.supervisor.last_hang, 3, "node 1: rank 2 exited with code 1", failures);
+  const Json hang = statusJson(s)["last_hang"];
+  CHECK(hang["attempt"] == 2);  // a failure that is no hang leaves the last hang as it was
+  CHECK(hang["culprits"] == Json::array({3}));
+  CHECK(hang["waiting"] == Json::array({0, 1, 2}));
+  CHECK_THAT(hang["summary"].get<std::string>(), Catch::StartsWith("hang: rank 3"));
+  const std::string metrics = prometheusText(s);
+  CHECK_THAT(metrics, Catch::Contains("\ncpprun_hang_verdicts_total 1\n"));
+  CHECK_THAT(metrics, Catch::Contains("\ncpprun_hang_culprits_total 1\n"));
 }
 
 TEST_CASE("/status: a worker's --numa-binding only when it has one", "[unit]") {
