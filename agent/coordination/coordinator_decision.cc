@@ -63,6 +63,7 @@ Result<JobDecision> DecisionExchange::end(int n, const AttemptReport& report) {
   if (decides) {
     Result<JobDecision> decided = decide(n);
     if (!decided.isOk()) return decided.status();
+    compactDecision(decided.value());
     int readers = s_.worldSize();
     {
       MutexLock lock(s_.mu);

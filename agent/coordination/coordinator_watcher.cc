@@ -55,7 +55,9 @@ void CoordinatorWatcher::run() {
           handled_stop = n;
           if (s_.acksStops()) acknowledgeStop(*client, n);
           if (stop.by != s_.myRank() && stop.by != kByNobody) {
-            s_.post([this, n, stop] { s_.on_peer_stop(n, stop.reason, stop.signal, stop.cause == StopCause::kStall); });
+            s_.post([this, n, stop] {
+              s_.on_peer_stop(n, stop.reason, stop.signal, stop.cause == StopCause::kStall);
+            });
           } else if (stop.by == s_.myRank() && stop.cause == StopCause::kLost) {
             // The others lost this agent (it was stopped, starved or cut off for a while)
             // and went on without it: its workers must stop too, or they run on outside

@@ -103,6 +103,18 @@ JobDecision decideJob(const Membership& membership, const std::map<int, NodeOutc
   return d;
 }
 
+void compactDecision(JobDecision& decision) {
+  auto& f = decision.failures;
+  if (f.size() <= kMaxDecisionFailures) return;
+  const size_t total = f.size();
+  std::stable_partition(f.begin(), f.end(), [](const WorkerFailure& w) {
+    return !w.teardown && !w.waiting && !w.collateral;
+  });
+  f.resize(kMaxDecisionFailures);
+  decision.summary += " (the report lists " + std::to_string(kMaxDecisionFailures) + " of " +
+                      std::to_string(total) + " failures; each node's own lists its ranks)";
+}
+
 std::optional<JobStallVerdict> applyJobStallVerdict(const Membership& membership,
                                                     const std::map<int, NodeOutcome>& outcomes,
                                                     JobDecision& decision) {

@@ -49,6 +49,14 @@ JobDecision decideJob(const Membership& membership, const std::map<int, NodeOutc
                       const StopClaim& stop, const DecisionPolicy& policy, int restarts_used,
                       std::chrono::system_clock::time_point now);
 
+// Every agent reads the decision: at 1,024 nodes x 8 ranks the failures of every node's
+// torn-down or waiting ranks would make it megabytes, read 1,024 times. The decision keeps the
+// first kMaxDecisionFailures (root causes and failures of their own first, in order) and says in
+// its summary how many it lists; every node's own report lists its own ranks (the supervisor
+// adds them). Unchanged when it has no more.
+inline constexpr size_t kMaxDecisionFailures = 64;
+void compactDecision(JobDecision& decision);
+
 // A hang's verdict over the whole job (stall_verdict.h): every node's rank states, each with
 // its node's group rank and host.
 struct JobStallVerdict {

@@ -140,8 +140,8 @@ void StoreCoordinator::claimOwnStop(int n, const std::string& reason, StopCause 
       const int rank = s_.myRank();
       s_.claimStop(
           *s_.control_client, n,
-          {rank, "node " + std::to_string(rank) + " (" + s_.opts.self.host + "): " + reason,
-           cause, signal});
+          {rank, "node " + std::to_string(rank) + " (" + s_.opts.self.host + "): " + reason, cause,
+           signal});
       return true;
     });
     if (!claimed.isOk()) {

@@ -120,6 +120,16 @@ std::string applyNodeStallVerdict(const std::vector<RankState>& states,
   return "hang: " + verdict->summary;
 }
 
+std::vector<WorkerFailure> mergedFailures(std::vector<WorkerFailure> job,
+                                          std::vector<WorkerFailure> own) {
+  for (WorkerFailure& f : own) {
+    const bool listed = std::any_of(job.begin(), job.end(),
+                                    [&](const WorkerFailure& j) { return j.rank == f.rank; });
+    if (!listed) job.push_back(std::move(f));
+  }
+  return job;
+}
+
 void noteHangVerdict(HangVerdictSnapshot& hang, int attempt, const std::string& summary,
                      const std::vector<WorkerFailure>& failures) {
   if (summary.rfind("hang: ", 0) != 0) return;

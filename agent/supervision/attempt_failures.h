@@ -42,6 +42,11 @@ std::vector<RankState> attemptRankStates(const std::vector<AttemptWorker>& worke
 std::string applyNodeStallVerdict(const std::vector<RankState>& states,
                                   std::vector<WorkerFailure>& failures, int attempt, EventLog* log);
 
+// The job's failures as the decision lists them (at most kMaxDecisionFailures at scale), then
+// this node's own failures the decision left out (by rank).
+std::vector<WorkerFailure> mergedFailures(std::vector<WorkerFailure> job,
+                                          std::vector<WorkerFailure> own);
+
 // Records in `hang` a verdict that ended attempt `attempt`: `summary` ("hang: ...", else nothing
 // is recorded) and the culprits and waiting ranks as `failures` say (applyStallVerdict's marks).
 void noteHangVerdict(HangVerdictSnapshot& hang, int attempt, const std::string& summary,

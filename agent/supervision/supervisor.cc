@@ -588,7 +588,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
         break;
       case JobDecision::Kind::kFailed:
         attempt_failed_ = true;
-        failures_ = d.failures;
+        failures_ = mergedFailures(d.failures, std::move(failures_));
         if (!start_error_.isOk()) start_error_ = Status::ok();  // reported as a failure
         break;
       case JobDecision::Kind::kStopped:

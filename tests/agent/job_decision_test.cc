@@ -411,3 +411,28 @@ TEST_CASE("job decision: no rank states, or a malformed report's, leave the deci
   doc["ranks"] = "not a list";
   CHECK(reportFromJson(doc).rank_states.empty());
 }
+
+TEST_CASE("job decision: at scale the decision lists the root causes first, at most 64 failures",
+          "[unit]") {
+  JobDecision d;
+  d.kind = JobDecision::Kind::kFailed;
+  d.summary = "hang: rank 4000 (node 500, h500) did not enter all_reduce #7";
+  for (int r = 0; r < 8192; ++r) {
+    WorkerFailure f = failure("h" + std::to_string(r / 8), r, 0, /*teardown=*/r != 4000);
+    f.waiting = r != 4000;
+    d.failures.push_back(f);
+  }
+  compactDecision(d);
+  REQUIRE(d.failures.size() == kMaxDecisionFailures);
+  CHECK(d.failures.front().rank == 4000);
+  CHECK_THAT(d.summary, Catch::EndsWith("(the report lists 64 of 8192 failures; each node's own "
+                                        "lists its ranks)"));
+  CHECK(decisionToJson(d, 1024).dump().size() < 64 * 1024);
+  // A small job's decision is left as it is.
+  JobDecision small;
+  small.failures = {failure("h0", 0, 1)};
+  small.summary = "node 0: rank 0 exited with code 1";
+  compactDecision(small);
+  CHECK(small.failures.size() == 1);
+  CHECK(small.summary == "node 0: rank 0 exited with code 1");
+}

@@ -16,6 +16,12 @@
 //              change) and begin attempt 1: a round of N-1 (it waits out the last call for a
 //              replacement, --last-call-ms, as a real job does)
 //
+// With --scenario hang, instead of the loss: a hang of N x --ranks-per-node ranks (issue 35).
+// One node (the decider's) declares a stall; every node reports its ranks' states (every rank
+// waits in all_reduce #100 but one rank of one other node, after all_reduce #99, with its stack);
+// the decider makes the verdict. Timed from the stall to every agent holding the decision, whose
+// summary must name the culprit and its node; the reports' and decision's bytes are counted.
+//
 // Every agent's store requests and payload bytes are counted (counting_store.h), per phase;
 // over TCP also the server's own counters (requests, wire bytes); over etcd the gRPC messages
 // the members received (their /metrics), which include the lease keep-alives.
@@ -47,6 +53,7 @@
 #include "agent/coordination/job_coordinator.h"
 #include "agent/coordination/job_keys.h"
 #include "agent/coordination/liveness.h"
+#include "agent/supervision/stall_verdict.h"
 #include "common/asio.h"
 #include "common/command_line.h"
 #include "common/logging.h"
@@ -75,8 +82,10 @@ struct Options {
   int last_call_ms = 2000;
   int liveness_s = 5;
   int phase_timeout_s = 300;
-  std::string json_out;  // one JSON line per N appended here ("" none)
-  int store_boost = 10;  // the store's threads and processes run at nice -store_boost
+  std::string json_out;           // one JSON line per N appended here ("" none)
+  std::string scenario = "loss";  // loss | hang
+  int ranks_per_node = 8;         // hang: the rank states each node reports
+  int store_boost = 10;           // the store's threads and processes run at nice -store_boost
 };
 
 void usage() {
@@ -85,6 +94,7 @@ void usage() {
          "         [--keep-alive-ms 1000] [--keep-alive-max-attempt 3] [--last-call-ms 2000]\n"
          "         [--liveness-s 5] [--phase-timeout-s 300] [--json-out FILE]\n"
          "         [--store-boost 10]  (the store at nice -10, the agents at 0)\n"
+         "         [--scenario loss|hang] [--ranks-per-node 8]\n"
          "N agents as threads, each the real coordinator with its own store connections, over\n"
          "cpprun's TCP store (in process) or a real 3-member etcd cluster: a round of N, the\n"
          "go, liveness, one member lost, the re-formed round of N-1. Exit 1 on a wrong round.\n";
@@ -111,7 +121,8 @@ Result<bool> parseIntOption(OptionCursor& cur, Options& o) {
       {"--last-call-ms", &o.last_call_ms},
       {"--liveness-s", &o.liveness_s},
       {"--phase-timeout-s", &o.phase_timeout_s},
-      {"--store-boost", &o.store_boost}};
+      {"--store-boost", &o.store_boost},
+      {"--ranks-per-node", &o.ranks_per_node}};
   for (const auto& [name, target] : ints) {
     if (cur.name() != name) continue;
     Result<std::string> v = cur.value();
@@ -135,7 +146,8 @@ Result<Options> parseOptions(int argc, char** argv) {
       usage();
       std::exit(0);
     }
-    if (cur.name() != "--backend" && cur.name() != "--agents" && cur.name() != "--json-out") {
+    if (cur.name() != "--backend" && cur.name() != "--agents" && cur.name() != "--json-out" &&
+        cur.name() != "--scenario") {
       return Status(StatusCode::kInvalidArgument, "unknown option " + cur.name());
     }
     Result<std::string> v = cur.value();
@@ -147,6 +159,11 @@ Result<Options> parseOptions(int argc, char** argv) {
       o.backend = v.value();
     } else if (cur.name() == "--json-out") {
       o.json_out = v.value();
+    } else if (cur.name() == "--scenario") {
+      if (v.value() != "loss" && v.value() != "hang") {
+        return Status(StatusCode::kInvalidArgument, "--scenario: loss or hang, not " + v.value());
+      }
+      o.scenario = v.value();
     } else {
       Result<std::vector<int>> agents = parseAgents(v.value());
       if (!agents.isOk()) return agents.status();
@@ -260,6 +277,11 @@ class SimAgent {
 
   std::future<Result<JobDecision>> end(int n, AttemptReport report) {
     return testing::endAttemptFuture(io_, *coordinator_, n, std::move(report));
+  }
+
+  // This node's ranks stalled: claim attempt n's stop as a stall (on the loop, as the agent).
+  void stall(int n, const std::string& reason) {
+    boost::asio::post(io_, [this, n, reason] { coordinator_->announceStall(n, reason); });
   }
 
   // The node dies: every connection fails from now on, its liveness stops.
@@ -381,6 +403,11 @@ struct RunResult {
   CountSnapshot reform_all, reform_max, reform_median;
   CountSnapshot server_round, server_live, server_reform;
   int round_members = 0, reformed_members = 0;
+  // --scenario hang: the decision's summary (it must name the culprit) and the pure verdict's
+  // time over every rank's state, measured apart.
+  std::string verdict;
+  double verdict_compute_s = 0;
+  size_t report_bytes_max = 0;  // the largest node report's JSON
 };
 
 std::vector<CountSnapshot> snapshots(const std::vector<std::unique_ptr<SimAgent>>& all) {
@@ -536,6 +563,102 @@ Status lossAndReform(const Options& opt, std::vector<std::unique_ptr<SimAgent>>&
   return Status::ok();
 }
 
+// One node's report of a hung attempt: `ranks` rank states from `base`, every rank in
+// all_reduce #100 but `culprit` (a global rank; -1: none here), after #99 with its stack.
+AttemptReport hangReport(int base, int ranks, int culprit, bool stalled_here) {
+  AttemptReport report;
+  report.kind = stalled_here ? AttemptReport::Kind::kFailed : AttemptReport::Kind::kStopped;
+  for (int r = base; r < base + ranks; ++r) {
+    agent::RankState s;
+    s.rank = r;
+    s.local_rank = r - base;
+    s.pid = 100000 + r;
+    s.stalled = true;
+    s.collective = CollectiveRecord{r != culprit, "all_reduce", "world", r == culprit ? 99u : 100u};
+    if (r == culprit) {
+      s.frame = "/job/train.py:212 in load_next_batch";
+      s.stack = {"Current thread 0x00007f1fe2539040 (most recent call first):",
+                 "  File \"/job/data.py\", line 88 in read_shard",
+                 "  File \"/job/train.py\", line 212 in load_next_batch",
+                 "  File \"/job/train.py\", line 340 in main"};
+    } else {
+      s.stack = {"Current thread 0x00007f1fe2539040 (most recent call first):",
+                 "  File \"/venv/lib/python3.11/site-packages/torch/distributed/"
+                 "distributed_c10d.py\", line 4181 in all_reduce"};
+    }
+    report.rank_states.push_back(std::move(s));
+    agent::WorkerFailure f;
+    f.rank = r;
+    f.local_rank = r - base;
+    f.pid = 100000 + r;
+    f.signal = 15;
+    f.teardown = !stalled_here;
+    f.message = stalled_here ? "stalled: no progress for 4.0 s" : "Signal 15 (SIGTERM)";
+    f.time = std::chrono::system_clock::now();
+    report.failures.push_back(std::move(f));
+  }
+  return report;
+}
+
+// Phase "hang": the decider's node declares a stall; every node reports its ranks' states;
+// every agent gets the verdict.
+Status hangVerdict(const Options& opt, std::vector<std::unique_ptr<SimAgent>>& all,
+                   const std::vector<AttemptStart>& starts, RunResult& r) {
+  const auto deadline = Clock::now() + std::chrono::seconds(opt.phase_timeout_s);
+  const size_t culprit_agent = victimOf(starts);
+  const int culprit_node = starts[culprit_agent].membership.group_rank;
+  const int culprit = culprit_node * opt.ranks_per_node + opt.ranks_per_node / 2;
+  size_t decider = 0;
+  for (size_t i = 0; i < starts.size(); ++i) {
+    if (starts[i].membership.group_rank == 0) decider = i;
+  }
+  // The pure verdict over every rank, timed apart from the store traffic.
+  {
+    std::vector<agent::RankState> states;
+    for (size_t i = 0; i < all.size(); ++i) {
+      const int node = starts[i].membership.group_rank;
+      for (auto& s :
+           hangReport(node * opt.ranks_per_node, opt.ranks_per_node, culprit, false).rank_states) {
+        s.node = node;
+        states.push_back(std::move(s));
+      }
+    }
+    const auto began = Clock::now();
+    auto v = agent::decideStall(states);
+    r.verdict_compute_s = secondsSince(began);
+    if (!v || v->culprits.size() != 1) {
+      return Status(StatusCode::kInternal, "the pure verdict did not name one culprit");
+    }
+  }
+  const auto stalled_at = Clock::now();
+  all[decider]->stall(0, "rank(s) 0 stalled (no progress for 4.0 s)");
+  if (!waitForStops(all, decider, deadline)) {
+    return Status(StatusCode::kTimeout, "the stall's stop did not reach every agent in time");
+  }
+  r.detect_s = secondsSince(stalled_at);
+  std::vector<std::future<Result<JobDecision>>> ends;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const int node = starts[i].membership.group_rank;
+    AttemptReport report =
+        hangReport(node * opt.ranks_per_node, opt.ranks_per_node, culprit, i == decider);
+    r.report_bytes_max =
+        std::max(r.report_bytes_max, agent::reportToJson(report, "n").dump().size());
+    ends.push_back(all[i]->end(0, std::move(report)));
+  }
+  auto decisions = collect(ends, deadline, "the decision of the hung attempt");
+  if (!decisions.isOk()) return decisions.status();
+  r.decide_s = secondsSince(stalled_at);
+  const std::string named =
+      "rank " + std::to_string(culprit) + " (node " + std::to_string(culprit_node) + ",";
+  for (const JobDecision& d : decisions.value()) {
+    if (d.summary.find(named) == std::string::npos) {
+      return Status(StatusCode::kInternal, "a decision does not name " + named + ": " + d.summary);
+    }
+  }
+  r.verdict = decisions.value().front().summary;
+  return Status::ok();
+}
+
 // Ends every agent's coordinator, many at once (each may take a keep-alive interval).
 void destroyAll(std::vector<std::unique_ptr<SimAgent>>& all) {
   const size_t threads = std::min<size_t>(all.size(), 256);
@@ -600,7 +723,8 @@ Result<RunResult> runOnce(const Options& opt, Backend& backend, int n) {
                         " agents were told to stop (or lost the store) before any member was "
                         "lost: the keep-alive bound is too short for this machine's load");
     }
-    Status s = lossAndReform(opt, all, victimOf(starts.value()), r);
+    Status s = opt.scenario == "hang" ? hangVerdict(opt, all, starts.value(), r)
+                                      : lossAndReform(opt, all, victimOf(starts.value()), r);
     if (!s.isOk()) return s;
     auto c3 = snapshots(all);
     r.server_reform = backend.serverCount() - s2;
@@ -621,6 +745,25 @@ std::string perAgent(const CountSnapshot& sum, int n) {
 }
 
 void printResult(const Options& opt, const RunResult& r) {
+  const std::string tag = "rdzv_sim_" + opt.backend + "_" + std::to_string(r.n);
+  if (opt.scenario == "hang") {
+    std::printf(
+        "%s N=%d x %d ranks: hang -> every agent told to stop %.3f s, -> every agent holds the "
+        "verdict %.3f s (pure verdict over %d states: %.4f s) | reports + decision per agent: "
+        "mean %s, max %llu ops %llu B (largest report %zu B) | %s\n",
+        opt.backend.c_str(), r.n, opt.ranks_per_node, r.detect_s, r.decide_s,
+        r.n * opt.ranks_per_node, r.verdict_compute_s, perAgent(r.reform_all, r.n).c_str(),
+        static_cast<unsigned long long>(r.reform_max.ops),
+        static_cast<unsigned long long>(r.reform_max.bytes()), r.report_bytes_max,
+        r.verdict.c_str());
+    std::printf("RESULT %s_hang_verdict_s %.3f s\n", tag.c_str(), r.decide_s);
+    std::printf("RESULT %s_hang_bytes_per_agent %.0f B\n", tag.c_str(),
+                static_cast<double>(r.reform_all.bytes()) / r.n);
+    std::printf("RESULT %s_hang_decider_bytes %llu B\n", tag.c_str(),
+                static_cast<unsigned long long>(r.reform_max.bytes()));
+    std::fflush(stdout);
+    return;
+  }
   const double live_ops = static_cast<double>(r.live_all.ops) / r.liveness_s;
   const double server_live = static_cast<double>(r.server_live.ops) / r.liveness_s;
   std::printf(
@@ -636,7 +779,6 @@ void printResult(const Options& opt, const RunResult& r) {
       r.detect_s, r.decide_s, r.reform_s, r.reformed_members, opt.last_call_ms / 1000.0,
       perAgent(r.reform_all, r.n - 1).c_str(), static_cast<unsigned long long>(r.reform_max.ops),
       static_cast<unsigned long long>(r.reform_max.bytes()));
-  const std::string tag = "rdzv_sim_" + opt.backend + "_" + std::to_string(r.n);
   std::printf("RESULT %s_round_s %.3f s\n", tag.c_str(), r.round_s);
   std::printf("RESULT %s_reform_s %.3f s\n", tag.c_str(), r.reform_s);
   std::printf("RESULT %s_liveness_ops_per_s %.0f ops/s\n", tag.c_str(), live_ops);
