@@ -4,6 +4,8 @@
 // part, never one of the ranks that wait for it, wherever it runs. The workers are
 // tests/torch/collective_hang_worker.py, which makes no progress call: only cpprun's
 // sitecustomize stamps progress and records collectives. Every wait is bounded by a process exit.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <map>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "tests/support/cpprun_test_helpers.h"
+#include "tests/support/etcd_cluster.h"
 #include "tests/support/test_support.h"
 #include "tests/support/torch_peers.h"
 
@@ -285,4 +288,35 @@ TEST_CASE(
   REQUIRE(excluded.size() == 1);
   CHECK(excluded[0]["self"] == true);
   CHECK(eventsNamed(readEventLog(d + "/a.jsonl"), "node_excluded").at(0)["self"] == false);
+}
+
+TEST_CASE(
+    "hang verdict: over etcd, two nodes x 2 ranks: the digests travel through etcd and "
+    "both nodes name the culprit",
+    "[integration][stall][torch][torch2][multinode][elastic][etcd]") {
+  requireTorchPeer(torch2());
+  EtcdClusterOptions eo;
+  eo.members = 1;
+  EtcdCluster cluster(eo);
+  TempDir dir;
+  const std::string id = "hang-" + std::to_string(::getpid()) + "-" + std::to_string(freeTcpPort());
+  std::vector<std::unique_ptr<ChildProcess>> nodes;
+  for (int n = 0; n < 2; ++n) {
+    const std::string name = "n" + std::to_string(n);
+    nodes.push_back(std::make_unique<ChildProcess>(
+        cpprunCommand({"--nnodes=2:2", "--nproc-per-node=2", "--rdzv-backend=etcd-v2",
+                       "--rdzv-endpoint=" + cluster.endpointsFlag(), "--rdzv-id=" + id,
+                       "--rdzv-conf=keep_alive_interval=0.3,last_call_timeout=2,join_timeout=60",
+                       "--stall-timeout=3", "--log-dir=" + dir.path() + "/" + name,
+                       sourcePath("tests/torch/collective_hang_worker.py"), "sleep-rank", "3"}),
+        std::map<std::string, std::string>{{"PYTHON_EXEC", torch2().python}}));
+  }
+  for (auto& node : nodes) {
+    auto status = node->wait(120s);
+    REQUIRE(status.has_value());
+    INFO(node->output());
+    CHECK(exitCodeOf(*status) == 1);
+    CHECK_THAT(node->output(), Catch::Contains("the job failed; hang: rank 3 (node 1, "));
+    CHECK(rootCauseRank(node->output()) == 3);
+  }
 }
