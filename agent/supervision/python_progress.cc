@@ -140,25 +140,27 @@ def _cpprun_track_collectives():
         depth = [0]
 
         def group_name(group):
+            # "world" for the default group; another is named by its ranks, the same on every
+            # rank whatever order the groups were made in.
             if group is None:
                 return "world"
-            key = id(group)
-            name = names_of.get(key)
+            known = names_of.get(id(group))
+            if known is not None:
+                return known[0]
+            name = None
+            try:
+                if group is c10d.GroupMember.WORLD or group is c10d._get_default_group():
+                    name = "world"
+            except Exception:
+                pass
             if name is None:
                 try:
-                    if group is c10d.GroupMember.WORLD or group is c10d._get_default_group():
-                        name = "world"
+                    ranks = c10d.get_process_group_ranks(group)
                 except Exception:
-                    pass
-                if name is None:
-                    try:
-                        ranks = c10d.get_process_group_ranks(group)
-                    except Exception:
-                        ranks = sorted(getattr(c10d, "_pg_group_ranks", {}).get(group, {}))
-                    name = "g%08x.%d" % (zlib.crc32(repr(list(ranks)).encode()), len(ranks))
-                names_of[key] = (name, group)  # the group is kept: its id stays its own
-                return name
-            return name[0] if isinstance(name, tuple) else name
+                    ranks = sorted(getattr(c10d, "_pg_group_ranks", {}).get(group, {}))
+                name = "g%08x.%d" % (zlib.crc32(repr(list(ranks)).encode()), len(ranks))
+            names_of[id(group)] = (name, group)  # the group is kept: its id stays its own
+            return name
 
         def wrap(fn, op):
             try:

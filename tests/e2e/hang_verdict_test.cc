@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -319,4 +320,60 @@ TEST_CASE(
     CHECK_THAT(node->output(), Catch::Contains("the job failed; hang: rank 3 (node 1, "));
     CHECK(rootCauseRank(node->output()) == 3);
   }
+}
+
+namespace {
+
+// The records the sitecustomize wrote, by rank and phase.
+std::map<std::string, std::string> recordsOf(const std::string& output) {
+  std::map<std::string, std::string> out;
+  std::istringstream in(output);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t at = line.find("RECORD ");
+    if (at == std::string::npos) continue;
+    std::istringstream fields(line.substr(at + 7));
+    std::string rank, phase, rest;
+    fields >> rank >> phase;
+    std::getline(fields, rest);
+    out[rank + " " + phase] = rest.substr(rest.find_first_not_of(' '));
+  }
+  return out;
+}
+
+void recordsAlike(const TorchPeer& peer) {
+  requireTorchPeer(peer);
+  TempDir dir;
+  ChildProcess run(
+      cpprunCommand({"--nproc-per-node=2", "--stall-timeout=60", "--log-dir=" + dir.path(),
+                     sourcePath("tests/torch/collective_record_worker.py")}),
+      {{"PYTHON_EXEC", peer.python}});
+  auto status = run.wait(120s);
+  REQUIRE(status.has_value());
+  INFO(run.output());
+  REQUIRE(exitCodeOf(*status) == 0);
+  auto records = recordsOf(run.output());
+  CHECK(records["0 world"] == "after broadcast world 2");
+  CHECK_THAT(records["0 subgroup"], Catch::Matches("after all_reduce g[0-9a-f]{8}\\.2 1"));
+  CHECK(records["0 object"] == "after all_gather_object world 3");
+  CHECK(records["0 barrier"] == "after barrier world 4");
+  for (const char* phase : {"world", "subgroup", "object", "barrier"}) {
+    CHECK(records[std::string("0 ") + phase] == records[std::string("1 ") + phase]);
+  }
+}
+
+}  // namespace
+
+TEST_CASE(
+    "hang verdict: the sitecustomize numbers the default group's and a subgroup's "
+    "collectives alike on every rank, torch 2.x",
+    "[integration][stall][torch][torch2]") {
+  recordsAlike(torch2());
+}
+
+TEST_CASE(
+    "hang verdict: the sitecustomize numbers the default group's and a subgroup's "
+    "collectives alike on every rank, torch 1.13",
+    "[integration][stall][torch]") {
+  recordsAlike(torch113());
 }
