@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <exception>
 #include <sstream>
 #include <utility>
 
@@ -97,7 +98,9 @@ CollectiveRecorder::Scope CollectiveRecorder::enter(const char* op) {
   return Scope(*this, op);
 }
 
-CollectiveRecorder::Scope::~Scope() { owner_.write(false, op_); }
+CollectiveRecorder::Scope::~Scope() {
+  if (std::uncaught_exceptions() == exceptions_) owner_.write(false, op_);
+}
 
 void CollectiveRecorder::write(bool inside, const char* op) {
   if (fd_ < 0) return;

@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <string>
 
 #include "common/status.h"
@@ -58,7 +59,8 @@ class CollectiveRecorder {
   CollectiveRecorder(const CollectiveRecorder&) = delete;
   CollectiveRecorder& operator=(const CollectiveRecorder&) = delete;
 
-  // Records "in <op> <group> <n>" for the next n; Scope's end records "after ...".
+  // Records "in <op> <group> <n>" for the next n; Scope's end records "after ..." unless an
+  // exception ends it (the collective failed: the rank stays recorded in it).
   // REQUIRES: `op` is a valid name (a literal of the caller's).
   class Scope {
    public:
@@ -68,9 +70,11 @@ class CollectiveRecorder {
 
    private:
     friend class CollectiveRecorder;
-    Scope(CollectiveRecorder& owner, const char* op) : owner_(owner), op_(op) {}
+    Scope(CollectiveRecorder& owner, const char* op)
+        : owner_(owner), op_(op), exceptions_(std::uncaught_exceptions()) {}
     CollectiveRecorder& owner_;
     const char* op_;
+    int exceptions_;
   };
   [[nodiscard]] Scope enter(const char* op);
   uint64_t count() const { return seq_; }

@@ -183,10 +183,13 @@ def _cpprun_track_collectives():
                 pwrite(fd, ("in" + tail).ljust(127).encode() + b"\n", 0)
                 depth[0] += 1
                 try:
-                    return fn(*args, **kwargs)
+                    result = fn(*args, **kwargs)
                 finally:
                     depth[0] -= 1
-                    pwrite(fd, ("after" + tail).ljust(127).encode() + b"\n", 0)
+                # Only a return is "after": a collective that raised (a peer torn down) leaves
+                # the rank recorded in it, where it waited.
+                pwrite(fd, ("after" + tail).ljust(127).encode() + b"\n", 0)
+                return result
             return collective
 
         for name in names:

@@ -214,7 +214,7 @@ std::optional<StallVerdict> decideStall(const std::vector<RankState>& states) {
   // The collective the job waits in: the most ranks; ties: the later sequence number.
   std::map<std::tuple<std::string, uint64_t, std::string>, int> count;
   for (const RankState& s : states) {
-    if (s.collective && s.collective->inside && !s.exited) {
+    if (s.collective && s.collective->inside) {
       ++count[{s.collective->group, s.collective->seq, s.collective->op}];
     }
   }
@@ -239,7 +239,9 @@ std::optional<StallVerdict> decideStall(const std::vector<RankState>& states) {
   v.waited_in = describeCollective(waited);
   for (size_t i : order) {
     const RankState& s = states[i];
-    const bool waits = s.collective && s.collective->inside && !s.exited &&
+    // A rank that exited inside the collective the others wait in was torn down there (a
+    // worker that crashed would have failed the attempt before any stall): it waited too.
+    const bool waits = s.collective && s.collective->inside &&
                        s.collective->group == waited.group && s.collective->seq == waited.seq &&
                        s.collective->op == waited.op;
     if (waits) {

@@ -10,7 +10,8 @@
 //     are in (ties: the later sequence number);
 //   - culprits: every rank that gave its state and is not in that collective — it is between
 //     collectives (it never entered this one: a sleep, a blocking read, a busy loop), behind in
-//     sequence, in a different collective at the same point (a desync), or it exited;
+//     sequence, in a different collective at the same point (a desync), or it exited elsewhere
+//     (a rank that exited inside that collective was torn down there: it waited);
 //   - waiting: the ranks in that collective; they are listed as waiting, never as the failure;
 //   - no culprit when every rank that gave its state waits in the same collective ("all 16 ranks
 //     wait in all_reduce #4; no rank is behind: suspect the network or a device");

@@ -78,6 +78,7 @@ class StallWatchdog::Impl : public std::enable_shared_from_this<StallWatchdog::I
     std::string progress_path;
     std::string stack_path;
     std::string collective_path;
+    std::string collective_text;  // its record when the collection began
     int64_t last_mtime_ns = -1;
     uint64_t python_stack_offset = 0;
     bool python_stack_requested = false;
@@ -258,6 +259,8 @@ class StallWatchdog::Impl : public std::enable_shared_from_this<StallWatchdog::I
     for (Watched& w : workers_) {
       w.python_stack_requested = false;
       w.gdb_output_path.clear();
+      // The records first, at once: a peer's teardown soon ends the collectives the ranks wait in.
+      w.collective_text = w.collective_path.empty() ? "" : readFileFrom(w.collective_path, 0, 256);
       // Python stacks: only a worker whose helper registered faulthandler on SIGUSR1 (it
       // created the stack file) gets the signal; to any other, SIGUSR1 may mean "stop".
       if (!stacksOn() || !w.state.started || w.exited || w.worker.pid <= 0 ||
@@ -421,9 +424,8 @@ class StallWatchdog::Impl : public std::enable_shared_from_this<StallWatchdog::I
     s.pid = w.worker.pid;
     s.stalled = w.state.stalled;
     s.exited = w.exited;
-    if (!w.collective_path.empty()) {
-      auto record = parseCollectiveRecord(readFileFrom(w.collective_path, 0, 256));
-      if (record.isOk()) s.collective = record.value();
+    if (auto record = parseCollectiveRecord(w.collective_text); record.isOk()) {
+      s.collective = record.value();
     }
     s.frame = innermostPythonFrame(python_text);
     s.stack = mainThreadStack(python_text);

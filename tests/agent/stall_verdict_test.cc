@@ -153,6 +153,20 @@ TEST_CASE("stall verdict: a desync, a rank behind, an exited rank and nodes are 
           "rank 1 exited with code 0 after all_reduce #3 and never entered "
           "all_reduce #4; 1 rank waits in all_reduce #4");
   }
+  SECTION("a rank that exited inside the collective the others wait in was torn down there") {
+    // Another node's teardown ended its gloo connections before this node's snapshot.
+    std::vector<RankState> states = {
+        inCollective(0, "all_reduce", 4), after(1, "all_reduce", 3, ""),
+        inCollective(2, "all_reduce", 4), inCollective(3, "all_reduce", 4)};
+    states[2].exited = true;
+    states[2].exit_code = 1;
+    states[3].exited = true;
+    states[3].exit_code = 1;
+    auto v = decideStall(states);
+    REQUIRE(v.has_value());
+    CHECK(ranksOf(states, v->culprits) == std::vector<int>{1});
+    CHECK(ranksOf(states, v->waiting) == std::vector<int>{0, 2, 3});
+  }
   SECTION("ties go to the later collective; ranks without a record are unknown, not culprits") {
     std::vector<RankState> states = {inCollective(0, "all_reduce", 3),
                                      inCollective(1, "all_reduce", 4)};

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 
 #include "tests/support/test_support.h"
@@ -54,4 +55,19 @@ TEST_CASE("collective record: without a file the recorder does nothing", "[unit]
   cpprun::CollectiveRecorder unwritable("/nonexistent-dir/x", "world");
   { auto scope = unwritable.enter("all_reduce"); }
   CHECK(unwritable.count() == 1);
+}
+
+TEST_CASE("collective record: a collective that throws leaves the rank recorded in it", "[unit]") {
+  cpprun::testing::TempDir dir;
+  const std::string path = dir.path() + "/collective";
+  cpprun::CollectiveRecorder recorder(path, "world");
+  try {
+    auto scope = recorder.enter("all_reduce");
+    throw std::runtime_error("Connection closed by peer");
+  } catch (const std::runtime_error&) {
+  }
+  auto record = cpprun::parseCollectiveRecord(contents(path));
+  REQUIRE(record.isOk());
+  CHECK(record.value().inside);  // where it waited when its peer was torn down
+  CHECK(record.value().seq == 1);
 }
