@@ -201,6 +201,38 @@ def _cpprun_track_collectives():
             if getattr(dist, name, None) is fn:
                 setattr(dist, name, wrapped)
 
+        # DistributedDataParallel all-reduces the gradients inside backward, in C++: no Python
+        # call to wrap. Each forward that will sync begins "ddp_step #n" (group "ddp"), in which
+        # the rank stays until its next forward, so a rank that never reached step n's forward is
+        # behind the ranks blocked in its backward. Wrapped once the program has its process
+        # group (torch is fully imported by then).
+        def wrap_ddp():
+            from torch.nn.parallel import DistributedDataParallel as ddp
+            forward = ddp.forward
+            steps = [0]
+
+            @functools.wraps(forward)
+            def ddp_forward(self, *args, **kwargs):
+                if getattr(self, "require_backward_grad_sync", True) and not depth[0]:
+                    steps[0] += 1
+                    pwrite(fd, ("in ddp_step ddp %d" % steps[0]).ljust(127).encode() + b"\n", 0)
+                return forward(self, *args, **kwargs)
+            ddp.forward = ddp_forward
+
+        init = getattr(c10d, "init_process_group", None)
+        if init is not None:
+            @functools.wraps(init)
+            def init_process_group(*args, **kwargs):
+                result = init(*args, **kwargs)
+                try:
+                    wrap_ddp()
+                except Exception as error:
+                    sys.stderr.write("cpprun: DDP steps are not recorded: %r\n" % (error,))
+                return result
+            c10d.init_process_group = init_process_group
+            if getattr(dist, "init_process_group", None) is init:
+                dist.init_process_group = init_process_group
+
     class Finder:
         def find_spec(self, name, search_path, target=None):
             if name != "torch.distributed":

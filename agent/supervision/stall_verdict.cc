@@ -23,7 +23,7 @@ std::string clean(const std::string& text, size_t max) {
 
 std::string describeCollective(const CollectiveRecord& c) {
   std::string text = c.op + " #" + std::to_string(c.seq);
-  if (c.group != "world") text += " of group " + c.group;
+  if (c.group != "world" && c.group != "ddp") text += " of group " + c.group;
   return text;
 }
 
@@ -53,10 +53,13 @@ std::string culpritReason(const RankState& s, const CollectiveRecord& waited) {
   if (c.inside && same_point) {
     return "waits in " + describeCollective(c) + ", not " + waited.op + " (a desync)";
   }
+  if (c.inside && c.group == waited.group && c.seq < waited.seq) {
+    return "is behind: at " + describeCollective(c) + ", not #" + std::to_string(waited.seq) +
+           (where.empty() ? "" : " (" + where + ")");
+  }
   if (c.inside) {
-    const bool behind = c.group == waited.group && c.seq < waited.seq;
-    return std::string(behind ? "is behind: it waits in " : "waits in another collective, ") +
-           describeCollective(c) + (where.empty() ? "" : " (" + where + ")");
+    return "waits in another collective, " + describeCollective(c) +
+           (where.empty() ? "" : " (" + where + ")");
   }
   std::string text = "did not enter " + waited_text;
   if (!where.empty()) text += ": " + where;

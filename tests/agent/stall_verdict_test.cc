@@ -138,8 +138,8 @@ TEST_CASE("stall verdict: a desync, a rank behind, an exited rank and nodes are 
     auto v = decideStall(states);
     REQUIRE(v.has_value());
     CHECK(ranksOf(states, v->culprits) == std::vector<int>{2});
-    CHECK_THAT(v->summary, Catch::StartsWith("rank 2 (node 1, node-b) is behind: it waits in "
-                                             "all_reduce #8"));
+    CHECK_THAT(v->summary, Catch::StartsWith("rank 2 (node 1, node-b) is behind: at all_reduce "
+                                             "#8, not #9"));
   }
   SECTION("a rank that exited its loop") {
     std::vector<RankState> states = {inCollective(0, "all_reduce", 4),

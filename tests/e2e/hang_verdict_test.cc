@@ -158,6 +158,9 @@ void twoNodes(const TorchPeer& peer, int culprit) {
   host.output = nodes[0]->output();
   host.events = readEventLog(dir.path() + "/events0.jsonl");
   const Json verdict = verdictOf(host);
+  INFO("node 0:\n"
+       << nodes[0]->output() << "\nnode 1:\n"
+       << nodes[1]->output() << "\nverdict: " << verdict.dump());
   REQUIRE(verdict["culprits"].size() == 1);
   CHECK(verdict["culprits"][0]["rank"] == culprit);
   CHECK(verdict["culprits"][0]["node"] == culprit_node);
@@ -217,6 +220,21 @@ TEST_CASE("hang verdict: a culprit that left its collective loop early is named,
   requireCulprit(run, 1, "did not enter all_reduce #3: it is in ");
   CHECK_THAT(verdictOf(run)["culprits"][0]["why"].get<std::string>(),
              Catch::EndsWith("after all_reduce #2"));
+}
+
+TEST_CASE(
+    "hang verdict: DDP, the rank that never reached a step's forward is named, the ranks "
+    "blocked in backward's all-reduce wait",
+    "[integration][stall][torch][torch2]") {
+  const OneNodeHang run = runOneNode(torch2(), 3, "ddp-sleep-rank", 1);
+  requireCulprit(run, 1, "is behind: at ddp_step #3, not #4");
+  CHECK(verdictOf(run)["waited_in"] == "ddp_step #4");
+}
+
+TEST_CASE("hang verdict: DDP on torch 1.13 names the sleeping rank too",
+          "[integration][stall][torch]") {
+  const OneNodeHang run = runOneNode(torch113(), 3, "ddp-sleep-rank", 2);
+  requireCulprit(run, 2, "is behind: at ddp_step #3, not #4");
 }
 
 TEST_CASE("hang verdict: a desync (one rank in another collective) is named as one",

@@ -16,6 +16,9 @@ stamps of --python-progress (agent/supervision/python_progress.h). Run under cpp
                                                    others all_reduce), stop-rank (enters the
                                                    all_reduce, then is stopped by SIGSTOP: every
                                                    rank waits in the same collective, no culprit)
+    collective_hang_worker.py ddp-sleep-rank R      a DistributedDataParallel model: at step 3 of the
+                                                   first attempt rank R sleeps before its forward,
+                                                   the others block in backward's all-reduce
     collective_hang_worker.py busy SECONDS         every rank spins in pure Python for SECONDS
                                                    (no call into C longer than microseconds),
                                                    then one all_reduce, and exits 0
@@ -77,6 +80,21 @@ elif mode in ("sleep-rank", "read-rank", "early-rank", "desync-rank", "stop-rank
             if mode == "stop-rank":
                 time.sleep(1.0)  # after the culprit entered the collective and was stopped
             dist.all_reduce(tensor)  # the culprit never comes: blocked in gloo
+elif mode == "ddp-sleep-rank":
+    # DistributedDataParallel: its gradient all-reduce runs inside backward (C++); at step 3 of
+    # the first attempt rank R sleeps before its forward and the others block in backward.
+    culprit = int(sys.argv[2])
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    for step in range(5):
+        if first_attempt and step == 3:
+            print(f"HANG_AT {time.time():.6f}", flush=True)
+            if dist.get_rank() == culprit:
+                time.sleep(3600)
+        model(torch.ones(2, 4)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
 elif mode == "busy":
     end = time.time() + float(sys.argv[2])
     spins = 0
