@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <limits>
+#include <type_traits>
 
 namespace cpprun::agent {
 
@@ -10,6 +12,52 @@ using nlohmann::json;
 using SystemClock = std::chrono::system_clock;
 
 namespace {
+
+// A record's field, or `fallback` when the field is missing or of another type or range: records
+// are untrusted (anyone who reaches the store can write them) and are read without exceptions.
+template <typename T>
+T fieldOr(const json& doc, const char* key, T fallback) {
+  if (!doc.is_object()) return fallback;
+  const auto it = doc.find(key);
+  if (it == doc.end()) return fallback;
+  if constexpr (std::is_same_v<T, bool>) {
+    return it->is_boolean() ? it->get<bool>() : fallback;
+  } else if constexpr (std::is_integral_v<T>) {
+    if (!it->is_number_integer()) return fallback;
+    if (it->is_number_unsigned()) {
+      const uint64_t v = it->get<uint64_t>();
+      return v > static_cast<uint64_t>(std::numeric_limits<T>::max()) ? fallback
+                                                                      : static_cast<T>(v);
+    }
+    const int64_t v = it->get<int64_t>();
+    if (v < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
+        v > static_cast<int64_t>(std::numeric_limits<T>::max())) {
+      return fallback;
+    }
+    return static_cast<T>(v);
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    return it->is_string() ? it->get<std::string>() : fallback;
+  } else {
+    static_assert(std::is_same_v<T, std::vector<std::string>>);
+    if (!it->is_array()) return fallback;
+    T out;
+    for (const json& line : *it) {
+      if (line.is_string()) out.push_back(line.get<std::string>());
+    }
+    return out;
+  }
+}
+
+std::string fieldOr(const json& doc, const char* key, const char* fallback) {
+  return fieldOr<std::string>(doc, key, std::string(fallback));
+}
+
+// A record's array field, or an empty array.
+json arrayOr(const json& doc, const char* key) {
+  if (!doc.is_object()) return json::array();
+  const auto it = doc.find(key);
+  return it != doc.end() && it->is_array() ? *it : json::array();
+}
 
 std::string roundPrefix(int round) { return "rdzv/round/" + std::to_string(round) + "/"; }
 std::string attemptPrefix(int attempt) { return "attempt/" + std::to_string(attempt) + "/"; }
@@ -86,26 +134,26 @@ json failureToJson(const WorkerFailure& f) {
 
 WorkerFailure failureFromJson(const json& d) {
   WorkerFailure f;
-  f.local_rank = d.value("local_rank", 0);
-  f.rank = d.value("rank", 0);
-  f.pid = d.value("pid", 0);
-  f.exit_code = d.value("exit_code", 0);
-  f.signal = d.value("signal", 0);
+  f.local_rank = fieldOr(d, "local_rank", 0);
+  f.rank = fieldOr(d, "rank", 0);
+  f.pid = fieldOr(d, "pid", 0);
+  f.exit_code = fieldOr(d, "exit_code", 0);
+  f.signal = fieldOr(d, "signal", 0);
   f.time = SystemClock::time_point(std::chrono::duration_cast<SystemClock::duration>(
-      std::chrono::microseconds(d.value("time_us", int64_t{0}))));
-  f.error_file = d.value("error_file", "");
-  f.message = d.value("message", "");
-  f.traceback = d.value("traceback", "");
-  f.stderr_tail = d.value("stderr_tail", std::vector<std::string>{});
-  f.teardown = d.value("teardown", false);
-  f.collateral = d.value("collateral", false);
-  f.waiting = d.value("waiting", false);
-  f.host = d.value("host", "");
+      std::chrono::microseconds(fieldOr(d, "time_us", int64_t{0}))));
+  f.error_file = fieldOr(d, "error_file", "");
+  f.message = fieldOr(d, "message", "");
+  f.traceback = fieldOr(d, "traceback", "");
+  f.stderr_tail = fieldOr(d, "stderr_tail", std::vector<std::string>{});
+  f.teardown = fieldOr(d, "teardown", false);
+  f.collateral = fieldOr(d, "collateral", false);
+  f.waiting = fieldOr(d, "waiting", false);
+  f.host = fieldOr(d, "host", "");
   if (d.contains("error_document")) f.error_document = d["error_document"];
-  f.unreaped = d.value("unreaped", false);
-  const std::string state = d.value("state", "");
+  f.unreaped = fieldOr(d, "unreaped", false);
+  const std::string state = fieldOr(d, "state", "");
   f.state = state.empty() ? 0 : state.front();
-  f.wchan = d.value("wchan", "");
+  f.wchan = fieldOr(d, "wchan", "");
   return f;
 }
 
@@ -216,10 +264,10 @@ AttemptReport reportFromJson(const json& doc) {
   AttemptReport report;
   report.kind = AttemptReport::Kind::kFailed;
   if (!doc.is_object()) return report;
-  report.kind = reportKindFromName(doc.value("kind", "failed"));
-  report.signal = doc.value("signal", 0);
-  report.error = doc.value("error", "");
-  for (const json& f : doc.value("failures", json::array())) {
+  report.kind = reportKindFromName(fieldOr(doc, "kind", "failed"));
+  report.signal = fieldOr(doc, "signal", 0);
+  report.error = fieldOr(doc, "error", "");
+  for (const json& f : arrayOr(doc, "failures")) {
     report.failures.push_back(failureFromJson(f));
   }
   // Every rank's state at a stall: a malformed one is left out (the verdict then counts the rank
@@ -256,21 +304,21 @@ Result<DecisionRecord> decisionFromJson(const json& d, int default_readers) {
   if (!d.is_object()) return internalError("malformed decision in the store");
   DecisionRecord record;
   JobDecision& decision = record.decision;
-  decision.kind = decisionKindFromName(d.value("kind", ""));
-  record.readers = d.value("readers", default_readers);
-  decision.signal = d.value("signal", 0);
-  decision.summary = d.value("summary", "");
-  decision.restarts_used = d.value("restarts_used", 0);
-  decision.membership_change = d.value("membership_change", false);
-  for (const json& f : d.value("failures", json::array())) {
+  decision.kind = decisionKindFromName(fieldOr(d, "kind", ""));
+  record.readers = fieldOr(d, "readers", default_readers);
+  decision.signal = fieldOr(d, "signal", 0);
+  decision.summary = fieldOr(d, "summary", "");
+  decision.restarts_used = fieldOr(d, "restarts_used", 0);
+  decision.membership_change = fieldOr(d, "membership_change", false);
+  for (const json& f : arrayOr(d, "failures")) {
     decision.failures.push_back(failureFromJson(f));
   }
   if (const auto it = d.find("excluded"); it != d.end() && it->is_object()) {
     ExcludedNode e;
-    e.rank = it->value("rank", -1);
-    e.host = it->value("host", "");
-    e.agent_id = it->value("agent_id", "");
-    e.reason = it->value("reason", "");
+    e.rank = fieldOr(*it, "rank", -1);
+    e.host = fieldOr(*it, "host", "");
+    e.agent_id = fieldOr(*it, "agent_id", "");
+    e.reason = fieldOr(*it, "reason", "");
     if (!e.agent_id.empty()) decision.excluded = e;
   }
   return record;
@@ -289,10 +337,10 @@ StopClaim stopFromJson(const json& doc) {
     stop.cause = StopCause::kEnd;
     return stop;
   }
-  stop.by = doc.value("by", kByNobody);
-  stop.reason = doc.value("reason", "");
-  stop.cause = stopCauseFromName(doc.value("cause", ""));
-  stop.signal = doc.value("signal", 0);
+  stop.by = fieldOr(doc, "by", kByNobody);
+  stop.reason = fieldOr(doc, "reason", "");
+  stop.cause = stopCauseFromName(fieldOr(doc, "cause", ""));
+  stop.signal = fieldOr(doc, "signal", 0);
   return stop;
 }
 
@@ -310,8 +358,8 @@ Result<AgentInfo> agentFromRecord(const json& doc, const std::string& where) {
   if (!doc.is_object() || !doc.contains("nproc") || !doc["nproc"].is_number_integer()) {
     return internalError("rendezvous: " + where + " is malformed in the store");
   }
-  return AgentInfo{doc.value("host", ""), doc["nproc"].get<int>(), doc.value("id", ""),
-                   doc.value("scheduler_rank", -1), doc.value("store", "")};
+  return AgentInfo{fieldOr(doc, "host", ""), doc["nproc"].get<int>(), fieldOr(doc, "id", ""),
+                   fieldOr(doc, "scheduler_rank", -1), fieldOr(doc, "store", "")};
 }
 
 Membership membershipOf(const std::vector<AgentInfo>& agents, int my_rank) {
@@ -345,7 +393,7 @@ Result<RoundMember> roundMemberFromRecord(const json& record, int64_t slot,
                                           const std::string& where) {
   Result<AgentInfo> agent = agentFromRecord(record, where);
   if (!agent.isOk()) return agent.status();
-  return RoundMember{agent.value(), record.value("previous_rank", -1), slot};
+  return RoundMember{agent.value(), fieldOr(record, "previous_rank", -1), slot};
 }
 
 json roundMembersToJson(int attempt, int round, const std::vector<RoundMember>& members) {
@@ -367,13 +415,13 @@ Result<RoundMembers> roundMembersFromJson(const json& doc, int round) {
     return internalError("rendezvous: " + where + " are malformed in the store");
   }
   RoundMembers out;
-  out.attempt = doc.value("attempt", 0);
+  out.attempt = fieldOr(doc, "attempt", 0);
   for (const json& m : doc["members"]) {
     Result<AgentInfo> agent =
         agentFromRecord(m, "a member record of round " + std::to_string(round));
     if (!agent.isOk()) return agent.status();
     out.agents.push_back(agent.value());
-    out.slots.push_back(m.is_object() ? m.value("index", int64_t{-1}) : -1);
+    out.slots.push_back(m.is_object() ? fieldOr(m, "index", int64_t{-1}) : -1);
   }
   return out;
 }
@@ -466,8 +514,8 @@ Result<RoundAssignment> assignmentFromJson(const json& doc, const std::string& w
   m.group_world_size = doc["nodes"].get<int>();
   m.base_rank = doc["base_rank"].get<int>();
   m.world_size = doc["world_size"].get<int>();
-  m.node0_store_endpoint = doc.value("node0_store", "");
-  m.members_digest = doc.value("digest", "");
+  m.node0_store_endpoint = fieldOr(doc, "node0_store", "");
+  m.members_digest = fieldOr(doc, "digest", "");
   if (m.group_world_size < 1 || m.group_rank < 0 || m.group_rank >= m.group_world_size ||
       m.base_rank < 0 || m.base_rank >= m.world_size) {
     return malformed();

@@ -57,6 +57,25 @@ AgentStatus aged(AgentStatus s, double seconds) {
   return s;
 }
 
+namespace {
+
+// --stall-timeout's families: stalls, the bound, and the hangs' verdicts.
+void stallMetrics(PrometheusWriter& w, const AgentStatus& s) {
+  const SupervisorSnapshot& sup = s.supervisor;
+  w.metric("cpprun_stalls_total", "counter", "Ranks declared stalled (--stall-timeout).",
+           static_cast<double>(sup.stalls_total));
+  w.metric("cpprun_stall_timeout_seconds", "gauge", "--stall-timeout; 0 when off.",
+           s.stall_timeout_s);
+  w.metric("cpprun_hang_verdicts_total", "counter",
+           "Hangs whose verdict named who caused them (or that every rank waited).",
+           static_cast<double>(sup.last_hang.verdicts_total));
+  w.metric("cpprun_hang_culprits_total", "counter",
+           "Ranks named as a hang's culprit (not the ranks that waited for it).",
+           static_cast<double>(sup.last_hang.culprits_total));
+}
+
+}  // namespace
+
 std::string prometheusText(const AgentStatus& s) {
   const SupervisorSnapshot& sup = s.supervisor;
   PrometheusWriter w;
@@ -78,16 +97,7 @@ std::string prometheusText(const AgentStatus& s) {
   w.metric("cpprun_restarts_total", "counter", "Restarts of the worker group.", sup.restart_count);
   w.metric("cpprun_max_restarts", "gauge", "The job's restart budget (--max-restarts).",
            s.max_restarts);
-  w.metric("cpprun_stalls_total", "counter", "Ranks declared stalled (--stall-timeout).",
-           static_cast<double>(sup.stalls_total));
-  w.metric("cpprun_stall_timeout_seconds", "gauge", "--stall-timeout; 0 when off.",
-           s.stall_timeout_s);
-  w.metric("cpprun_hang_verdicts_total", "counter",
-           "Hangs whose verdict named who caused them (or that every rank waited).",
-           static_cast<double>(sup.last_hang.verdicts_total));
-  w.metric("cpprun_hang_culprits_total", "counter",
-           "Ranks named as a hang's culprit (not the ranks that waited for it).",
-           static_cast<double>(sup.last_hang.culprits_total));
+  stallMetrics(w, s);
 
   w.family("cpprun_state", "gauge", "1 for the agent's current state.");
   for (const auto& [state, seconds] : sup.seconds_in_state) {

@@ -436,3 +436,35 @@ TEST_CASE("job decision: at scale the decision lists the root causes first, at m
   CHECK(small.failures.size() == 1);
   CHECK(small.summary == "node 0: rank 0 exited with code 1");
 }
+
+TEST_CASE("job keys: records with fields of the wrong type or range decode without an exception",
+          "[unit]") {
+  using nlohmann::json;
+  // Issue 36's first finding: {"by":"x","cause":7} in the stop key aborted every agent.
+  StopClaim stop;
+  REQUIRE_NOTHROW(stop = stopFromJson(json::parse(R"({"by":"x","cause":7,"signal":"9"})")));
+  CHECK(stop.by == kByNobody);
+  CHECK(stop.signal == 0);
+  REQUIRE_NOTHROW(stopFromJson(json::parse(R"({"by":1e300,"reason":[1],"cause":null})")));
+  CHECK(stopFromJson(json::parse(R"({"by":99999999999})")).by == kByNobody);  // out of int range
+  const json hostile_failure = json::parse(
+      R"({"rank":"3","pid":[],"exit_code":{},"time_us":"x","message":5,"stderr_tail":[1,"a"],
+          "teardown":"yes","waiting":1,"host":false,"state":7,"wchan":null})");
+  WorkerFailure f;
+  REQUIRE_NOTHROW(f = failureFromJson(hostile_failure));
+  CHECK(f.rank == 0);
+  CHECK(f.message.empty());
+  CHECK(f.stderr_tail == std::vector<std::string>{"a"});
+  CHECK_FALSE(f.teardown);
+  AttemptReport report;
+  REQUIRE_NOTHROW(report = reportFromJson(json::parse(
+                      R"({"kind":3,"signal":"x","error":1,"failures":{"a":1},"ranks":7})")));
+  CHECK(report.failures.empty());
+  REQUIRE_NOTHROW(
+      decisionFromJson(json::parse(R"({"kind":1,"readers":"all","summary":[],"failures":"none",
+                      "excluded":{"rank":"1","agent_id":2}})"),
+                       3));
+  auto decision = decisionFromJson(json::parse(R"({"kind":"failed","readers":"x"})"), 3);
+  REQUIRE(decision.isOk());
+  CHECK(decision.value().readers == 3);
+}

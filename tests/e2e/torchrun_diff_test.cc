@@ -192,9 +192,11 @@ std::optional<std::string> allowedBecause(const std::string& key, const Value& t
     return "torch 1.x's spelling of TORCH_NCCL_ASYNC_ERROR_HANDLING: cpprun sets both, so torch "
            "1.13's NCCL process group gets async error handling too";
   }
-  if ((key == "CPPRUN_PROGRESS_FILE" || key == "CPPRUN_STACK_FILE") && !torchrun && cpprun &&
-      cpprun->rfind(f.tmp + "/", 0) == 0) {
-    return "cpprun only: where a worker reports progress / Python stacks for --stall-timeout";
+  if ((key == "CPPRUN_PROGRESS_FILE" || key == "CPPRUN_STACK_FILE" ||
+       key == "CPPRUN_COLLECTIVE_FILE") &&
+      !torchrun && cpprun && cpprun->rfind(f.tmp + "/", 0) == 0) {
+    return "cpprun only: where a worker reports progress / Python stacks / the collective it "
+           "waits in for --stall-timeout";
   }
   if (key == "TORCHELASTIC_TIMER_FILE" && torchrun && cpprun) {
     // torchrun: $TMPDIR/watchdog_timer_<uuid4>; cpprun: $TMPDIR/<run dir>/watchdog_timer.
@@ -234,7 +236,8 @@ std::optional<std::string> allowedBecause(const std::string& key, const Value& t
 
 // The differences that must show in every worker (the allow-list is not stale).
 std::set<std::string> requiredDifferences(const Facts& f) {
-  std::set<std::string> keys = {"CPPRUN_PROGRESS_FILE", "CPPRUN_STACK_FILE"};
+  std::set<std::string> keys = {"CPPRUN_PROGRESS_FILE", "CPPRUN_STACK_FILE",
+                                "CPPRUN_COLLECTIVE_FILE"};
   if (!inherited("NCCL_ASYNC_ERROR_HANDLING")) keys.insert("NCCL_ASYNC_ERROR_HANDLING");
   if (!inherited("OMP_NUM_THREADS") && std::max(1, usableCpus() / f.nproc) != 1) {
     keys.insert("OMP_NUM_THREADS");

@@ -13,9 +13,9 @@ namespace cpprun::testing {
 // Variables allowedBecause() lets differ after normalising (each with its reason there).
 inline const std::set<std::string>& envDifferencesAllowed() {
   static const std::set<std::string> names = {
-      "NCCL_ASYNC_ERROR_HANDLING", "CPPRUN_PROGRESS_FILE",   "CPPRUN_STACK_FILE",
-      "CPPRUN_NCCL_UNIQUE_ID",     "CPPRUN_NCCL_UNIQUE_IDS", "OMP_NUM_THREADS",
-      "CUDA_VISIBLE_DEVICES",      "TORCHELASTIC_TIMER_FILE"};
+      "NCCL_ASYNC_ERROR_HANDLING", "CPPRUN_PROGRESS_FILE",    "CPPRUN_STACK_FILE",
+      "CPPRUN_NCCL_UNIQUE_ID",     "CPPRUN_NCCL_UNIQUE_IDS",  "OMP_NUM_THREADS",
+      "CUDA_VISIBLE_DEVICES",      "TORCHELASTIC_TIMER_FILE", "CPPRUN_COLLECTIVE_FILE"};
   return names;
 }
 
