@@ -209,6 +209,8 @@ def _cpprun_track_collectives():
         def wrap_ddp():
             from torch.nn.parallel import DistributedDataParallel as ddp
             forward = ddp.forward
+            if getattr(forward, "cpprun_ddp_steps", False):
+                return  # a second init_process_group: wrapped once
             steps = [0]
 
             @functools.wraps(forward)
@@ -217,6 +219,7 @@ def _cpprun_track_collectives():
                     steps[0] += 1
                     pwrite(fd, ("in ddp_step ddp %d" % steps[0]).ljust(127).encode() + b"\n", 0)
                 return forward(self, *args, **kwargs)
+            ddp_forward.cpprun_ddp_steps = True
             ddp.forward = ddp_forward
 
         init = getattr(c10d, "init_process_group", None)
