@@ -141,6 +141,7 @@ struct PeerStopSeen {
   int attempt;
   std::string reason;
   int signal;
+  bool stall = false;
 };
 
 // One agent: a coordinator on its own loop thread, and what its callbacks received.
@@ -172,9 +173,9 @@ class Agent {
     if (adjust) adjust(o);
     coordinator_ = makeStoreCoordinator(
         io_, o, [](int attempt) { return "nccl-id-" + std::to_string(attempt); },
-        [this](int n, const std::string& reason, int signal, bool) {
+        [this](int n, const std::string& reason, int signal, bool stall) {
           std::lock_guard<std::mutex> lock(mu_);
-          peer_stops_.push_back({n, reason, signal});
+          peer_stops_.push_back({n, reason, signal, stall});
         },
         [this](const Status& s) {
           std::lock_guard<std::mutex> lock(mu_);
@@ -200,6 +201,9 @@ class Agent {
   void announceStop(int n, const std::string& reason, int signal = 0) {
     boost::asio::post(io_,
                       [this, n, reason, signal] { coordinator_->announceStop(n, reason, signal); });
+  }
+  void announceStall(int n, const std::string& reason) {
+    boost::asio::post(io_, [this, n, reason] { coordinator_->announceStall(n, reason); });
   }
 
   std::vector<PeerStopSeen> peerStops() {
@@ -337,6 +341,46 @@ TEST_CASE("coordinator: a failure one agent announces stops the others and resta
     Result<JobDecision> d = within(f);
     REQUIRE(d.isOk());
     CHECK(d.value().kind == JobDecision::Kind::kSucceeded);
+  }
+}
+
+TEST_CASE(
+    "coordinator: a stall one agent claims reaches the others as a stall, and the decision "
+    "names the culprit another node reported",
+    "[unit]") {
+  MemoryStore store;
+  auto all = agents(store, 3, /*max_restarts=*/0);
+  beginAll(all, 0);
+  all[0]->announceStall(0, "rank(s) 0 stalled (no progress for 3.0 s)");
+  for (size_t r : {size_t{1}, size_t{2}}) {
+    REQUIRE(eventually([&] { return !all[r]->peerStops().empty(); }));
+    CHECK(all[r]->peerStops().front().stall);  // they snapshot their ranks before the teardown
+  }
+  // Every rank (2 per node) waits in all_reduce #9 but rank 5, on node 2, after #8.
+  auto hung = [](int node, AttemptReport::Kind kind) {
+    AttemptReport r = reportOf(kind, {workerFailure(0, 2 * node, 0, node != 0),
+                                      workerFailure(1, 2 * node + 1, 0, node != 0)});
+    for (int rank : {2 * node, 2 * node + 1}) {
+      RankState s;
+      s.rank = rank;
+      s.local_rank = rank - 2 * node;
+      s.collective = CollectiveRecord{rank != 5, "all_reduce", "world", rank == 5 ? 8u : 9u};
+      r.rank_states.push_back(s);
+    }
+    return r;
+  };
+  std::vector<std::future<Result<JobDecision>>> decisions;
+  decisions.push_back(all[0]->end(0, hung(0, AttemptReport::Kind::kFailed)));
+  decisions.push_back(all[1]->end(0, hung(1, AttemptReport::Kind::kStopped)));
+  decisions.push_back(all[2]->end(0, hung(2, AttemptReport::Kind::kStopped)));
+  for (auto& f : decisions) {
+    Result<JobDecision> d = within(f);
+    REQUIRE(d.isOk());
+    CHECK(d.value().kind == JobDecision::Kind::kFailed);
+    CHECK_THAT(d.value().summary, Catch::StartsWith("hang: rank 5 (node 2, h2) did not enter "
+                                                    "all_reduce #9"));
+    REQUIRE(!d.value().failures.empty());
+    CHECK(d.value().failures[rootCauseIndex(d.value().failures)].rank == 5);
   }
 }
 
