@@ -3,8 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <limits>
-#include <type_traits>
+#include <utility>
+
+#include "agent/supervision/json_field.h"
 
 namespace cpprun::agent {
 
@@ -13,39 +14,10 @@ using SystemClock = std::chrono::system_clock;
 
 namespace {
 
-// A record's field, or `fallback` when the field is missing or of another type or range: records
-// are untrusted (anyone who reaches the store can write them) and are read without exceptions.
+// A record's field, or `fallback` when it is missing or of another type or range (jsonField).
 template <typename T>
 T fieldOr(const json& doc, const char* key, T fallback) {
-  if (!doc.is_object()) return fallback;
-  const auto it = doc.find(key);
-  if (it == doc.end()) return fallback;
-  if constexpr (std::is_same_v<T, bool>) {
-    return it->is_boolean() ? it->get<bool>() : fallback;
-  } else if constexpr (std::is_integral_v<T>) {
-    if (!it->is_number_integer()) return fallback;
-    if (it->is_number_unsigned()) {
-      const uint64_t v = it->get<uint64_t>();
-      return v > static_cast<uint64_t>(std::numeric_limits<T>::max()) ? fallback
-                                                                      : static_cast<T>(v);
-    }
-    const int64_t v = it->get<int64_t>();
-    if (v < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
-        v > static_cast<int64_t>(std::numeric_limits<T>::max())) {
-      return fallback;
-    }
-    return static_cast<T>(v);
-  } else if constexpr (std::is_same_v<T, std::string>) {
-    return it->is_string() ? it->get<std::string>() : fallback;
-  } else {
-    static_assert(std::is_same_v<T, std::vector<std::string>>);
-    if (!it->is_array()) return fallback;
-    T out;
-    for (const json& line : *it) {
-      if (line.is_string()) out.push_back(line.get<std::string>());
-    }
-    return out;
-  }
+  return jsonField<T>(doc, key).value_or(std::move(fallback));
 }
 
 std::string fieldOr(const json& doc, const char* key, const char* fallback) {

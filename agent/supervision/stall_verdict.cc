@@ -4,6 +4,9 @@
 #include <map>
 #include <sstream>
 #include <tuple>
+#include <unordered_map>
+
+#include "agent/supervision/json_field.h"
 
 namespace cpprun::agent {
 
@@ -91,7 +94,10 @@ std::vector<std::string> mainThreadStack(const std::string& text) {
 }
 
 std::string innermostPythonFrame(const std::string& text) {
-  const std::vector<std::string> stack = mainThreadStack(text);
+  return innermostFrameOf(mainThreadStack(text));
+}
+
+std::string innermostFrameOf(const std::vector<std::string>& stack) {
   if (stack.size() < 2) return "";
   // "  File "path", line N in name" → "path:N in name"
   const std::string& frame = stack[1];
@@ -134,22 +140,19 @@ Result<RankState> rankStateFromJson(const json& doc, const std::string& where) {
     return Status(StatusCode::kInvalidArgument, where + ": " + what);
   };
   if (!doc.is_object()) return bad("a rank's state is not a JSON object");
+  // A present field must have the right type and range; an absent one keeps its default.
   auto integer = [&](const char* key, int64_t lo, int64_t hi, int64_t& out) -> bool {
-    auto it = doc.find(key);
-    if (it == doc.end()) return true;
-    if (!it->is_number_integer()) return false;
-    const int64_t v = it->get<int64_t>();
-    if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi)) return false;
-    if (v < lo || v > hi) return false;
-    out = v;
+    if (!doc.contains(key)) return true;
+    const auto v = jsonField<int64_t>(doc, key);
+    if (!v || *v < lo || *v > hi) return false;
+    out = *v;
     return true;
   };
   auto boolean = [&](const char* key, bool& out) -> bool {
-    auto it = doc.find(key);
-    if (it == doc.end()) return true;
-    if (!it->is_boolean()) return false;
-    out = it->get<bool>();
-    return true;
+    if (!doc.contains(key)) return true;
+    const auto v = jsonField<bool>(doc, key);
+    if (v) out = *v;
+    return v.has_value();
   };
   RankState s;
   int64_t rank = -1, local = -1, pid = 0, code = 0;
@@ -302,11 +305,12 @@ void applyStallVerdict(const StallVerdict& v, const std::vector<RankState>& stat
   auto earliest = std::chrono::system_clock::time_point::max();
   for (const WorkerFailure& f : failures) earliest = std::min(earliest, f.time);
   if (failures.empty()) earliest = std::chrono::system_clock::now();
+  // By rank, built once: the decider applies a verdict of 8,192 ranks to as many failures.
+  std::unordered_map<int, size_t> failure_of;
+  for (size_t i = 0; i < failures.size(); ++i) failure_of.emplace(failures[i].rank, i);
   auto find = [&](const RankState& s) -> WorkerFailure* {
-    for (WorkerFailure& f : failures) {
-      if (f.rank == s.rank) return &f;
-    }
-    return nullptr;
+    const auto it = failure_of.find(s.rank);
+    return it == failure_of.end() ? nullptr : &failures[it->second];
   };
   const std::string others = std::to_string(v.waiting.size()) +
                              (v.waiting.size() == 1 ? " rank waits in " : " ranks wait in ") +
@@ -322,6 +326,7 @@ void applyStallVerdict(const StallVerdict& v, const std::vector<RankState>& stat
       made.host = s.host;
       made.exit_code = s.exit_code > 0 ? s.exit_code : 0;
       made.signal = s.exit_code < 0 ? -s.exit_code : 0;
+      failure_of.emplace(made.rank, failures.size());
       failures.push_back(std::move(made));
       f = &failures.back();
     }

@@ -54,6 +54,8 @@ std::vector<std::string> mainThreadStack(const std::string& faulthandler_text);
 // The innermost frame of the main thread in a faulthandler dump ("File \"train.py\", line 6 in
 // main" → "train.py:6 in main"), bounded by kMaxFrameBytes; "" when there is none.
 std::string innermostPythonFrame(const std::string& faulthandler_text);
+// The same from a block mainThreadStack already returned.
+std::string innermostFrameOf(const std::vector<std::string>& main_thread_stack);
 
 // One rank's state when a stall was declared.
 struct RankState {

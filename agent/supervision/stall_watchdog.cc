@@ -403,15 +403,13 @@ class StallWatchdog::Impl : public std::enable_shared_from_this<StallWatchdog::I
     states_.clear();
     for (Watched& w : workers_) {
       if (!w.state.started) continue;
-      std::vector<std::string> python_lines;
-      std::string python_text;
-      if (w.python_stack_requested) {
-        python_text = readFileFrom(w.stack_path, w.python_stack_offset, 256 * 1024);
-        python_lines = stackLines(python_text, 60);
-      }
+      const std::string python_text =
+          w.python_stack_requested ? readFileFrom(w.stack_path, w.python_stack_offset, 256 * 1024)
+                                   : std::string();
       states_.push_back(stateOf(w, python_text));
+      // The full excerpt (every thread) only for the stalled ranks' own report lines.
       if (!w.state.stalled || !w.state.stack_excerpt.empty()) continue;
-      buildExcerpt(w, python_lines);
+      buildExcerpt(w, stackLines(python_text, 60));
     }
     if (local_stall_ && callbacks_.on_collected) callbacks_.on_collected(stall_indices_);
     runWaiters();
@@ -427,8 +425,8 @@ class StallWatchdog::Impl : public std::enable_shared_from_this<StallWatchdog::I
     if (auto record = parseCollectiveRecord(w.collective_text); record.isOk()) {
       s.collective = record.value();
     }
-    s.frame = innermostPythonFrame(python_text);
     s.stack = mainThreadStack(python_text);
+    s.frame = innermostFrameOf(s.stack);
     return s;
   }
 
