@@ -41,6 +41,14 @@ double printedTime(const std::string& output, const std::string& prefix) {
 
 double eventSeconds(const Json& event) { return event.at("time_us").get<double>() / 1e6; }
 
+std::vector<pid_t> workerPids(const std::vector<Json>& events) {
+  std::vector<pid_t> pids;
+  for (const Json& started : eventsNamed(events, "worker_started")) {
+    pids.push_back(started.at("pid").get<pid_t>());
+  }
+  return pids;
+}
+
 // The "rank : R" line of the report's Root Cause entry; -1 when there is none.
 int rootCauseRank(const std::string& output) {
   const size_t root = output.rfind("Root Cause");
@@ -76,6 +84,8 @@ OneNodeHang runOneNode(const TorchPeer& peer, int nproc, const std::string& mode
   out.exit_code = exitCodeOf(*status);
   out.output = run.output();
   out.events = readEventLog(events);
+  // cpprun's exit means every process it started is gone, the hung ones included.
+  CHECK(allGone(workerPids(out.events)));
   return out;
 }
 
@@ -152,6 +162,11 @@ void twoNodes(const TorchPeer& peer, int culprit) {
     CHECK(exitCodeOf(*status) == 1);
     CHECK_THAT(out, Catch::Contains(named));
     CHECK(rootCauseRank(out) == culprit);
+  }
+  for (int n = 0; n < 2; ++n) {
+    const auto started = readEventLog(dir.path() + "/events" + std::to_string(n) + ".jsonl");
+    CHECK(workerPids(started).size() == 2);
+    CHECK(allGone(workerPids(started)));
   }
   // The decider (node 0) made the verdict, within the stall timeout + 2 s of the hang.
   OneNodeHang host;
