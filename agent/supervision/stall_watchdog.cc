@@ -277,6 +277,12 @@ class StallWatchdog::Impl : public std::enable_shared_from_this<StallWatchdog::I
         CPPRUN_LOG(kWarn) << sent.message();
       }
     }
+    // The states without stacks, at once: if the attempt ends before the stacks are in (a
+    // worker failing as its peers are torn down), its report still carries every record.
+    states_.clear();
+    for (const Watched& w : workers_) {
+      if (w.state.started) states_.push_back(stateOf(w, ""));
+    }
     if (stacksOn() && options_.gdb_path.empty() && local_stall) {
       bool any_native = false;
       for (size_t i : stalled) any_native = any_native || !workers_[i].python_stack_requested;
