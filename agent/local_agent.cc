@@ -203,6 +203,7 @@ Result<StoreEndpoint> openStore(asio::io_context& io, const LocalAgentOptions& o
   so.host = options.store_bind_host.empty() ? options.store_host : options.store_bind_host;
   so.port = static_cast<uint16_t>(options.store_port);
   so.no_handshake_dialect = options.store_no_handshake_dialect;
+  so.secret = options.store_secret;
   // Every worker of the job connects (and every agent): with more than one accept queue holds,
   // the store listens on several sockets so a job's start is not left to SYN retries.
   size_t nodes = 1;
@@ -402,6 +403,12 @@ void LocalAgent::makeCoordinatorAndSupervisor() {
       co.self.store_endpoint = formatHostPort(store_.host, store_.port);
     }
     co.max_restarts = options_.supervisor.max_restarts;
+    // c10d: the job's keys are in the store this agent serves; past attempts' go from it here.
+    if (is_store_host && !co.host_per_round && store_.server) {
+      co.erase_prefix = [this](const std::string& prefix) {
+        return store_.server->eraseKeysWithPrefix(prefix);
+      };
+    }
     if (options_.use_nccl) {
       co.nccl_ranks_per_id = options_.nccl_ranks_per_id;
       auto ids = std::make_shared<LazyNcclIds>(options_.nccl_library);
@@ -583,7 +590,10 @@ Result<AttemptSpec> LocalAgent::prepareAttempt(int restart_count) {
     if (!context.nccl_unique_ids_hex.empty() && store_.server) {
       store_.server->set(kNcclUniqueIdsKey, context.nccl_unique_ids_hex);
     }
-    useRoundStore(start->membership, context);
+    // Only where every agent serves a store (etcd: the records come from etcd, under its
+    // access control). The c10d backend's workers use the store the agents met in, whatever a
+    // record in it says: one written by a stranger must not send the workers elsewhere.
+    if (options_.multi_node->host_per_round) useRoundStore(start->membership, context);
     return make_attempt_(context);
   }
   // One node: this agent is the host.

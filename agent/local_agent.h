@@ -63,6 +63,10 @@ struct LocalAgentOptions {
   // How the served store reads clients without the torch >= 2.2 handshake: torch 1.13
   // numbering with the switch to 2.1 (kLegacy), or torch 2.1 from the first byte (kV21).
   rendezvous::wire::Dialect store_no_handshake_dialect = rendezvous::wire::Dialect::kLegacy;
+  // The job's secret (rendezvous/store_auth.h; docs/security.md): the store served here takes
+  // writes of "cpprun/" keys only from connections that prove it, and this agent's clients
+  // (multi_node->secret) prove it. Empty: an open store, as torch's.
+  std::string store_secret;
   // Multi-node jobs (group_world_size > 1): the coordination with the other agents. The agent
   // of group rank 0 serves the store (host_store); the others connect to store_host:store_port.
   // store_host, store_port, max_restarts are filled in by the agent.

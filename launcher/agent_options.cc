@@ -35,6 +35,7 @@ agent::StoreCoordinatorOptions coordinatorOptions(const AgentOptionsInputs& in,
   co.keep_alive_max_attempt = rdzv.keep_alive_max_attempt;
   co.final_linger = rdzv.close_timeout;
   co.expected_hosts = in.expected_hosts;
+  co.secret = in.secret;
   if (rdzv.elastic) {
     co.elastic = true;
     co.min_nodes = rdzv.min_nodes;
@@ -114,6 +115,7 @@ agent::LocalAgentOptions makeAgentOptions(const AgentOptionsInputs& in) {
   if (rdzv.store_torch21_numbering) {
     options.store_no_handshake_dialect = rendezvous::wire::Dialect::kV21;
   }
+  options.store_secret = in.secret;
   if (rdzv.multi_node) options.multi_node = coordinatorOptions(in, options);
   options.nccl_library = agent::ncclLibrary(in.env);
   // NCCL needs a GPU: workers that see none cannot use an NCCL id, so the agent does not load

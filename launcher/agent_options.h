@@ -33,6 +33,7 @@ struct AgentOptionsInputs {
   std::string agent_id;                     // unique per agent process (multi-node)
   std::string gdb_path;                     // for stall stacks (--stall-timeout); "" none
   std::optional<int> worker_store_port;     // --worker-hosts-store without --master-port
+  std::string secret;                       // the job's secret (jobSecret), or ""
   // Whether cpprun's stdout and stderr are terminals (isatty): worker ptys and open lines.
   bool stdout_is_terminal = false;
   bool stderr_is_terminal = false;

@@ -29,6 +29,7 @@
 #include "common/clip.h"
 #include "common/environment.h"
 #include "common/logging.h"
+#include "common/network_address.h"
 #include "common/system.h"
 #include "launcher/agent_options.h"
 #include "launcher/cli.h"
@@ -331,6 +332,17 @@ Result<agent::LocalAgentOptions> agentOptions(const Job& job) {
     in.expected_hosts = job.sched.hosts->value;
   }
   if (job.rdzv.multi_node) in.agent_id = uniqueAgentId(agentName(config, job.node));
+  Result<std::string> secret = jobSecret(job.env, job.rdzv.secret_file);
+  if (!secret.isOk()) return secret.status();
+  in.secret = std::move(secret).value();
+  // The workers inherit the agent's environment at spawn: the secret stays with the agent.
+  ::unsetenv(kSecretVariable);
+  if (job.rdzv.multi_node && in.secret.empty() && !job.rdzv.etcd) {
+    CPPRUN_LOG(kWarn) << "the job's store is open: anyone who can reach "
+                      << formatHostPort(job.rdzv.store.host, job.rdzv.store.port)
+                      << " can write its keys; give every agent the same " << kSecretVariable
+                      << " or --rdzv-conf secret_file (docs/security.md)";
+  }
   // On one node too: a key cpprun does not know is as ignored there as on many.
   for (const std::string& key : job.rdzv.ignored_conf_keys) {
     CPPRUN_LOG(kWarn) << "--rdzv-conf " << clipValue(key) << ": not a key cpprun uses; ignored";

@@ -32,14 +32,16 @@
 #include <cstdint>
 #include <string>
 
+#include "common/job_limits.h"
 #include "common/status.h"
 #include "launcher/launch_config.h"
 
 namespace cpprun::launcher {
 
-inline constexpr int kMaxNodes = 65536;
-inline constexpr int kMaxWorkersPerNode = 4096;
-inline constexpr int kMaxWorldSize = 1 << 20;
+// common/job_limits.h: the agent reads store records against the same bounds.
+using ::cpprun::kMaxNodes;
+using ::cpprun::kMaxWorkersPerNode;
+using ::cpprun::kMaxWorldSize;
 
 // Descriptors the agent holds whatever the worker count: stdio, its event loop (epoll, signal,
 // timer and wake-up descriptors), the store's and the metrics' listeners, its own store client

@@ -17,6 +17,7 @@
 #include "common/clip.h"
 #include "common/network_address.h"
 #include "rendezvous/etcd_client.h"
+#include "rendezvous/store_auth.h"
 
 namespace cpprun::launcher {
 
@@ -207,7 +208,12 @@ Result<RendezvousSettings> resolveRendezvous(const LaunchConfig& config) {
       {"close_timeout", &s.close_timeout},
       {"heartbeat", &s.keep_alive_interval},
       {"keep_alive_interval", &s.keep_alive_interval}};
-  std::vector<std::string> known = {"keep_alive_max_attempt", "is_host", "store_legacy_numbering"};
+  std::vector<std::string> known = {"keep_alive_max_attempt", "is_host", "store_legacy_numbering",
+                                    "secret_file"};
+  if (auto secret = config.rdzv_conf.find("secret_file"); secret != config.rdzv_conf.end()) {
+    if (secret->second.empty()) return invalidArgument("--rdzv-conf secret_file= is empty");
+    s.secret_file = secret->second;
+  }
   if (s.etcd) known.insert(known.end(), {"protocol", "cacert", "cert", "key"});
   for (const auto& [key, field] : durations) {
     auto value = confSeconds(config, key, *field);
@@ -251,6 +257,22 @@ Result<RendezvousSettings> resolveRendezvous(const LaunchConfig& config) {
     }
   }
   return s;
+}
+
+Result<std::string> jobSecret(const std::map<std::string, std::string>& env,
+                              const std::string& secret_file) {
+  if (auto it = env.find(kSecretVariable); it != env.end() && !it->second.empty()) {
+    if (Status s = rendezvous::checkJobSecret(it->second, std::string("$") + kSecretVariable);
+        !s.isOk()) {
+      return s;
+    }
+    return it->second;
+  }
+  if (secret_file.empty()) return std::string();
+  Result<std::string> secret = rendezvous::readJobSecret(secret_file);
+  if (!secret.isOk())
+    return invalidArgument("--rdzv-conf secret_file: " + secret.status().message());
+  return secret;
 }
 
 }  // namespace cpprun::launcher

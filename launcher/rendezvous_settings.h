@@ -9,6 +9,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,8 @@ struct RendezvousSettings {
   // torch >= 2.2 handshake as torch 2.1 (default 1.13: see docs/protocol.md, torch 2.1 clients).
   bool store_torch21_numbering = false;
   std::vector<std::string> ignored_conf_keys;  // --rdzv-conf keys cpprun does not use
+  // --rdzv-conf secret_file=PATH: the job's secret (jobSecret; docs/security.md).
+  std::string secret_file;
   // --rdzv-backend etcd / etcd-v2: the agents meet in etcd (elastic rounds, min..max nodes;
   // --nnodes N is a round of exactly N), every agent serves a workers' store, and each round's
   // node 0's is MASTER_ADDR:MASTER_PORT. `store` is then unused.
@@ -67,5 +70,13 @@ inline constexpr int kDefaultEtcdPort = 2379;
 bool isLocalHost(const std::string& host);
 
 Result<RendezvousSettings> resolveRendezvous(const LaunchConfig& config);
+
+// The job's secret, which the agents prove to the store host and it to them
+// (rendezvous/store_auth.h): $CPPRUN_RDZV_SECRET from `env` when set, else the contents of
+// `secret_file` (--rdzv-conf secret_file; a regular file of this user's, mode 0600 or stricter),
+// else none (""). Reads the file. An error names the variable or the file (exit 2).
+inline constexpr const char* kSecretVariable = "CPPRUN_RDZV_SECRET";
+Result<std::string> jobSecret(const std::map<std::string, std::string>& env,
+                              const std::string& secret_file);
 
 }  // namespace cpprun::launcher

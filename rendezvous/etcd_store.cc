@@ -198,6 +198,14 @@ bool EtcdStore::deleteKey(const std::string& key) {
   return r.value() > 0;
 }
 
+int64_t EtcdStore::deletePrefix(const std::string& prefix) {
+  EtcdTxn txn;
+  txn.success.push_back(EtcdOp::remove(full(prefix), /*prefix=*/true));
+  auto r = client_->txn(txn);
+  if (!r.isOk()) fail("deletePrefix", prefix, r.status());
+  return r.value().responses.empty() ? 0 : r.value().responses[0].deleted;
+}
+
 std::vector<std::optional<std::string>> EtcdStore::readAll(const std::vector<std::string>& keys,
                                                            const char* op) {
   std::vector<std::optional<std::string>> out;

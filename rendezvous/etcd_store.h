@@ -48,6 +48,8 @@ class EtcdStore : public Store {
   std::vector<Bytes> multiGet(const std::vector<std::string>& keys) override;
   void multiSet(const std::vector<std::string>& keys, const std::vector<Bytes>& values) override;
   void append(const std::string& key, const Bytes& value) override;
+  // One DeleteRange over [prefix, prefixEnd(prefix)): one raft commit, whatever the count.
+  int64_t deletePrefix(const std::string& prefix) override;
   // One txn [put(key, ""), range(key)] that no other caller can make fail: the ticket is the
   // key's version after the put (etcd counts every put of a key from 1). tickets(): the
   // version now (a read; 0 when absent).

@@ -57,6 +57,11 @@ bool MemoryStore::deleteKey(const std::string& key) {
   return data_.erase(key);
 }
 
+int64_t MemoryStore::deletePrefix(const std::string& prefix) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<int64_t>(data_.erasePrefix(prefix));
+}
+
 bool MemoryStore::check(const std::vector<std::string>& keys) {
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& k : keys) {

@@ -39,6 +39,10 @@ int64_t PrefixStore::tickets(const std::string& key) { return inner_->tickets(jo
 
 bool PrefixStore::deleteKey(const std::string& key) { return inner_->deleteKey(join(key)); }
 
+int64_t PrefixStore::deletePrefix(const std::string& prefix) {
+  return inner_->deletePrefix(join(prefix));
+}
+
 bool PrefixStore::check(const std::vector<std::string>& keys) { return inner_->check(join(keys)); }
 
 int64_t PrefixStore::numKeys() { return inner_->numKeys(); }

@@ -30,6 +30,7 @@ class PrefixStore : public Store {
   std::vector<Bytes> multiGet(const std::vector<std::string>& keys) override;
   void multiSet(const std::vector<std::string>& keys, const std::vector<Bytes>& values) override;
   void append(const std::string& key, const Bytes& value) override;
+  int64_t deletePrefix(const std::string& prefix) override;
 
   const std::string& prefix() const { return prefix_; }
   Store& underlying() { return *inner_; }

@@ -26,6 +26,12 @@ class StoreError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The store and this client do not share the job's secret (store_auth.h): retrying cannot help.
+class StoreAuthError : public StoreError {
+ public:
+  using StoreError::StoreError;
+};
+
 // A bounded wait ran out.
 class StoreTimeout : public StoreError {
  public:
@@ -64,6 +70,12 @@ class Store {
   virtual void multiSet(const std::vector<std::string>& keys, const std::vector<Bytes>& values) = 0;
   // Appends to the value, creating it when absent.
   virtual void append(const std::string& key, const Bytes& value) = 0;
+  // Not c10d's: removes every key that starts with `prefix` and returns how many, or -1 when
+  // the backend has no such request (the TCPStore protocol has none: TcpStoreClient).
+  virtual int64_t deletePrefix(const std::string& prefix) {
+    (void)prefix;
+    return -1;
+  }
   // A ticket counter (not c10d's; cpprun's job protocol): takeTicket() gives its callers 1, 2,
   // 3, ... in the order the store serialises them, each number once, and tickets() says how many
   // were taken. By default add(key, 1) and add(key, 0); a backend whose add() must retry under

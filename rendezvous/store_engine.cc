@@ -1,7 +1,10 @@
 #include "rendezvous/store_engine.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
+
+#include "rendezvous/store_auth.h"
 
 namespace cpprun::rendezvous {
 
@@ -22,6 +25,14 @@ void eraseValue(std::vector<T>* v, const T& value) {
 bool StoreEngine::handle(ClientId client, Dialect dialect, const Request& r, std::string* error) {
   ++counters_.requests;
   const Call c{client, dialect, r, error};
+  if (!secret_.empty() && r.type != QueryType::CPPRUN_AUTH && !authenticated_.count(client)) {
+    if (const std::string* key = protectedWrite(r)) {
+      ++refused_unauthenticated_;
+      *error = "a write of \"" + key->substr(0, 200) +
+               "\" from a connection that did not prove the job's secret (docs/security.md)";
+      return false;
+    }
+  }
   // clang-format off
   switch (r.type) {
     case QueryType::VALIDATE: return onValidate(c);
@@ -44,6 +55,7 @@ bool StoreEngine::handle(ClientId client, Dialect dialect, const Request& r, std
     case QueryType::QUEUE_LEN: return onQueueLen(c);
     case QueryType::LIST_KEYS: return onListKeys(c);
     case QueryType::BARRIER: return onBarrier(c);
+    case QueryType::CPPRUN_AUTH: return onCpprunAuth(c);
   }
   // clang-format on
   *error = "unhandled query type";
@@ -55,6 +67,46 @@ bool StoreEngine::handle(ClientId client, Dialect dialect, const Request& r, std
 bool StoreEngine::onValidate(const Call& c) {
   if (c.r.u32 == wire::kValidationMagic) return true;
   *c.error = "VALIDATE with wrong magic";
+  return false;
+}
+
+void StoreEngine::requireAuthentication(std::string secret) {
+  secret_ = std::move(secret);
+  localSet(kAuthRequiredKey, wire::Bytes(kAuthScheme, kAuthScheme + std::strlen(kAuthScheme)));
+}
+
+bool StoreEngine::onCpprunAuth(const Call& c) {
+  const std::string& step = c.r.keys[0];
+  const Bytes& data = c.r.values[0];
+  if (secret_.empty()) {
+    // No secret: nothing to prove; an empty reply says so (a client with a secret then refuses
+    // this store).
+    answer(c, wire::ReplyFields::ofValue(wire::ByteView()));
+    return true;
+  }
+  if (step == kAuthHello && data.size() == kAuthNonceBytes) {
+    std::string client_nonce(data.begin(), data.end());
+    std::string server_nonce = randomBytes(kAuthNonceBytes);
+    const std::string reply = server_nonce + serverProof(secret_, client_nonce, server_nonce);
+    auth_nonces_[c.client] = {std::move(client_nonce), std::move(server_nonce)};
+    answer(c, wire::ReplyFields::ofValue(reply));
+    return true;
+  }
+  const auto nonces = auth_nonces_.find(c.client);
+  if (step == kAuthProof && nonces != auth_nonces_.end()) {
+    const std::string expected = clientProof(secret_, nonces->second.first, nonces->second.second);
+    auth_nonces_.erase(nonces);
+    if (proofsEqual(std::string(data.begin(), data.end()), expected)) {
+      authenticated_.insert(c.client);
+      static const std::string kOk = "ok";
+      answer(c, wire::ReplyFields::ofValue(kOk));
+      return true;
+    }
+  }
+  ++refused_unauthenticated_;
+  *c.error = "authentication failed (" +
+             std::string(step == kAuthProof ? "a wrong proof" : "a malformed step") +
+             ": the client does not hold the job's secret)";
   return false;
 }
 
@@ -375,6 +427,8 @@ void StoreEngine::cancelWaits(ClientId client) {
 
 void StoreEngine::disconnect(ClientId client) {
   cancelWaits(client);
+  auth_nonces_.erase(client);
+  authenticated_.erase(client);
   auto w = watches_by_client_.find(client);
   if (w != watches_by_client_.end()) {
     for (const auto& key : w->second) {

@@ -69,14 +69,24 @@ class StoreEngine {
   bool handle(ClientId client, wire::Dialect dialect, const wire::Request& request,
               std::string* error);
 
-  // Forgets everything the connection registered (waits, watches, barrier waits).
+  // Forgets everything the connection registered (waits, watches, barrier waits, its
+  // authentication).
   void disconnect(ClientId client);
+
+  // From now on, writes of keys under kProtectedPrefix take a connection that proved it holds
+  // `secret` (CPPRUN_AUTH, store_auth.h); sets kAuthRequiredKey. REQUIRES: before any client.
+  void requireAuthentication(std::string secret);
+  bool requiresAuthentication() const { return !secret_.empty(); }
+  // Connections closed for a protected write without authentication or for a wrong proof.
+  uint64_t refusedUnauthenticated() const { return refused_unauthenticated_; }
 
   // Local operations for the process that owns the engine (the agent): a SET that wakes
   // waiters like a client's, and removal of every key outside `keep_prefix` (and every queue),
   // so one attempt's workers never see the keys of the attempt before. Returns keys removed.
   void localSet(const std::string& key, wire::Bytes value);
   size_t eraseKeysExcept(const std::string& keep_prefix);
+  // Removes every key under `prefix` (a past attempt's job keys); waits on them wait on.
+  size_t eraseKeysWithPrefix(const std::string& prefix) { return data_.erasePrefix(prefix); }
 
   size_t numKeys() const { return data_.size(); }
   // The value of `key`, or nullptr (valid until the next request).
@@ -120,6 +130,7 @@ class StoreEngine {
   bool onQueueLen(const Call& c);
   bool onListKeys(const Call& c);
   bool onBarrier(const Call& c);
+  bool onCpprunAuth(const Call& c);
 
   bool exists(const std::string& key) const;
   // set + notify watchers + wake; the const& one copies into the old value's storage.
@@ -164,6 +175,12 @@ class StoreEngine {
   std::unordered_map<ClientId, std::vector<std::string>> watches_by_client_;
   // BARRIER waiters per barrier key.
   std::unordered_map<std::string, std::vector<ClientId>> barrier_waiters_;
+  // Authentication (store_auth.h): the secret (empty: none), each connection's nonces after its
+  // hello, and the connections that proved the secret.
+  std::string secret_;
+  std::unordered_map<ClientId, std::pair<std::string, std::string>> auth_nonces_;
+  std::unordered_set<ClientId> authenticated_;
+  uint64_t refused_unauthenticated_ = 0;
   EngineCounters counters_;
   wire::Bytes scratch_;                // a reply being encoded
   std::vector<wire::ByteView> items_;  // MULTI_GET's values, LIST_KEYS' keys

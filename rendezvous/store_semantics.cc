@@ -92,6 +92,19 @@ void KeyValueMap::append(const std::string& key, const Bytes& suffix) {
   }
 }
 
+size_t KeyValueMap::erasePrefix(const std::string& prefix) {
+  size_t erased = 0;
+  for (auto it = map_.begin(); it != map_.end();) {
+    if (it->first.compare(0, prefix.size(), prefix) == 0) {
+      it = map_.erase(it);
+      ++erased;
+    } else {
+      ++it;
+    }
+  }
+  return erased;
+}
+
 size_t KeyValueMap::eraseExcept(const std::string& keep_prefix) {
   size_t erased = 0;
   for (auto it = map_.begin(); it != map_.end();) {

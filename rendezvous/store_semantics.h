@@ -80,6 +80,8 @@ class KeyValueMap {
   bool erase(const std::string& key) { return map_.erase(key) != 0; }
   // Removes every key that does not start with `keep_prefix`; returns how many.
   size_t eraseExcept(const std::string& keep_prefix);
+  // Removes every key that starts with `prefix`; returns how many.
+  size_t erasePrefix(const std::string& prefix);
 
  private:
   Map map_;

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "common/network_address.h"
+#include "rendezvous/store_auth.h"
 #include "rendezvous/store_semantics.h"
 
 namespace cpprun::rendezvous {
@@ -128,6 +129,9 @@ void TcpStoreClient::connectWithRetry() {
       try {
         handshake(std::min(Clock::now() + timeout(), Clock::now() + options_.connect_timeout));
         return;
+      } catch (const StoreAuthError&) {
+        closeConnection();
+        throw;
       } catch (const StoreError& e) {
         last_error = e.what();
         closeConnection();
@@ -164,6 +168,66 @@ void TcpStoreClient::handshake(Clock::time_point deadline) {
   if (echo != ping.u32) {
     fail("handshake: PING echoed " + std::to_string(echo) + ", expected " +
          std::to_string(ping.u32) + " (not a torch>=2.2-compatible store?)");
+  }
+  if (!options_.secret.empty()) authenticate(deadline);
+}
+
+void TcpStoreClient::authenticate(Clock::time_point deadline) {
+  const std::string where = "store " + formatHostPort(options_.host, options_.port);
+  auto refuse = [&](const std::string& why) {
+    closeConnection();
+    throw StoreAuthError(where + ": " + why + " (docs/security.md)");
+  };
+  const std::string client_nonce = randomBytes(kAuthNonceBytes);
+  Request hello;
+  hello.type = QueryType::CPPRUN_AUTH;
+  hello.keys = {kAuthHello};
+  hello.values = {wire::Bytes(client_nonce.begin(), client_nonce.end())};
+  out_.clear();
+  wire::encodeRequest(Dialect::kV2, hello, &out_);
+  last_request_ = "the authentication (CPPRUN_AUTH hello)";
+  sendAll(out_.data(), out_.size(), deadline);
+  std::string reply;
+  try {
+    const wire::Reply& r = readReply(QueryType::CPPRUN_AUTH, 1, deadline);
+    reply = r.values.empty() ? std::string() : toString(r.values[0]);
+  } catch (const StoreTimeout&) {
+    throw;
+  } catch (const StoreError& e) {
+    refuse(std::string("it does not speak cpprun's authentication: it is not a cpprun agent's "
+                       "store (") +
+           e.what() + ")");
+  }
+  if (reply.empty()) {
+    refuse(
+        "it has no job secret, but this agent has one: it is not this job's store, or its "
+        "agent was started without the secret");
+  }
+  if (reply.size() != kAuthNonceBytes + kAuthProofBytes) refuse("a malformed authentication reply");
+  const std::string server_nonce = reply.substr(0, kAuthNonceBytes);
+  if (!proofsEqual(reply.substr(kAuthNonceBytes),
+                   serverProof(options_.secret, client_nonce, server_nonce))) {
+    refuse("it does not hold this job's secret: it is not this job's store");
+  }
+  const std::string proof = clientProof(options_.secret, client_nonce, server_nonce);
+  Request answer;
+  answer.type = QueryType::CPPRUN_AUTH;
+  answer.keys = {kAuthProof};
+  answer.values = {wire::Bytes(proof.begin(), proof.end())};
+  out_.clear();
+  wire::encodeRequest(Dialect::kV2, answer, &out_);
+  last_request_ = "the authentication (CPPRUN_AUTH proof)";
+  sendAll(out_.data(), out_.size(), deadline);
+  try {
+    const wire::Reply& r = readReply(QueryType::CPPRUN_AUTH, 1, deadline);
+    if (r.values.empty() || toString(r.values[0]) != "ok") {
+      refuse("the store did not accept this agent's proof");
+    }
+  } catch (const StoreTimeout&) {
+    throw;
+  } catch (const StoreError& e) {
+    refuse(std::string("the store refused this agent's proof: it holds another secret (") +
+           e.what() + ")");
   }
 }
 

@@ -34,6 +34,10 @@ struct TcpStoreClientOptions {
   std::chrono::milliseconds timeout{Store::kDefaultTimeout};
   std::chrono::milliseconds initial_backoff{10};
   std::chrono::milliseconds max_backoff{1000};
+  // The job's secret (store_auth.h). When set (kV2 only), every connection proves it after the
+  // handshake and the server must prove it too: a store without the secret, or one that fails
+  // its proof, is refused with StoreAuthError (not retried).
+  std::string secret;
 };
 
 class TcpStoreClient : public Store {
@@ -82,6 +86,8 @@ class TcpStoreClient : public Store {
   void ensureConnected();
   void connectWithRetry();
   void handshake(Clock::time_point deadline);
+  // CPPRUN_AUTH hello + proof (store_auth.h); StoreAuthError when the store is not the job's.
+  void authenticate(Clock::time_point deadline);
   void sendRequest(const wire::Request& r, Clock::time_point deadline);
   void sendAll(const uint8_t* data, size_t size, Clock::time_point deadline);
   // Returns false when the deadline passed before any byte arrived (only when allow_timeout).

@@ -53,7 +53,9 @@ class TcpStoreServer::Impl : public std::enable_shared_from_this<TcpStoreServer:
         retry_timer_(io),
         engine_(this),
         warnings_(std::make_shared<WarningLimiter>(io, "store", options_.drop_warnings_per_interval,
-                                                   options_.drop_warning_interval)) {}
+                                                   options_.drop_warning_interval)) {
+    if (!options_.secret.empty()) engine_.requireAuthentication(options_.secret);
+  }
 
   Status listen();
   void startAccepting();
@@ -483,11 +485,16 @@ size_t TcpStoreServer::eraseKeysExcept(const std::string& keep_prefix) {
   return impl_->engine_.eraseKeysExcept(keep_prefix);
 }
 
+size_t TcpStoreServer::eraseKeysWithPrefix(const std::string& prefix) {
+  return impl_->engine_.eraseKeysWithPrefix(prefix);
+}
+
 TcpStoreServerStats TcpStoreServer::stats() const {
   TcpStoreServerStats s = impl_->stats_;
   s.connections_open = impl_->connections_.size();
   s.keys = impl_->engine_.numKeys();
   s.pending_waits = impl_->engine_.pendingWaits();
+  s.refused_unauthenticated = impl_->engine_.refusedUnauthenticated();
   s.listen_sockets = impl_->stopped_ ? 0 : 1 + impl_->more_acceptors_.size();
   return s;
 }

@@ -96,6 +96,9 @@ struct TcpStoreServerOptions {
   // connect burst of that many clients does not overflow the queue and wait on SYN retries; if
   // even those queues are too few, create() logs one warning naming the numbers.
   size_t expected_clients = 0;
+  // The job's secret (store_auth.h): when set, only connections that prove it may write keys
+  // under "cpprun/". Empty: every client may write every key (torch's TCPStore).
+  std::string secret;
   // Listening sockets on the port: 0 picks them from expected_clients (one when it is unknown
   // or fits one queue). The first is bound alone, so a port in use is reported as before.
   size_t listen_sockets = 0;
@@ -116,6 +119,9 @@ struct TcpStoreServerStats {
   uint64_t keys = 0;
   uint64_t pending_waits = 0;
   uint64_t listen_sockets = 0;  // sockets listening on the port (SO_REUSEPORT when above 1)
+  // Connections closed for writing the job's keys without proving its secret, or for a wrong
+  // proof (a part of dropped(kRefused)).
+  uint64_t refused_unauthenticated = 0;
 
   uint64_t dropped(DropReason reason) const {
     return dropped_by_reason[static_cast<size_t>(reason)];
@@ -143,6 +149,8 @@ class TcpStoreServer {
   void set(const std::string& key, const std::string& value);
   // Removes every key that does not start with `keep_prefix`; returns how many went.
   size_t eraseKeysExcept(const std::string& keep_prefix);
+  // Removes every key that starts with `prefix`; returns how many went. The loop's thread.
+  size_t eraseKeysWithPrefix(const std::string& prefix);
 
   class Impl;
 

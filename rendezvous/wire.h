@@ -87,7 +87,9 @@ constexpr int16_t kNone = -1;
   X(QUEUE_POP,   kNone,     kNone,    15,         kKey,                 kI64ThenValue)             \
   X(QUEUE_LEN,   kNone,     kNone,    16,         kKey,                 kI64)                      \
   X(LIST_KEYS,   kNone,     kNone,    17,         kNothing,             kCountedKeys)              \
-  X(BARRIER,     kNone,     kNone,    18,         kKeyI64,              kByte)
+  X(BARRIER,     kNone,     kNone,    18,         kKeyI64,              kByte)                     \
+  /* cpprun's own: the job's agents authenticate (store_auth.h); far above torch's numbers */      \
+  X(CPPRUN_AUTH, 96,        96,       96,         kKeyValue,            kValue)
 // clang-format on
 
 // Logical operations, spelled as in PyTorch's QueryType so they can be diffed against it.

@@ -140,14 +140,20 @@ Result<JobDecision> DecisionExchange::decide(int n) {
     }
     auto values = s_.control_client->multiGet(missing);
     for (size_t i = 0; i < missing.size(); ++i) {
-      outcomes[missing_ranks[i]] =
-          NodeOutcome{false, "", reportFromJson(json::parse(toString(values[i]), nullptr, false))};
+      outcomes[missing_ranks[i]] = NodeOutcome{false, "", readReport(missing[i], values[i])};
     }
   }
   StopClaim stop;
+  std::string tampered_stop;
   if (s_.control_client->check({attemptStopKey(n)})) {
-    stop = stopFromJson(
-        json::parse(toString(s_.control_client->get(attemptStopKey(n))), nullptr, false));
+    Result<StopClaim> claim =
+        stopFromRecord(toString(s_.control_client->get(attemptStopKey(n))), attemptStopKey(n));
+    if (claim.isOk()) {
+      stop = std::move(claim).value();
+    } else {
+      tampered_stop = claim.status().message();
+      stop = {kByNobody, tampered_stop, StopCause::kFailure, 0};
+    }
   }
   DecisionPolicy policy;
   policy.max_restarts = s_.opts.max_restarts;
@@ -172,6 +178,14 @@ Result<JobDecision> DecisionExchange::decide(int n) {
   }
   considerExclusion(membership, outcomes, stop, charged, charged_by_verdict, policy.waiting_nodes,
                     now, d);
+  if (!tampered_stop.empty()) {
+    // Every node stopped on it (coordinator_watcher.h); the job cannot trust its keys any more.
+    d.kind = JobDecision::Kind::kFailed;
+    d.summary = "attempt " + std::to_string(n) +
+                "'s stop claim was not written by an agent of "
+                "this job (" +
+                tampered_stop + "); the job stops (docs/security.md)";
+  }
   s_.restarts_used = d.restarts_used;
   return d;
 }
@@ -268,10 +282,22 @@ Result<JobDecision> DecisionExchange::publishDecision(int n, const JobDecision& 
   return readDecision(n);
 }
 
+AttemptReport DecisionExchange::readReport(const std::string& key,
+                                           const std::vector<uint8_t>& bytes) {
+  Result<AttemptReport> report = reportFromRecord(toString(bytes), key);
+  if (report.isOk()) return std::move(report).value();
+  // A node's report that cannot be decoded: the node failed as far as the job knows.
+  CPPRUN_LOG(kError) << report.status().message();
+  AttemptReport failed;
+  failed.kind = AttemptReport::Kind::kFailed;
+  failed.error = "its report cannot be decoded: " + report.status().message();
+  return failed;
+}
+
 Result<JobDecision> DecisionExchange::readDecision(int n) {
-  Result<DecisionRecord> record = decisionFromJson(
-      json::parse(toString(s_.control_client->get(attemptDecisionKey(n))), nullptr, false),
-      s_.worldSize());
+  Result<DecisionRecord> record =
+      decisionFromRecord(toString(s_.control_client->get(attemptDecisionKey(n))),
+                         attemptDecisionKey(n), s_.worldSize());
   if (!record.isOk()) return record.status();
   s_.decision_readers = record.value().readers;
   return record.value().decision;

@@ -52,6 +52,9 @@ class DecisionExchange {
   Result<JobDecision> publishDecision(int n, const JobDecision& decision, int readers);
 
   Result<JobDecision> readDecision(int n);
+  // A node's report from the bytes of `key`; one that cannot be decoded reads as failed, saying
+  // why (the job's outcome never rests on what a stranger wrote).
+  static AttemptReport readReport(const std::string& key, const std::vector<uint8_t>& bytes);
 
   // Decider, kStopAckBound after it saw attempt n's stop: gives up the members in `missing`
   // (no report yet) that have not acknowledged the stop and whose heartbeat has not moved since,

@@ -1,10 +1,13 @@
 #include "agent/coordination/coordinator_shared.h"
 
+#include <algorithm>
+
 #include "agent/coordination/job_decision.h"
 #include "common/asio.h"
 #include "common/logging.h"
 #include "rendezvous/prefix_store.h"
 #include "rendezvous/store.h"
+#include "rendezvous/store_auth.h"
 
 namespace cpprun::agent {
 
@@ -63,8 +66,7 @@ Membership CoordinatorShared::currentMembership() {
 Result<Membership> CoordinatorShared::fullMembership(Store& client) {
   Membership m = currentMembership();
   if (!m.agents.empty() || m.round < 0) return m;
-  const nlohmann::json doc =
-      nlohmann::json::parse(toString(client.get(roundMembersKey(m.round))), nullptr, false);
+  const nlohmann::json doc = parseRecord(toString(client.get(roundMembersKey(m.round))));
   Result<RoundMembers> members = roundMembersFromJson(doc, m.round);
   if (!members.isOk()) return members.status();
   if (static_cast<int>(members.value().agents.size()) != m.group_world_size) {
@@ -97,6 +99,13 @@ Result<std::unique_ptr<Store>> CoordinatorShared::connect(std::chrono::milliseco
 }
 
 Status CoordinatorShared::checkServedRunId(Store& root) {
+  if (opts.secret.empty() && root.check({rendezvous::kAuthRequiredKey})) {
+    return Status(StatusCode::kInvalidArgument,
+                  opts.store.server +
+                      " requires the job's secret, and this agent has none: give every agent of "
+                      "the job the same CPPRUN_RDZV_SECRET or --rdzv-conf secret_file "
+                      "(docs/security.md)");
+  }
   if (!root.check({kServedRunIdKey})) return Status::ok();
   const std::string served = toString(root.get(kServedRunIdKey));
   const std::string mine = storedRunId(opts.run_id);
@@ -156,8 +165,24 @@ bool CoordinatorShared::deciderLostBeforeGo() {
   return lost_agents.count(0) > 0;
 }
 
-void CoordinatorShared::claimStop(Store& client, int n, const StopClaim& stop) {
-  client.compareSet(attemptStopKey(n), {}, rendezvous::toBytes(stopToJson(stop).dump()));
+std::string CoordinatorShared::claimStop(Store& client, int n, const StopClaim& stop) {
+  const std::string doc = stopToJson(stop).dump();
+  {
+    MutexLock lock(mu);
+    // Only the last few attempts' claims can still be read: keep the map small.
+    while (!own_claims.empty() && own_claims.begin()->first < n - 2) {
+      own_claims.erase(own_claims.begin());
+    }
+    own_claims[n].push_back(doc);
+  }
+  return toString(client.compareSet(attemptStopKey(n), {}, rendezvous::toBytes(doc)));
+}
+
+bool CoordinatorShared::ownClaim(int n, const std::string& stored) {
+  MutexLock lock(mu);
+  const auto it = own_claims.find(n);
+  return it != own_claims.end() &&
+         std::find(it->second.begin(), it->second.end(), stored) != it->second.end();
 }
 
 std::string CoordinatorShared::lostReason(int rank) {

@@ -139,8 +139,12 @@ class CoordinatorShared : public WaitContext {
   bool deciderLostBeforeGo() CPPRUN_EXCLUDES(mu);
 
   // The first claim of attempt n's stop wins (compare-and-set: the store decides who was first).
+  // The claim this agent wrote is noted first (ownClaim), so that a claim in its name it did not
+  // write is told from its own. Returns the claim stored now (this one when it was first).
   // Control thread, watcher (each with its connection).
-  static void claimStop(Store& client, int n, const StopClaim& stop);
+  std::string claimStop(Store& client, int n, const StopClaim& stop) CPPRUN_EXCLUDES(mu);
+  // Whether `stored`, the bytes of attempt n's stop key, is a claim this agent wrote. Any thread.
+  bool ownClaim(int n, const std::string& stored) CPPRUN_EXCLUDES(mu);
 
   // Why member `rank` was lost, "" when it was not. Any thread.
   std::string lostReason(int rank) CPPRUN_EXCLUDES(mu);
@@ -184,6 +188,8 @@ class CoordinatorShared : public WaitContext {
   int decided_attempt CPPRUN_GUARDED_BY(mu) = -1;                // the last attempt decided
   bool waiting_as_spare CPPRUN_GUARDED_BY(mu) = false;           // the rounds' spare wait
   bool spare_leave CPPRUN_GUARDED_BY(mu) = false;                // drained while a spare
+  // attempt -> the stop claims this agent wrote for it (claimStop).
+  std::map<int, std::vector<std::string>> own_claims CPPRUN_GUARDED_BY(mu);
   // (attempt, who): claimed by the watcher.
   std::vector<std::pair<int, LostMember>> unclaimed_losses CPPRUN_GUARDED_BY(mu);
   // Decider: the last attempt whose stop it saw (heartbeat liveness only); written by the

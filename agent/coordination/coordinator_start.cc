@@ -120,10 +120,9 @@ Result<AttemptStart> StartProtocol::begin(int n, std::vector<std::string>* lost_
       }
     }
     // Elastic: joining the round was the barrier (members join after their teardown).
-    Result<std::string> prepared = runOnLoop([this, attempt] { return s_.host_prepare(attempt); });
+    Result<std::string> prepared = prepareAndGo(attempt);
     if (!prepared.isOk()) return prepared.status();
     go = prepared.value();
-    s_.control_client->set(attemptGoKey(attempt), go);
   } else {
     if (!s_.opts.elastic) {
       s_.control_client->set(attemptReadyKey(attempt, s_.myRank()), "1");
@@ -147,11 +146,9 @@ Result<AttemptStart> StartProtocol::begin(int n, std::vector<std::string>* lost_
       s_.next_attempt = attempt + 1;
       if (Status s = join(s_.next_attempt, &attempt); !s.isOk()) return s;
       if (s_.isHost()) {
-        Result<std::string> prepared =
-            runOnLoop([this, attempt] { return s_.host_prepare(attempt); });
+        Result<std::string> prepared = prepareAndGo(attempt);
         if (!prepared.isOk()) return prepared.status();
         go = prepared.value();
-        s_.control_client->set(attemptGoKey(attempt), go);
         break;
       }
     }
@@ -198,6 +195,53 @@ Result<std::string> StartProtocol::scalableNcclIds(int attempt, const std::strin
     return std::string();
   }
   return joinNcclIds(ids.value());
+}
+
+Result<std::string> StartProtocol::prepareAndGo(int attempt) {
+  // Every member of this attempt is done with the one before it: what they no longer read goes
+  // (stale_job_keys.h), on the loop with the host's preparation where the host serves the store.
+  const std::vector<std::string> stale =
+      stale_keys_.started(attempt, s_.currentMembership().round);
+  std::function<void()> erase_local;
+  if (s_.opts.erase_prefix && !stale.empty()) {
+    erase_local = [erase = s_.opts.erase_prefix, run_id = s_.opts.run_id, stale, attempt] {
+      size_t erased = 0;
+      for (const auto& prefix : stale) erased += erase(namespacedKey(run_id, prefix));
+      CPPRUN_LOG(kDebug) << "attempt " << attempt << ": erased " << erased
+                         << " job keys of past attempts";
+    };
+  }
+  Result<std::string> prepared = runOnLoop([this, attempt, erase_local] {
+    if (erase_local) erase_local();
+    return s_.host_prepare(attempt);
+  });
+  if (!prepared.isOk()) return prepared.status();
+  s_.control_client->set(attemptGoKey(attempt), prepared.value());
+  if (!s_.opts.erase_prefix) forgetThroughStore(attempt, stale);
+  return prepared;
+}
+
+void StartProtocol::forgetThroughStore(int attempt, const std::vector<std::string>& stale) {
+  int64_t erased = 0;
+  try {
+    for (const auto& prefix : stale) {
+      const int64_t n = s_.control_client->deletePrefix(prefix);
+      if (n < 0) {
+        CPPRUN_LOG(kDebug) << "the job's store cannot delete by prefix: past attempts' keys stay";
+        return;
+      }
+      erased += n;
+    }
+  } catch (const rendezvous::StoreError& e) {
+    // Not the attempt's failure: the next request of the attempt meets the store's trouble.
+    CPPRUN_LOG(kWarn) << "attempt " << attempt
+                      << ": could not delete past attempts' keys: " << e.what();
+    return;
+  }
+  if (erased > 0) {
+    CPPRUN_LOG(kDebug) << "attempt " << attempt << ": deleted " << erased
+                       << " job keys of past attempts";
+  }
 }
 
 Result<std::string> StartProtocol::runOnLoop(std::function<std::string()> f) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "agent/coordination/coordinator_shared.h"
+#include "agent/coordination/stale_job_keys.h"
 
 namespace cpprun::agent {
 
@@ -51,8 +52,17 @@ class StartProtocol {
 
   Result<std::string> runOnLoop(std::function<std::string()> f);
 
+  // The decider's start of `attempt`: the keys of attempts and rounds nobody reads any more go
+  // (StaleJobKeys), the host prepares the attempt on the loop, and the go is set with its NCCL
+  // id (returned).
+  Result<std::string> prepareAndGo(int attempt);
+  // Deletes `stale` (prefixes in the job's namespace) through the control connection, where the
+  // store can (etcd); a failure is logged, not the attempt's.
+  void forgetThroughStore(int attempt, const std::vector<std::string>& stale);
+
   CoordinatorShared& s_;
   std::function<void()> start_watcher_;
+  StaleJobKeys stale_keys_;  // the decider's: what it has deleted
 };
 
 }  // namespace cpprun::agent

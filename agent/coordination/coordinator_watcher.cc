@@ -50,24 +50,10 @@ void CoordinatorWatcher::run() {
       if (n != handled_stop && n >= 0) {
         try {
           client->wait({attemptStopKey(n)}, s_.opts.keep_alive_interval);
-          const StopClaim stop =
-              stopFromJson(json::parse(toString(client->get(attemptStopKey(n))), nullptr, false));
+          const std::string stored = toString(client->get(attemptStopKey(n)));
           handled_stop = n;
           if (s_.acksStops()) acknowledgeStop(*client, n);
-          if (stop.by != s_.myRank() && stop.by != kByNobody) {
-            s_.post([this, n, stop] {
-              s_.on_peer_stop(n, stop.reason, stop.signal, stop.cause == StopCause::kStall);
-            });
-          } else if (stop.by == s_.myRank() && stop.cause == StopCause::kLost) {
-            // The others lost this agent (it was stopped, starved or cut off for a while)
-            // and went on without it: its workers must stop too, or they run on outside
-            // the job. It then reads the decision like everyone else (elastic: it joins the
-            // next round).
-            const std::string reason =
-                std::string(s_.opts.host_per_round ? "the other nodes" : "the store host") +
-                " declared this node lost (" + stop.reason + ")";
-            s_.post([this, n, reason] { s_.on_peer_stop(n, reason, 0, false); });
-          }
+          handleStop(*client, n, stored);
         } catch (const StoreTimeout&) {
         }
       }
@@ -95,6 +81,55 @@ void CoordinatorWatcher::run() {
       return;
     }
   }
+}
+
+void CoordinatorWatcher::handleStop(Store& client, int n, const std::string& stored) {
+  const Result<StopClaim> claim = stopFromRecord(stored, attemptStopKey(n));
+  const std::string tampered = stopTampering(client, n, stored, claim);
+  if (!tampered.empty()) {
+    // Someone outside the job wrote the stop key (or garbled it): whatever it says, the key is
+    // taken and no real claim can be made for this attempt any more, so every node stops now.
+    CPPRUN_LOG(kError) << "attempt " << n << ": " << tampered;
+    s_.post([this, n, tampered] { s_.on_peer_stop(n, tampered, 0, false); });
+    return;
+  }
+  const StopClaim& stop = claim.value();
+  if (stop.by != s_.myRank() && stop.by != kByNobody) {
+    s_.post([this, n, stop] {
+      s_.on_peer_stop(n, stop.reason, stop.signal, stop.cause == StopCause::kStall);
+    });
+  } else if (stop.by == s_.myRank() && stop.cause == StopCause::kLost) {
+    // The others lost this agent (it was stopped, starved or cut off for a while) and went on
+    // without it: its workers must stop too, or they run on outside the job. It then reads the
+    // decision like everyone else (elastic: it joins the next round).
+    const std::string reason =
+        std::string(s_.opts.host_per_round ? "the other nodes" : "the store host") +
+        " declared this node lost (" + stop.reason + ")";
+    s_.post([this, n, reason] { s_.on_peer_stop(n, reason, 0, false); });
+  }
+}
+
+std::string CoordinatorWatcher::stopTampering(Store& client, int n, const std::string& stored,
+                                              const Result<StopClaim>& claim) {
+  const std::string what = "attempt " + std::to_string(n) + "'s stop claim ";
+  const std::string stopping = "; stopping this node (docs/security.md)";
+  if (!claim.isOk()) {
+    return what + "cannot be decoded (" + claim.status().message() +
+           "): it was not written by an agent of this job" + stopping;
+  }
+  const StopClaim& stop = claim.value();
+  if (stop.by == s_.myRank() && stop.cause != StopCause::kLost && !s_.ownClaim(n, stored)) {
+    return what + "names this node (" + std::to_string(stop.by) +
+           "), which did not make it: it was forged" + stopping;
+  }
+  // The end of the job is claimed after its decision (DecisionExchange::finishJob); before it,
+  // an "end" takes the key from the real claims.
+  if ((stop.by == kByNobody || stop.cause == StopCause::kEnd) && !s_.ownClaim(n, stored) &&
+      !client.check({attemptDecisionKey(n)})) {
+    return what + "says the job ended, but attempt " + std::to_string(n) +
+           " has no decision: it was forged" + stopping;
+  }
+  return "";
 }
 
 void CoordinatorWatcher::acknowledgeStop(Store& client, int n) {

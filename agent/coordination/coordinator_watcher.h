@@ -5,6 +5,11 @@
 // agent with host_per_round), claims the stops of lost members and (elastic decider) stops the
 // attempt for agents waiting to join. A lost store ends it (reportLost).
 //
+// A stop claim is untrusted bytes: one that cannot be decoded, one in this node's name that it
+// did not write (CoordinatorShared::ownClaim), or an "end of the job" before the attempt's
+// decision stops this node as well (the key is taken: no real claim can follow, so a node that
+// ignored it would run on unstopped). docs/security.md.
+//
 // Thread safety: run() and the rest: the watcher thread only.
 #pragma once
 
@@ -27,6 +32,12 @@ class CoordinatorWatcher {
   // Watcher, on seeing attempt n's stop: tells the decider this agent lives (before its
   // teardown); the decider notes when it saw the stop and the other members' heartbeats then.
   void acknowledgeStop(Store& client, int n);
+
+  // Watcher: acts on attempt n's stop claim (`stored`: the key's bytes).
+  void handleStop(Store& client, int n, const std::string& stored);
+  // Why the claim `stored` was not written by this job's agents, or "" (it may have been).
+  std::string stopTampering(Store& client, int n, const std::string& stored,
+                            const Result<StopClaim>& claim);
 
   // Watcher: the stop claims of the members found lost in started attempts (the first claim of
   // an attempt names its root cause on every node).

@@ -225,7 +225,9 @@ struct StoreConnector {
 // cpprun's TCP store at host:port; `server_name` names the agent that serves it ("the store
 // host (node 0)"). Retries connecting every few milliseconds: agents usually start within
 // moments of each other.
-StoreConnector tcpStoreConnector(const std::string& host, int port, const std::string& server_name);
+// `secret`: the job's secret, proven on every connection (rendezvous/store_auth.h); empty: none.
+StoreConnector tcpStoreConnector(const std::string& host, int port, const std::string& server_name,
+                                 const std::string& secret = "");
 
 struct StoreCoordinatorOptions {
   // Where the job's store is. Empty `store.connect`: cpprun's TCP store at store_host:store_port
@@ -237,6 +239,9 @@ struct StoreCoordinatorOptions {
   // --rdzv-id: the job's keys live in its namespace, "cpprun/<run_id>/" (job_keys.h), and an
   // agent refuses a store served by another run id's agent (kServedRunIdKey). Empty: "none".
   std::string run_id;
+  // The job's secret (rendezvous/store_auth.h): the TCP store's clients prove it; an agent without
+  // one refuses a store that requires it, naming it. Unused with etcd (etcd's own TLS and RBAC).
+  std::string secret;
   // The etcd backend: no agent is special. The agent in slot min_nodes closes a round, any
   // other in its place when its members do not come (the first compareSet of the members wins),
   // the decider of an attempt is its round's node 0 (is_host is ignored), every agent watches
@@ -273,6 +278,11 @@ struct StoreCoordinatorOptions {
   // coordinator's thread) and all read all of them through the store, within join_timeout.
   int nccl_ranks_per_id = 0;
   std::function<Result<std::string>()> make_nccl_id;
+  // The c10d store host: removes every key under a prefix (namespaced) from the store it serves
+  // (TcpStoreServer::eraseKeysWithPrefix; the TCPStore protocol has no prefix delete), called on
+  // the loop. Empty: the decider deletes through its connection (Store::deletePrefix: etcd).
+  // Past attempts' keys go this way (stale_job_keys.h).
+  std::function<size_t(const std::string& prefix)> erase_prefix;
   // Where the coordinator and its liveness measure waits, silences and bounds (tests: a
   // ManualClock). Not null; must outlive the coordinator.
   const MonotonicClock* clock = &realClock();

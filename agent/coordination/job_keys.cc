@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdio>
+#include <optional>
 #include <utility>
 
-#include "agent/supervision/json_field.h"
+#include "agent/supervision/record_reader.h"
+#include "common/job_limits.h"
 
 namespace cpprun::agent {
 
@@ -14,22 +17,15 @@ using SystemClock = std::chrono::system_clock;
 
 namespace {
 
-// A record's field, or `fallback` when it is missing or of another type or range (jsonField).
-template <typename T>
-T fieldOr(const json& doc, const char* key, T fallback) {
-  return jsonField<T>(doc, key).value_or(std::move(fallback));
-}
-
-std::string fieldOr(const json& doc, const char* key, const char* fallback) {
-  return fieldOr<std::string>(doc, key, std::string(fallback));
-}
-
-// A record's array field, or an empty array.
-json arrayOr(const json& doc, const char* key) {
-  if (!doc.is_object()) return json::array();
-  const auto it = doc.find(key);
-  return it != doc.end() && it->is_array() ? *it : json::array();
-}
+// The bounds of a record's fields besides the job's sizes (common/job_limits.h). Free text
+// (messages, tracebacks, tails) is bounded by the record's own size (kMaxRecordBytes).
+constexpr int kMaxPid = 1 << 22;  // PID_MAX_LIMIT on 64-bit Linux
+constexpr int kMaxSignal = 128;   // past SIGRTMAX
+constexpr int64_t kMaxEpochMicros = int64_t{1} << 53;
+constexpr size_t kMaxPathBytes = 4096;    // PATH_MAX
+constexpr size_t kMaxHostBytes = 255;     // a DNS name
+constexpr size_t kMaxAgentIdBytes = 512;  // host:pid:random and room to spare
+constexpr size_t kMaxTailLines = 4096;
 
 std::string roundPrefix(int round) { return "rdzv/round/" + std::to_string(round) + "/"; }
 std::string attemptPrefix(int attempt) { return "attempt/" + std::to_string(attempt) + "/"; }
@@ -104,28 +100,30 @@ json failureToJson(const WorkerFailure& f) {
       {"wchan", f.wchan}};
 }
 
-WorkerFailure failureFromJson(const json& d) {
+Result<WorkerFailure> failureFromJson(const json& d, const std::string& where) {
+  RecordReader in(d, where);
   WorkerFailure f;
-  f.local_rank = fieldOr(d, "local_rank", 0);
-  f.rank = fieldOr(d, "rank", 0);
-  f.pid = fieldOr(d, "pid", 0);
-  f.exit_code = fieldOr(d, "exit_code", 0);
-  f.signal = fieldOr(d, "signal", 0);
+  f.local_rank = in.intIn("local_rank", 0, 0, kMaxWorkersPerNode - 1);
+  f.rank = in.intIn("rank", 0, 0, kMaxWorldSize - 1);
+  f.pid = in.intIn("pid", 0, 0, kMaxPid);
+  f.exit_code = in.intIn("exit_code", 0, INT32_MIN, INT32_MAX);
+  f.signal = in.intIn("signal", 0, 0, kMaxSignal);
   f.time = SystemClock::time_point(std::chrono::duration_cast<SystemClock::duration>(
-      std::chrono::microseconds(fieldOr(d, "time_us", int64_t{0}))));
-  f.error_file = fieldOr(d, "error_file", "");
-  f.message = fieldOr(d, "message", "");
-  f.traceback = fieldOr(d, "traceback", "");
-  f.stderr_tail = fieldOr(d, "stderr_tail", std::vector<std::string>{});
-  f.teardown = fieldOr(d, "teardown", false);
-  f.collateral = fieldOr(d, "collateral", false);
-  f.waiting = fieldOr(d, "waiting", false);
-  f.host = fieldOr(d, "host", "");
-  if (d.contains("error_document")) f.error_document = d["error_document"];
-  f.unreaped = fieldOr(d, "unreaped", false);
-  const std::string state = fieldOr(d, "state", "");
+      std::chrono::microseconds(in.integer("time_us", 0, 0, kMaxEpochMicros))));
+  f.error_file = in.text("error_file", "", kMaxPathBytes);
+  f.message = in.text("message", "", kMaxRecordBytes);
+  f.traceback = in.text("traceback", "", kMaxRecordBytes);
+  f.stderr_tail = in.texts("stderr_tail", kMaxTailLines, kMaxRecordBytes);
+  f.teardown = in.boolean("teardown", false);
+  f.collateral = in.boolean("collateral", false);
+  f.waiting = in.boolean("waiting", false);
+  f.host = in.text("host", "", kMaxHostBytes);
+  if (const json* doc = in.object("error_document")) f.error_document = *doc;
+  f.unreaped = in.boolean("unreaped", false);
+  const std::string state = in.text("state", "", 1);
   f.state = state.empty() ? 0 : state.front();
-  f.wchan = fieldOr(d, "wchan", "");
+  f.wchan = in.text("wchan", "", kMaxHostBytes);
+  if (!in.ok()) return in.status();
   return f;
 }
 
@@ -147,19 +145,21 @@ const char* reportKindName(AttemptReport::Kind k) {
   return "failed";
 }
 
-AttemptReport::Kind reportKindFromName(const std::string& s) {
-  if (s == "succeeded") return AttemptReport::Kind::kSucceeded;
-  if (s == "stopped") return AttemptReport::Kind::kStopped;
-  if (s == "signalled") return AttemptReport::Kind::kSignalled;
-  if (s == "start_failed") return AttemptReport::Kind::kStartFailed;
-  return AttemptReport::Kind::kFailed;
+std::optional<AttemptReport::Kind> reportKindFromName(const std::string& s) {
+  for (auto k : {AttemptReport::Kind::kSucceeded, AttemptReport::Kind::kFailed,
+                 AttemptReport::Kind::kStopped, AttemptReport::Kind::kSignalled,
+                 AttemptReport::Kind::kStartFailed}) {
+    if (s == reportKindName(k)) return k;
+  }
+  return std::nullopt;
 }
 
-JobDecision::Kind decisionKindFromName(const std::string& s) {
-  if (s == "restart") return JobDecision::Kind::kRestart;
-  if (s == "succeeded") return JobDecision::Kind::kSucceeded;
-  if (s == "stopped") return JobDecision::Kind::kStopped;
-  return JobDecision::Kind::kFailed;
+std::optional<JobDecision::Kind> decisionKindFromName(const std::string& s) {
+  for (auto k : {JobDecision::Kind::kRestart, JobDecision::Kind::kSucceeded,
+                 JobDecision::Kind::kFailed, JobDecision::Kind::kStopped}) {
+    if (s == decisionKindName(k)) return k;
+  }
+  return std::nullopt;
 }
 
 const char* stopCauseName(StopCause c) {
@@ -182,14 +182,12 @@ const char* stopCauseName(StopCause c) {
   return "failure";
 }
 
-StopCause stopCauseFromName(const std::string& s) {
-  if (s == "signal") return StopCause::kSignal;
-  if (s == "lost") return StopCause::kLost;
-  if (s == "join") return StopCause::kJoin;
-  if (s == "end") return StopCause::kEnd;
-  if (s == "leave") return StopCause::kLeave;
-  if (s == "stall") return StopCause::kStall;
-  return StopCause::kFailure;
+std::optional<StopCause> stopCauseFromName(const std::string& s) {
+  for (auto c : {StopCause::kFailure, StopCause::kSignal, StopCause::kLost, StopCause::kJoin,
+                 StopCause::kEnd, StopCause::kLeave, StopCause::kStall}) {
+    if (s == stopCauseName(c)) return c;
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -232,25 +230,26 @@ json reportToJson(const AttemptReport& report, const std::string& host) {
   return doc;
 }
 
-AttemptReport reportFromJson(const json& doc) {
+Result<AttemptReport> reportFromJson(const json& doc, const std::string& where) {
+  RecordReader in(doc, where);
   AttemptReport report;
-  report.kind = AttemptReport::Kind::kFailed;
-  if (!doc.is_object()) return report;
-  report.kind = reportKindFromName(fieldOr(doc, "kind", "failed"));
-  report.signal = fieldOr(doc, "signal", 0);
-  report.error = fieldOr(doc, "error", "");
-  for (const json& f : arrayOr(doc, "failures")) {
-    report.failures.push_back(failureFromJson(f));
+  const auto kind = reportKindFromName(in.text("kind", "", 32, true));
+  if (in.ok() && !kind) in.fail("\"kind\" is not one of the report kinds");
+  report.kind = kind.value_or(AttemptReport::Kind::kFailed);
+  report.signal = in.intIn("signal", 0, 0, kMaxSignal);
+  report.error = in.text("error", "", kMaxRecordBytes);
+  for (const json* f : in.array("failures", kMaxWorkersPerNode)) {
+    Result<WorkerFailure> failure = failureFromJson(*f, where + ", a failure");
+    if (!failure.isOk()) return failure.status();
+    report.failures.push_back(std::move(failure).value());
   }
   // Every rank's state at a stall: a malformed one is left out (the verdict then counts the rank
-  // as one that gave no state), never an exception.
-  if (auto ranks = doc.find("ranks"); ranks != doc.end() && ranks->is_array()) {
-    for (const json& r : *ranks) {
-      if (report.rank_states.size() >= kMaxReportedRankStates) break;
-      auto state = rankStateFromJson(r, "a node's report");
-      if (state.isOk()) report.rank_states.push_back(std::move(state).value());
-    }
+  // as one that gave no state).
+  for (const json* r : in.array("ranks", kMaxReportedRankStates)) {
+    auto state = rankStateFromJson(*r, where);
+    if (state.isOk()) report.rank_states.push_back(std::move(state).value());
   }
+  if (!in.ok()) return in.status();
   return report;
 }
 
@@ -272,27 +271,35 @@ json decisionToJson(const JobDecision& decision, int readers) {
   return d;
 }
 
-Result<DecisionRecord> decisionFromJson(const json& d, int default_readers) {
-  if (!d.is_object()) return internalError("malformed decision in the store");
+Result<DecisionRecord> decisionFromJson(const json& d, int default_readers,
+                                        const std::string& where) {
+  RecordReader in(d, where);
   DecisionRecord record;
   JobDecision& decision = record.decision;
-  decision.kind = decisionKindFromName(fieldOr(d, "kind", ""));
-  record.readers = fieldOr(d, "readers", default_readers);
-  decision.signal = fieldOr(d, "signal", 0);
-  decision.summary = fieldOr(d, "summary", "");
-  decision.restarts_used = fieldOr(d, "restarts_used", 0);
-  decision.membership_change = fieldOr(d, "membership_change", false);
-  for (const json& f : arrayOr(d, "failures")) {
-    decision.failures.push_back(failureFromJson(f));
+  const auto kind = decisionKindFromName(in.text("kind", "", 32, true));
+  if (in.ok() && !kind) in.fail("\"kind\" is not one of the decision kinds");
+  decision.kind = kind.value_or(JobDecision::Kind::kFailed);
+  record.readers = in.intIn("readers", default_readers, 0, kMaxNodes);
+  decision.signal = in.intIn("signal", 0, 0, kMaxSignal);
+  decision.summary = in.text("summary", "", kMaxRecordBytes);
+  decision.restarts_used = in.intIn("restarts_used", 0, 0, INT32_MAX);
+  decision.membership_change = in.boolean("membership_change", false);
+  for (const json* f : in.array("failures", kMaxWorldSize)) {
+    Result<WorkerFailure> failure = failureFromJson(*f, where + ", a failure");
+    if (!failure.isOk()) return failure.status();
+    decision.failures.push_back(std::move(failure).value());
   }
-  if (const auto it = d.find("excluded"); it != d.end() && it->is_object()) {
-    ExcludedNode e;
-    e.rank = fieldOr(*it, "rank", -1);
-    e.host = fieldOr(*it, "host", "");
-    e.agent_id = fieldOr(*it, "agent_id", "");
-    e.reason = fieldOr(*it, "reason", "");
-    if (!e.agent_id.empty()) decision.excluded = e;
+  if (const json* excluded = in.object("excluded")) {
+    RecordReader e(*excluded, where + ", \"excluded\"");
+    ExcludedNode node;
+    node.rank = e.intIn("rank", -1, -1, kMaxNodes - 1);
+    node.host = e.text("host", "", kMaxHostBytes);
+    node.agent_id = e.text("agent_id", "", kMaxAgentIdBytes);
+    node.reason = e.text("reason", "", kMaxRecordBytes);
+    if (!e.ok()) return e.status();
+    if (!node.agent_id.empty()) decision.excluded = node;
   }
+  if (!in.ok()) return in.status();
   return record;
 }
 
@@ -303,17 +310,31 @@ json stopToJson(const StopClaim& stop) {
           {"signal", stop.signal}};
 }
 
-StopClaim stopFromJson(const json& doc) {
+Result<StopClaim> stopFromJson(const json& doc, const std::string& where) {
+  RecordReader in(doc, where);
   StopClaim stop;
-  if (!doc.is_object()) {
-    stop.cause = StopCause::kEnd;
-    return stop;
-  }
-  stop.by = fieldOr(doc, "by", kByNobody);
-  stop.reason = fieldOr(doc, "reason", "");
-  stop.cause = stopCauseFromName(fieldOr(doc, "cause", ""));
-  stop.signal = fieldOr(doc, "signal", 0);
+  stop.by = in.intIn("by", kByNobody, kByNobody, kMaxNodes - 1, true);
+  stop.reason = in.text("reason", "", kMaxRecordBytes);
+  const auto cause = stopCauseFromName(in.text("cause", "", 32, true));
+  if (in.ok() && !cause) in.fail("\"cause\" is not one of the stop causes");
+  stop.cause = cause.value_or(StopCause::kFailure);
+  stop.signal = in.intIn("signal", 0, 0, kMaxSignal);
+  if (!in.ok()) return in.status();
   return stop;
+}
+
+Result<StopClaim> stopFromRecord(std::string_view bytes, const std::string& key) {
+  return decodeRecord(bytes, key, [&](const json& d) { return stopFromJson(d, key); });
+}
+
+Result<AttemptReport> reportFromRecord(std::string_view bytes, const std::string& key) {
+  return decodeRecord(bytes, key, [&](const json& d) { return reportFromJson(d, key); });
+}
+
+Result<DecisionRecord> decisionFromRecord(std::string_view bytes, const std::string& key,
+                                          int default_readers) {
+  return decodeRecord(bytes, key,
+                      [&](const json& d) { return decisionFromJson(d, default_readers, key); });
 }
 
 json agentRecord(const AgentInfo& self, int previous_rank) {
@@ -327,11 +348,16 @@ json agentRecord(const AgentInfo& self, int previous_rank) {
 }
 
 Result<AgentInfo> agentFromRecord(const json& doc, const std::string& where) {
-  if (!doc.is_object() || !doc.contains("nproc") || !doc["nproc"].is_number_integer()) {
-    return internalError("rendezvous: " + where + " is malformed in the store");
-  }
-  return AgentInfo{fieldOr(doc, "host", ""), doc["nproc"].get<int>(), fieldOr(doc, "id", ""),
-                   fieldOr(doc, "scheduler_rank", -1), fieldOr(doc, "store", "")};
+  RecordReader in(doc, "rendezvous: " + where);
+  AgentInfo agent;
+  agent.host = in.text("host", "", kMaxHostBytes);
+  agent.nproc = in.intIn("nproc", 0, 1, kMaxWorkersPerNode, true);
+  agent.id = in.text("id", "", kMaxAgentIdBytes);
+  agent.scheduler_rank = in.intIn("scheduler_rank", -1, -1, kMaxNodes - 1);
+  agent.store_endpoint = in.text("store", "", kMaxHostBytes + 8);
+  in.intIn("previous_rank", -1, -1, kMaxNodes - 1);
+  if (!in.ok()) return in.status();
+  return agent;
 }
 
 Membership membershipOf(const std::vector<AgentInfo>& agents, int my_rank) {
@@ -365,7 +391,9 @@ Result<RoundMember> roundMemberFromRecord(const json& record, int64_t slot,
                                           const std::string& where) {
   Result<AgentInfo> agent = agentFromRecord(record, where);
   if (!agent.isOk()) return agent.status();
-  return RoundMember{agent.value(), fieldOr(record, "previous_rank", -1), slot};
+  RecordReader in(record, where);
+  const int previous = in.intIn("previous_rank", -1, -1, kMaxNodes - 1);
+  return RoundMember{agent.value(), previous, slot};
 }
 
 json roundMembersToJson(int attempt, int round, const std::vector<RoundMember>& members) {
@@ -382,19 +410,27 @@ json roundErrorToJson(const std::string& error) { return {{"error", error}}; }
 json roundJobOverToJson(const std::string& outcome) { return {{"job_over", outcome}}; }
 
 Result<RoundMembers> roundMembersFromJson(const json& doc, int round) {
-  const std::string where = "rendezvous round " + std::to_string(round) + "'s members";
-  if (!doc.is_object() || !doc.contains("members") || !doc["members"].is_array()) {
-    return internalError("rendezvous: " + where + " are malformed in the store");
-  }
+  const std::string where = "rendezvous: rendezvous round " + std::to_string(round) + "'s members";
+  RecordReader in(doc, where);
+  if (in.ok() && !in.has("members")) in.fail("\"members\" is missing");
   RoundMembers out;
-  out.attempt = fieldOr(doc, "attempt", 0);
-  for (const json& m : doc["members"]) {
+  out.attempt = in.intIn("attempt", 0, 0, INT32_MAX);
+  int64_t world = 0;
+  for (const json* m : in.array("members", kMaxNodes)) {
     Result<AgentInfo> agent =
-        agentFromRecord(m, "a member record of round " + std::to_string(round));
+        agentFromRecord(*m, "a member record of round " + std::to_string(round));
     if (!agent.isOk()) return agent.status();
+    world += agent.value().nproc;
     out.agents.push_back(agent.value());
-    out.slots.push_back(m.is_object() ? fieldOr(m, "index", int64_t{-1}) : -1);
+    RecordReader member(*m, where);
+    out.slots.push_back(member.integer("index", -1, -1, INT32_MAX));
+    if (!member.ok()) return member.status();
   }
+  if (in.ok() && world > kMaxWorldSize) {
+    in.fail("the members have " + std::to_string(world) + " workers, over the bound of " +
+            std::to_string(kMaxWorldSize));
+  }
+  if (!in.ok()) return in.status();
   return out;
 }
 
@@ -461,37 +497,34 @@ json assignmentToJson(const RoundAssignment& a) {
 }
 
 Result<RoundAssignment> assignmentFromJson(const json& doc, const std::string& where) {
-  const auto malformed = [&] {
-    return internalError("rendezvous: " + where + " is malformed in the store");
-  };
-  if (!doc.is_object() || !doc.contains("kind") || !doc["kind"].is_string()) return malformed();
-  const std::string kind = doc["kind"].get<std::string>();
+  RecordReader in(doc, "rendezvous: " + where);
   RoundAssignment a;
-  if (kind == "not_member") return a;
-  if (kind == "error" || kind == "job_over") {
-    a.kind = kind == "error" ? RoundAssignment::Kind::kError : RoundAssignment::Kind::kJobOver;
-    if (!doc.contains("message") || !doc["message"].is_string()) return malformed();
-    a.message = doc["message"].get<std::string>();
+  const std::string kind = in.text("kind", "", 32, true);
+  if (!in.ok() || kind == "not_member") {
+    if (!in.ok()) return in.status();
     return a;
   }
-  if (kind != "member") return malformed();
-  for (const char* field : {"attempt", "round", "rank", "nodes", "base_rank", "world_size"}) {
-    if (!doc.contains(field) || !doc[field].is_number_integer()) return malformed();
+  if (kind == "error" || kind == "job_over") {
+    a.kind = kind == "error" ? RoundAssignment::Kind::kError : RoundAssignment::Kind::kJobOver;
+    a.message = in.text("message", "", kMaxRecordBytes, true);
+    if (!in.ok()) return in.status();
+    return a;
   }
+  if (kind != "member")
+    return internalError("rendezvous: " + where +
+                         ": \"kind\" is not one of "
+                         "the assignment kinds");
   a.kind = RoundAssignment::Kind::kMember;
-  a.attempt = doc["attempt"].get<int>();
+  a.attempt = in.intIn("attempt", 0, 0, INT32_MAX, true);
   Membership& m = a.membership;
-  m.round = doc["round"].get<int>();
-  m.group_rank = doc["rank"].get<int>();
-  m.group_world_size = doc["nodes"].get<int>();
-  m.base_rank = doc["base_rank"].get<int>();
-  m.world_size = doc["world_size"].get<int>();
-  m.node0_store_endpoint = fieldOr(doc, "node0_store", "");
-  m.members_digest = fieldOr(doc, "digest", "");
-  if (m.group_world_size < 1 || m.group_rank < 0 || m.group_rank >= m.group_world_size ||
-      m.base_rank < 0 || m.base_rank >= m.world_size) {
-    return malformed();
-  }
+  m.round = in.intIn("round", 0, 0, INT32_MAX, true);
+  m.group_world_size = in.intIn("nodes", 0, 1, kMaxNodes, true);
+  m.group_rank = in.intIn("rank", 0, 0, m.group_world_size - 1, true);
+  m.world_size = in.intIn("world_size", 0, 1, kMaxWorldSize, true);
+  m.base_rank = in.intIn("base_rank", 0, 0, m.world_size - 1, true);
+  m.node0_store_endpoint = in.text("node0_store", "", kMaxHostBytes + 8);
+  m.members_digest = in.text("digest", "", 64);
+  if (!in.ok()) return in.status();
   return a;
 }
 

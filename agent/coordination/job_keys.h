@@ -23,10 +23,13 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "agent/coordination/job_coordinator.h"
 #include "agent/supervision/failure_report.h"
+#include "agent/supervision/record_reader.h"
 #include "common/status.h"
 
 namespace cpprun::agent {
@@ -122,17 +125,42 @@ std::string attemptSparesAllDoneKey(int attempt);
 // node_exclusion.h).
 inline constexpr const char* kExclusionHistoryKey = "exclusion/failures";
 
+// --- Records ---
+//
+// Every record is decoded by one typed reader (RecordReader, agent/supervision/record_reader.h):
+// a record larger than kMaxRecordBytes, that is not a JSON object, with a field of the wrong
+// type, out of its range (the job's sizes: common/job_limits.h) or of an unknown name (a stop
+// cause, a report's or decision's kind) is an error naming the key and the field. Absent
+// optional fields keep their defaults. Callers decide what an error means for the job (a stop
+// record that cannot be decoded stops every node: coordinator_watcher.h).
+//
+// The bytes of a record as JSON, bounded in size and depth; a JSON null when they are not JSON
+// (the typed decoders below then say it is not an object).
+inline nlohmann::json parseRecord(std::string_view bytes) { return parseBoundedJson(bytes); }
+
+// Decodes the bytes read from `key` with `decode` (one of the decoders below, bound to its other
+// arguments): an error naming `key` when the bytes are not a bounded JSON object, else what
+// `decode` says.
+template <typename Decode>
+auto decodeRecord(std::string_view bytes, const std::string& key, Decode&& decode)
+    -> decltype(decode(std::declval<const nlohmann::json&>())) {
+  RecordReader in(bytes, key);
+  if (!in.ok()) return in.status();
+  return decode(in.doc());
+}
+
 // JSON form of a failure as it crosses the store (time as epoch microseconds).
 nlohmann::json failureToJson(const WorkerFailure& failure);
-WorkerFailure failureFromJson(const nlohmann::json& doc);
+Result<WorkerFailure> failureFromJson(const nlohmann::json& doc,
+                                      const std::string& where = "a failure record");
 
-// An agent's report of one attempt; `host` is written into every failure. A malformed report
-// decodes as kFailed without failures. A stall's rank states ("ranks") travel with it, at most
-// kMaxReportedRankStates, waiting ranks without their stacks (trimWaitingStacks); a malformed
-// state is dropped.
+// An agent's report of one attempt; `host` is written into every failure. A stall's rank states
+// ("ranks") travel with it, at most kMaxReportedRankStates, waiting ranks without their stacks
+// (trimWaitingStacks); a malformed state is dropped (the verdict counts its rank as silent).
 inline constexpr size_t kMaxReportedRankStates = 4096;
 nlohmann::json reportToJson(const AttemptReport& report, const std::string& host);
-AttemptReport reportFromJson(const nlohmann::json& doc);
+Result<AttemptReport> reportFromJson(const nlohmann::json& doc,
+                                     const std::string& where = "a node's report");
 
 // The host's decision with the number of agents that will read it (lost agents never do).
 struct DecisionRecord {
@@ -142,9 +170,9 @@ struct DecisionRecord {
 nlohmann::json decisionToJson(const JobDecision& decision, int readers);
 // "restart", "succeeded", "failed", "stopped".
 const char* decisionKindName(JobDecision::Kind kind);
-// kInternal when the record is not a JSON object; a missing `readers` reads as
-// `default_readers`.
-Result<DecisionRecord> decisionFromJson(const nlohmann::json& doc, int default_readers);
+// A missing `readers` reads as `default_readers`.
+Result<DecisionRecord> decisionFromJson(const nlohmann::json& doc, int default_readers,
+                                        const std::string& where = "the job's decision");
 
 // Who stopped an attempt and why: the first claim of the attempt's stop key wins.
 // kLeave: the claiming agent leaves the job (drained: SIGPWR or POST /leave, local_agent.h).
@@ -159,12 +187,21 @@ struct StopClaim {
   int signal = 0;  // kSignal: the signal the claiming agent received
 };
 nlohmann::json stopToJson(const StopClaim& stop);
-// A malformed claim reads as by nobody, with no reason and no signal (cause kEnd).
-StopClaim stopFromJson(const nlohmann::json& doc);
+// `by` and `cause` are required. An error means the claim was not written by an agent of this
+// job (or by one of another version): the job stops on every node, cause unknown.
+Result<StopClaim> stopFromJson(const nlohmann::json& doc,
+                               const std::string& where = "the attempt's stop claim");
+
+// The three records every attempt reads, from their bytes (decodeRecord).
+Result<StopClaim> stopFromRecord(std::string_view bytes, const std::string& key);
+Result<AttemptReport> reportFromRecord(std::string_view bytes, const std::string& key);
+Result<DecisionRecord> decisionFromRecord(std::string_view bytes, const std::string& key,
+                                          int default_readers);
 
 // An agent's rendezvous record. `previous_rank`: its rank in the last round (elastic), or -1.
 nlohmann::json agentRecord(const AgentInfo& self, int previous_rank);
-// kInternal naming `where` when the record lacks an integer nproc.
+// An error naming `where` when the record is malformed (nproc is required, in
+// 1..kMaxWorkersPerNode).
 Result<AgentInfo> agentFromRecord(const nlohmann::json& doc, const std::string& where);
 // The membership of the agent at `my_rank` among `agents` (in rank order).
 Membership membershipOf(const std::vector<AgentInfo>& agents, int my_rank);

@@ -184,8 +184,8 @@ struct LeaseLiveness::Shared {
     if (!got.isOk() || !got.value()) return false;
     MutexLock lock(mu);
     if (attempt != n || !members || !members->agents.empty()) return true;
-    Result<RoundMembers> read = roundMembersFromJson(
-        nlohmann::json::parse(got.value()->value, nullptr, false), members->round);
+    Result<RoundMembers> read =
+        roundMembersFromJson(parseRecord(got.value()->value), members->round);
     if (!read.isOk() || static_cast<int>(read.value().agents.size()) != members->group_world_size) {
       CPPRUN_LOG(kWarn) << "liveness: round " << members->round << "'s members at " << key
                         << " do not match this node's assignment";

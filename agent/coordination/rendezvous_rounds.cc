@@ -84,8 +84,8 @@ Result<std::vector<RoundMember>> roundRecords(Store& store, int r, int64_t joine
   auto values = store.multiGet(present);
   std::set<std::string> ids;
   for (size_t i = 0; i < present.size(); ++i) {
-    Result<RoundMember> member = roundMemberFromRecord(
-        json::parse(toString(values[i]), nullptr, false), present_slots[i], present[i]);
+    Result<RoundMember> member =
+        roundMemberFromRecord(parseRecord(toString(values[i])), present_slots[i], present[i]);
     if (!member.isOk()) return member.status();
     if (!ids.insert(member.value().agent.id).second) continue;
     records.push_back(std::move(member.value()));
@@ -125,7 +125,7 @@ void publishAssignments(Store& store, int r, const json& members, int64_t slots)
 // The members document of round r, read from the store, with every slot's assignment published
 // when nobody did yet (the closer was lost in between; host_per_round).
 json readClosedRound(Store& store, int r) {
-  json members = json::parse(toString(store.get(roundMembersKey(r))), nullptr, false);
+  json members = parseRecord(toString(store.get(roundMembersKey(r))));
   if (!store.check({roundClosedKey(r)})) {
     publishAssignments(store, r, members, joinedIn(store, r));
   }
@@ -157,7 +157,7 @@ json publishMembers(const StoreCoordinatorOptions& opts, Store& store, int r, co
   }
   const std::string stored =
       toString(store.compareSet(roundMembersKey(r), {}, rendezvous::toBytes(doc.dump())));
-  return json::parse(stored, nullptr, false);
+  return parseRecord(stored);
 }
 
 // Whether another agent closed round r already (etcd, host_per_round).
@@ -181,7 +181,7 @@ Result<std::optional<Membership>> membershipFrom(const std::string& self_id, Sto
         // request's reply was lost, takeSlot) may be a member by its first slot while it waits
         // on its last. Only the members document says it is not a member (a spare the round did
         // not take reads it too: a rare path).
-        members = json::parse(toString(store.get(roundMembersKey(r))), nullptr, false);
+        members = parseRecord(toString(store.get(roundMembersKey(r))));
         break;
       case RoundAssignment::Kind::kError:
         return unavailable(a.value().message);
@@ -193,7 +193,7 @@ Result<std::optional<Membership>> membershipFrom(const std::string& self_id, Sto
         Membership m = a.value().membership;
         if (m.group_rank != 0) return std::optional<Membership>(std::move(m));
         // Node 0 decides (and polls the heartbeats): it reads every member's record.
-        members = json::parse(toString(store.get(roundMembersKey(r))), nullptr, false);
+        members = parseRecord(toString(store.get(roundMembersKey(r))));
         break;
       }
     }
@@ -327,9 +327,8 @@ Result<Membership> RendezvousRounds::joinStatic(Store& store, MemberLiveness& li
   auto values = store.multiGet(keys);
   std::vector<AgentInfo> agents;
   for (int r = 0; r < n; ++r) {
-    Result<AgentInfo> agent =
-        agentFromRecord(json::parse(toString(values[static_cast<size_t>(r)]), nullptr, false),
-                        "node " + std::to_string(r) + "'s record");
+    Result<AgentInfo> agent = agentFromRecord(parseRecord(toString(values[static_cast<size_t>(r)])),
+                                              "node " + std::to_string(r) + "'s record");
     if (!agent.isOk()) return agent.status();
     agents.push_back(std::move(agent).value());
   }
@@ -374,8 +373,8 @@ Status RendezvousRounds::waitForRunningRound(Store& store, int r, int64_t my_slo
     if (closed.code() == StatusCode::kTimeout) return Status::ok();
     if (!closed.isOk()) return closed;
   }
-  const Result<RoundMembers> previous = roundMembersFromJson(
-      json::parse(toString(store.get(roundMembersKey(r - 1))), nullptr, false), r - 1);
+  const Result<RoundMembers> previous =
+      roundMembersFromJson(parseRecord(toString(store.get(roundMembersKey(r - 1)))), r - 1);
   if (!previous.isOk()) return Status::ok();  // an error or the end of the job: nothing runs
   std::vector<std::string> alive_keys;
   for (const AgentInfo& m : previous.value().agents) {
@@ -444,8 +443,7 @@ Status RendezvousRounds::waitForRunningRound(Store& store, int r, int64_t my_slo
 Status RendezvousRounds::readRunningDecision(Store& store, int r, int attempt) {
   const std::string decision = attemptDecisionKey(attempt);
   if (!store.check({decision})) return Status::ok();
-  Result<DecisionRecord> record =
-      decisionFromJson(json::parse(toString(store.get(decision)), nullptr, false), -1);
+  Result<DecisionRecord> record = decisionFromRecord(toString(store.get(decision)), decision, -1);
   if (!record.isOk()) return Status::ok();
   if (record.value().decision.kind != JobDecision::Kind::kRestart) {
     // The job is over. Count this spare out, so the store host (c10d) keeps serving until every
@@ -460,9 +458,11 @@ Status RendezvousRounds::readRunningDecision(Store& store, int r, int attempt) {
   if (record.value().decision.excluded && expected_survivors_ > 0) --expected_survivors_;
   // Nor does the node that asked to leave.
   if (store.check({attemptStopKey(attempt)})) {
-    const StopClaim stop =
-        stopFromJson(json::parse(toString(store.get(attemptStopKey(attempt))), nullptr, false));
-    if (stop.cause == StopCause::kLeave && expected_survivors_ > 0) --expected_survivors_;
+    const Result<StopClaim> stop =
+        stopFromRecord(toString(store.get(attemptStopKey(attempt))), attemptStopKey(attempt));
+    if (stop.isOk() && stop.value().cause == StopCause::kLeave && expected_survivors_ > 0) {
+      --expected_survivors_;
+    }
   }
   return Status::ok();
 }
@@ -710,11 +710,11 @@ Result<json> RendezvousRounds::awaitAssignment(Store& store, int r, int64_t slot
       });
   if (!came.isOk()) return came;
   if (!closed_seen || store.check({mine})) {
-    return json::parse(toString(store.get(mine)), nullptr, false);
+    return parseRecord(toString(store.get(mine)));
   }
   // Closed without this slot: its error or end of the job, else "not a member".
-  const json marker = json::parse(toString(store.get(closed)), nullptr, false);
-  return json::parse(roundAssignments(marker, r, 1).front(), nullptr, false);
+  const json marker = parseRecord(toString(store.get(closed)));
+  return parseRecord(roundAssignments(marker, r, 1).front());
 }
 
 // Takes a slot in round r and writes this agent's record there; returns the slot. A request

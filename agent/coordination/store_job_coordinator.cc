@@ -167,10 +167,8 @@ void StoreCoordinator::requestLeave(int n, const std::string& reason, LeaveDone 
                             "node " + std::to_string(rank) + " (" + s_.opts.self.host +
                                 ") left the job (" + reason + ")",
                             StopCause::kLeave, 0};
-      const std::string mine = stopToJson(claim).dump();
-      const std::string stored =
-          toString(s_.control_client->compareSet(attemptStopKey(n), {}, rendezvous::toBytes(mine)));
-      if (stored != mine) {
+      const std::string stored = s_.claimStop(*s_.control_client, n, claim);
+      if (stored != stopToJson(claim).dump()) {
         return Status(StatusCode::kAlreadyExists,
                       "attempt " + std::to_string(n) +
                           " is already stopping; ask again once the group re-formed");
@@ -274,7 +272,7 @@ std::unique_ptr<JobCoordinator> makeStoreCoordinator(asio::io_context& io,
     const std::string host_name =
         options.expected_hosts.empty() ? "node 0" : options.expected_hosts.front();
     options.store = tcpStoreConnector(options.store_host, options.store_port,
-                                      "the store host (" + host_name + ")");
+                                      "the store host (" + host_name + ")", options.secret);
   }
   return std::make_unique<StoreCoordinator>(io, std::move(options), std::move(host_prepare),
                                             std::move(on_peer_stop), std::move(on_lost));

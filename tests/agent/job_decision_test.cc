@@ -242,7 +242,7 @@ TEST_CASE("job records: report, decision and stop claim survive their JSON form"
   report.kind = AttemptReport::Kind::kSignalled;
   report.signal = 10;
   report.failures = {failure("", 3, 7)};
-  const AttemptReport back = reportFromJson(reportToJson(report, "h9"));
+  const AttemptReport back = reportFromJson(reportToJson(report, "h9")).value();
   CHECK(back.kind == AttemptReport::Kind::kSignalled);
   CHECK(back.signal == 10);
   REQUIRE(back.failures.size() == 1);
@@ -270,13 +270,14 @@ TEST_CASE("job records: report, decision and stop claim survive their JSON form"
   CHECK(record.value().decision.failures[0].host == "h1");
   CHECK_FALSE(decisionFromJson(nlohmann::json("garbage"), 1).isOk());
 
-  const StopClaim stop = stopFromJson(stopToJson({2, "why", StopCause::kLost, 0}));
+  const StopClaim stop = stopFromJson(stopToJson({2, "why", StopCause::kLost, 0})).value();
   CHECK(stop.by == 2);
   CHECK(stop.reason == "why");
   CHECK(stop.cause == StopCause::kLost);
-  CHECK(stopFromJson(nlohmann::json()).by == kByNobody);
+  CHECK_FALSE(stopFromJson(nlohmann::json()).isOk());
 
-  CHECK(reportFromJson(nlohmann::json("garbage")).kind == AttemptReport::Kind::kFailed);
+  CHECK_THAT(reportFromJson(nlohmann::json("garbage"), "attempt/0/report/1").status().message(),
+             Catch::Contains("attempt/0/report/1") && Catch::Contains("not a JSON object"));
   CHECK_FALSE(agentFromRecord(nlohmann::json{{"host", "h"}}, "node 3's record").isOk());
   CHECK_THAT(agentFromRecord(nlohmann::json{{"host", "h"}}, "node 3's record").status().message(),
              Catch::Contains("node 3's record"));
@@ -324,7 +325,7 @@ TEST_CASE("decide: a node that left re-forms the group without using the budget"
   CHECK(d.restarts_used == 0);
   CHECK(d.summary == "node 1 (h1) left the job (SIGPWR)");
   // The claim survives its JSON round trip.
-  CHECK(stopFromJson(stopToJson(leave)).cause == StopCause::kLeave);
+  CHECK(stopFromJson(stopToJson(leave)).value().cause == StopCause::kLeave);
 }
 
 namespace {
@@ -364,14 +365,14 @@ TEST_CASE(
   node2.rank_states[1].stack = {"Current thread 0x1 (most recent call first):",
                                 "  File \"train.py\", line 40 in save"};
   node2.rank_states[0].stack = {"Current thread 0x1 (most recent call first):"};
-  outcomes[2].report = reportFromJson(reportToJson(node2, "h2"));
+  outcomes[2].report = reportFromJson(reportToJson(node2, "h2")).value();
   REQUIRE(outcomes[2].report.rank_states.size() == 2);
   // Rank 4 is alone in its collective on its node (a possible culprit): its stack travels too.
   CHECK(outcomes[2].report.rank_states[0].stack.size() == 1);
   CHECK(outcomes[2].report.rank_states[1].stack.size() == 2);
   // Node 1's ranks wait in the same collective: their stacks stay home.
   for (RankState& s : outcomes[1].report.rank_states) s.stack = {"Current thread 0x1"};
-  outcomes[1].report = reportFromJson(reportToJson(outcomes[1].report, "h1"));
+  outcomes[1].report = reportFromJson(reportToJson(outcomes[1].report, "h1")).value();
   REQUIRE(outcomes[1].report.rank_states.size() == 2);
   CHECK(outcomes[1].report.rank_states[0].stack.empty());
   CHECK(outcomes[1].report.rank_states[1].stack.empty());
@@ -407,9 +408,10 @@ TEST_CASE("job decision: no rank states, or a malformed report's, leave the deci
   nlohmann::json doc = reportToJson(AttemptReport{}, "h1");
   doc["ranks"] = nlohmann::json::array({nlohmann::json({{"r", "x"}}), nlohmann::json(3),
                                         nlohmann::json({{"r", 1}, {"q", -1}, {"op", "a"}})});
-  CHECK(reportFromJson(doc).rank_states.empty());
+  CHECK(reportFromJson(doc).value().rank_states.empty());
+  // A report whose ranks are not a list at all is malformed as a whole.
   doc["ranks"] = "not a list";
-  CHECK(reportFromJson(doc).rank_states.empty());
+  CHECK_FALSE(reportFromJson(doc).isOk());
 }
 
 TEST_CASE("job decision: at scale the decision lists the root causes first, at most 64 failures",
@@ -437,34 +439,55 @@ TEST_CASE("job decision: at scale the decision lists the root causes first, at m
   CHECK(small.summary == "node 0: rank 0 exited with code 1");
 }
 
-TEST_CASE("job keys: records with fields of the wrong type or range decode without an exception",
+TEST_CASE("job keys: records with fields of the wrong type or range are errors naming the field",
           "[unit]") {
   using nlohmann::json;
   // Issue 36's first finding: {"by":"x","cause":7} in the stop key aborted every agent.
-  StopClaim stop;
-  REQUIRE_NOTHROW(stop = stopFromJson(json::parse(R"({"by":"x","cause":7,"signal":"9"})")));
-  CHECK(stop.by == kByNobody);
-  CHECK(stop.signal == 0);
-  REQUIRE_NOTHROW(stopFromJson(json::parse(R"({"by":1e300,"reason":[1],"cause":null})")));
-  CHECK(stopFromJson(json::parse(R"({"by":99999999999})")).by == kByNobody);  // out of int range
+  Result<StopClaim> stop = internalError("unset");
+  REQUIRE_NOTHROW(stop = stopFromRecord(R"({"by":"x","cause":7,"signal":"9"})", "attempt/0/stop"));
+  REQUIRE_FALSE(stop.isOk());
+  CHECK_THAT(stop.status().message(),
+             Catch::StartsWith("attempt/0/stop: \"by\" is text, not an integer in -1..65535"));
+  REQUIRE_NOTHROW(stop = stopFromJson(json::parse(R"({"by":1e300,"reason":[1],"cause":null})")));
+  CHECK_FALSE(stop.isOk());
+  CHECK_THAT(
+      stopFromJson(json::parse(R"({"by":99999999999,"cause":"failure"})")).status().message(),
+      Catch::Contains("99999999999"));
+  CHECK_THAT(stopFromJson(json::parse(R"({"by":1,"cause":"mutiny"})")).status().message(),
+             Catch::Contains("\"cause\" is not one of the stop causes"));
+  CHECK_THAT(stopFromRecord("handled", "attempt/3/stop").status().message(),
+             Catch::Equals("attempt/3/stop: the record is not JSON"));
+  CHECK(stopFromRecord(R"({"by":1,"cause":"failure"})", "k").isOk());
   const json hostile_failure = json::parse(
       R"({"rank":"3","pid":[],"exit_code":{},"time_us":"x","message":5,"stderr_tail":[1,"a"],
           "teardown":"yes","waiting":1,"host":false,"state":7,"wchan":null})");
-  WorkerFailure f;
-  REQUIRE_NOTHROW(f = failureFromJson(hostile_failure));
-  CHECK(f.rank == 0);
-  CHECK(f.message.empty());
-  CHECK(f.stderr_tail == std::vector<std::string>{"a"});
-  CHECK_FALSE(f.teardown);
-  AttemptReport report;
+  Result<WorkerFailure> f = internalError("unset");
+  REQUIRE_NOTHROW(f = failureFromJson(hostile_failure, "a failure"));
+  CHECK_THAT(f.status().message(), Catch::Contains("\"rank\" is text"));
+  Result<AttemptReport> report = internalError("unset");
   REQUIRE_NOTHROW(report = reportFromJson(json::parse(
                       R"({"kind":3,"signal":"x","error":1,"failures":{"a":1},"ranks":7})")));
-  CHECK(report.failures.empty());
-  REQUIRE_NOTHROW(
-      decisionFromJson(json::parse(R"({"kind":1,"readers":"all","summary":[],"failures":"none",
+  CHECK_FALSE(report.isOk());
+  CHECK_FALSE(reportFromJson(json::parse(R"({"kind":"failed","failures":[{"pid":-4}]})")).isOk());
+  Result<DecisionRecord> decision = internalError("unset");
+  REQUIRE_NOTHROW(decision = decisionFromJson(
+                      json::parse(R"({"kind":1,"readers":"all","summary":[],"failures":"none",
                       "excluded":{"rank":"1","agent_id":2}})"),
-                       3));
-  auto decision = decisionFromJson(json::parse(R"({"kind":"failed","readers":"x"})"), 3);
+                      3));
+  CHECK_FALSE(decision.isOk());
+  CHECK_FALSE(decisionFromJson(json::parse(R"({"kind":"failed","readers":"x"})"), 3).isOk());
+  decision = decisionFromJson(json::parse(R"({"kind":"failed"})"), 3);
   REQUIRE(decision.isOk());
-  CHECK(decision.value().readers == 3);
+  CHECK(decision.value().readers == 3);  // an absent field keeps its default
+  // Finding 3: a record asking for more workers than a command line could is refused.
+  CHECK_THAT(
+      agentFromRecord(json::parse(R"({"host":"h","nproc":2000000000,"id":"x"})"), "slot 1's record")
+          .status()
+          .message(),
+      Catch::Contains("\"nproc\" is 2000000000, not an integer in 1..4096"));
+  // Bounded before it is parsed: size and depth.
+  CHECK_THAT(stopFromRecord(std::string(9u << 20, ' '), "k").status().message(),
+             Catch::Contains("over the bound"));
+  CHECK_THAT(stopFromRecord(std::string(100000, '['), "k").status().message(),
+             Catch::Contains("nested more than 64 levels"));
 }
