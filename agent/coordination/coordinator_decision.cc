@@ -148,7 +148,12 @@ Result<JobDecision> DecisionExchange::decide(int n) {
   if (s_.control_client->check({attemptStopKey(n)})) {
     Result<StopClaim> claim =
         stopFromRecord(toString(s_.control_client->get(attemptStopKey(n))), attemptStopKey(n));
-    if (claim.isOk()) {
+    if (claim.isOk() && claim.value().by == kByNobody) {
+      // The end of the job is claimed only after its decision (finishJob), and this is the
+      // decision being made: a claim by nobody now was not written by an agent of this job.
+      tampered_stop = "it says the job ended before its decision";
+      stop = {kByNobody, tampered_stop, StopCause::kFailure, 0};
+    } else if (claim.isOk()) {
       stop = std::move(claim).value();
     } else {
       tampered_stop = claim.status().message();
@@ -214,11 +219,19 @@ void DecisionExchange::considerExclusion(const Membership& membership,
   s_.control_client->append(
       kExclusionHistoryKey,
       rendezvous::toBytes(encodeFailureRecord({agent.id, agent.host, now_ms})));
-  const auto history = decodeFailureHistory(toString(s_.control_client->get(kExclusionHistoryKey)));
+  const rendezvous::Bytes stored = s_.control_client->get(kExclusionHistoryKey);
+  const auto history = decodeFailureHistory(toString(stored));
   ExclusionPolicy policy{s_.opts.exclude_after, s_.opts.exclude_window};
   ExclusionInput in;
   in.culprit_rank = charged;
   in.failures = failuresWithin(history, agent.id, policy.window, now_ms);
+  // The history keeps what decides (node_exclusion.h); unless another decider wrote it since.
+  const auto kept = trimFailureHistory(history, policy.window, now_ms,
+                                       std::max(policy.after, kFailureRecordsPerAgent));
+  if (kept.size() < history.size()) {
+    s_.control_client->compareSet(kExclusionHistoryKey, stored,
+                                  rendezvous::toBytes(encodeFailureHistory(kept)));
+  }
   in.elastic = s_.opts.elastic;
   in.min_nodes = s_.opts.min_nodes;
   int lost = 0;
