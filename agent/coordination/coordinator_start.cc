@@ -200,8 +200,7 @@ Result<std::string> StartProtocol::scalableNcclIds(int attempt, const std::strin
 Result<std::string> StartProtocol::prepareAndGo(int attempt) {
   // Every member of this attempt is done with the one before it: what they no longer read goes
   // (stale_job_keys.h), on the loop with the host's preparation where the host serves the store.
-  const std::vector<std::string> stale =
-      stale_keys_.started(attempt, s_.currentMembership().round);
+  const std::vector<std::string> stale = stale_keys_.started(attempt, s_.currentMembership().round);
   std::function<void()> erase_local;
   if (s_.opts.erase_prefix && !stale.empty()) {
     erase_local = [erase = s_.opts.erase_prefix, run_id = s_.opts.run_id, stale, attempt] {

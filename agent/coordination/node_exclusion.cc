@@ -1,5 +1,7 @@
 #include "agent/coordination/node_exclusion.h"
 
+#include <algorithm>
+#include <map>
 #include <sstream>
 
 namespace cpprun::agent {
@@ -41,6 +43,30 @@ int failuresWithin(const std::vector<NodeFailureRecord>& history, const std::str
     if (r.agent_id == agent_id && r.unix_ms > since && r.unix_ms <= now_ms) ++n;
   }
   return n;
+}
+
+std::vector<NodeFailureRecord> trimFailureHistory(const std::vector<NodeFailureRecord>& history,
+                                                  std::chrono::seconds window, int64_t now_ms,
+                                                  int per_agent) {
+  const int64_t since =
+      now_ms - std::chrono::duration_cast<std::chrono::milliseconds>(window).count();
+  std::map<std::string, int> kept_of;
+  std::vector<NodeFailureRecord> kept;
+  for (auto r = history.rbegin(); r != history.rend(); ++r) {
+    if (r->unix_ms <= since) continue;
+    int& n = kept_of[r->agent_id];
+    if (n >= per_agent) continue;
+    ++n;
+    kept.push_back(*r);
+  }
+  std::reverse(kept.begin(), kept.end());
+  return kept;
+}
+
+std::string encodeFailureHistory(const std::vector<NodeFailureRecord>& history) {
+  std::string text;
+  for (const NodeFailureRecord& r : history) text += encodeFailureRecord(r);
+  return text;
 }
 
 std::string exclusionBlocked(const ExclusionPolicy& policy, const ExclusionInput& in) {

@@ -48,6 +48,17 @@ std::vector<NodeFailureRecord> decodeFailureHistory(const std::string& history);
 int failuresWithin(const std::vector<NodeFailureRecord>& history, const std::string& agent_id,
                    std::chrono::seconds window, int64_t now_ms);
 
+// The history the decider keeps, so that it does not grow with the job (4,500 restarts made it
+// 270 kB, read at every decision): the records within `window` before `now_ms` (and any after
+// it: another decider's clock), and of those at most the newest `per_agent` of each agent.
+// With per_agent >= --exclude-after every exclusion comes out as with the whole history; a
+// count above per_agent ("caused N failures") reads as per_agent. In the history's order.
+inline constexpr int kFailureRecordsPerAgent = 64;
+std::vector<NodeFailureRecord> trimFailureHistory(const std::vector<NodeFailureRecord>& history,
+                                                  std::chrono::seconds window, int64_t now_ms,
+                                                  int per_agent);
+std::string encodeFailureHistory(const std::vector<NodeFailureRecord>& history);
+
 // What the decider knows about the attempt's culprit when it decides.
 struct ExclusionInput {
   int culprit_rank = -1;  // group rank of the node whose workers caused the failure
