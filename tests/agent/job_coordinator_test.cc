@@ -5,6 +5,7 @@
 // Every wait is bounded by a deadline; nothing sleeps to synchronise.
 #include "agent/coordination/job_coordinator.h"
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <future>
@@ -18,6 +19,7 @@
 #include "agent/coordination/coordinator_waits.h"
 #include "agent/coordination/job_keys.h"
 #include "agent/coordination/liveness.h"
+#include "agent/coordination/node_exclusion.h"
 #include "agent/coordination/rendezvous_rounds.h"
 #include "common/asio.h"
 #include "common/clock.h"
@@ -101,6 +103,10 @@ class StoreView : public rendezvous::Store {
   void append(const std::string& key, const Bytes& value) override {
     live();
     shared_.append(key, value);
+  }
+  int64_t deletePrefix(const std::string& prefix) override {
+    live();
+    return shared_.deletePrefix(prefix);
   }
 
  private:
@@ -836,6 +842,102 @@ TEST_CASE(
   CHECK(std::chrono::steady_clock::now() - began < 5s);  // at once, not after the join timeout
   // It wrote nothing: job a's keys (and its own namespace) are untouched.
   CHECK(store.numKeys() == 1);
+}
+
+// Every key of attempt n the protocol writes in a static job of `world` agents whose attempt a
+// stop ended, in the job's namespace.
+std::vector<std::string> attemptKeys(int n, int world) {
+  std::vector<std::string> keys = {attemptGoKey(n), attemptStopKey(n), attemptDecisionKey(n)};
+  for (int r = 0; r < world; ++r) {
+    keys.push_back(attemptReadyKey(n, r));
+    keys.push_back(attemptReportKey(n, r));
+  }
+  for (auto& k : keys) k = kNoneRun + k;
+  return keys;
+}
+
+TEST_CASE("coordinator: past attempts' keys go, so the store stays the same size over 200 restarts",
+          "[unit]") {
+  constexpr int kAttempts = 200;
+  MemoryStore store;
+  // The two ways the decider deletes: through its connection (etcd's DeleteRange), or (the c10d
+  // store host) on the store it serves, on its loop.
+  const bool local = GENERATE(false, true);
+  INFO((local ? "the store host's own eraser" : "through the store connection"));
+  std::vector<std::unique_ptr<Agent>> all;
+  for (int r = 0; r < 2; ++r) {
+    all.push_back(std::make_unique<Agent>(store, r, 2, kAttempts, [&](StoreCoordinatorOptions& o) {
+      if (local && r == 0) {
+        o.erase_prefix = [&store](const std::string& p) {
+          return static_cast<size_t>(store.deletePrefix(p));
+        };
+      }
+    }));
+  }
+  int64_t keys_at_10 = 0;
+  for (int n = 0; n < kAttempts; ++n) {
+    beginAll(all, n);
+    if (n >= 2) {
+      // Attempt n-2's keys are gone once attempt n started; n-1's stay for late readers.
+      for (const auto& key : attemptKeys(n - 2, 2)) CHECK_FALSE(store.check({key}));
+      CHECK(store.check(attemptKeys(n - 1, 2)));
+    }
+    if (n == 10) keys_at_10 = store.numKeys();
+    if (n > 10) REQUIRE(store.numKeys() <= keys_at_10);
+    all[1]->announceStop(n, "worker 2 exited 1");
+    REQUIRE(eventually([&] { return all[0]->peerStops().size() == static_cast<size_t>(n + 1); }));
+    auto d0 = all[0]->end(n, reportOf(AttemptReport::Kind::kStopped));
+    auto d1 = all[1]->end(n, reportOf(AttemptReport::Kind::kFailed, {workerFailure(0, 2, 1)}));
+    for (auto* d : {&d0, &d1}) {
+      Result<JobDecision> r = within(*d);
+      REQUIRE(r.isOk());
+      REQUIRE(r.value().kind == JobDecision::Kind::kRestart);
+    }
+  }
+  CHECK(keys_at_10 > 0);
+  // The exclusion history (kept across attempts) keeps the newest records of node 1 only.
+  const std::string history = rendezvous::toString(store.get(kNoneRun + kExclusionHistoryKey));
+  CHECK(std::count(history.begin(), history.end(), '\n') == kFailureRecordsPerAgent);
+}
+
+TEST_CASE("coordinator: elastic, rounds older than the one before the current one are deleted",
+          "[unit]") {
+  MemoryStore store;
+  const auto elastic = [](StoreCoordinatorOptions& o) {
+    o.elastic = true;
+    o.min_nodes = 2;
+    o.max_nodes = 2;
+  };
+  std::vector<std::unique_ptr<Agent>> all;
+  for (int r = 0; r < 2; ++r) all.push_back(std::make_unique<Agent>(store, r, 1, 20, elastic));
+  for (int n = 0; n < 12; ++n) {
+    auto b1 = all[1]->begin(n);
+    auto b0 = all[0]->begin(n);
+    int round = -1;
+    for (auto* f : {&b0, &b1}) {
+      Result<AttemptStart> s = within(*f);
+      REQUIRE(s.isOk());
+      REQUIRE(s.value().attempt == n);
+      round = s.value().membership.round;
+    }
+    REQUIRE(round >= 0);
+    if (round >= 2) {
+      CHECK_FALSE(store.check({kNoneRun + roundClosedKey(round - 2)}));
+      CHECK_FALSE(store.check({kNoneRun + roundJoinedKey(round - 2)}));
+      CHECK_FALSE(store.check({kNoneRun + roundMembersKey(round - 2)}));
+      CHECK(store.check({kNoneRun + roundClosedKey(round - 1)}));
+    }
+    if (n >= 2) CHECK_FALSE(store.check({kNoneRun + attemptGoKey(n - 2)}));
+    all[1]->announceStop(n, "worker exited 1");
+    REQUIRE(eventually([&] { return all[0]->peerStops().size() == static_cast<size_t>(n + 1); }));
+    auto d1 = all[1]->end(n, reportOf(AttemptReport::Kind::kFailed, {workerFailure(0, 2, 1)}));
+    auto d0 = all[0]->end(n, reportOf(AttemptReport::Kind::kStopped));
+    for (auto* d : {&d0, &d1}) {
+      Result<JobDecision> r = within(*d);
+      REQUIRE(r.isOk());
+      REQUIRE(r.value().kind == JobDecision::Kind::kRestart);
+    }
+  }
 }
 
 TEST_CASE("coordinator waits: a list of nodes in a log line names at most 8 and counts the rest",

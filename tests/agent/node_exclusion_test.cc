@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 
@@ -40,6 +41,36 @@ ExclusionInput culprit(int failures) {
 }
 
 }  // namespace
+
+TEST_CASE("exclusion history: the decider keeps the window's newest records of each node",
+          "[unit][exclusion]") {
+  const int64_t now = 10'000'000;
+  std::vector<NodeFailureRecord> history;
+  history.push_back({"old", "h0", now - 61'000});  // outside the 60 s window
+  for (int i = 0; i < 10; ++i) {
+    history.push_back({"a", "ha", now - 50'000 + i});
+    history.push_back({"b", "hb", now - 40'000 + i});
+  }
+  history.push_back({"ahead", "hc", now + 5'000});  // another decider's clock: kept
+  const auto kept = trimFailureHistory(history, seconds(60), now, 3);
+  REQUIRE(kept.size() == 7);
+  CHECK(kept[0].agent_id == "a");
+  CHECK(kept[0].unix_ms == now - 50'000 + 7);  // a's newest three, in order
+  CHECK(kept[5].agent_id == "b");
+  CHECK(kept[5].unix_ms == now - 40'000 + 9);
+  CHECK(kept[6].agent_id == "ahead");
+  // Whatever the trim, the exclusion comes out the same for --exclude-after <= per_agent.
+  for (const std::string id : {"a", "b", "old"}) {
+    CHECK(std::min(failuresWithin(history, id, seconds(60), now), 3) ==
+          failuresWithin(kept, id, seconds(60), now));
+  }
+  // The encoded history decodes to the same records.
+  const auto again = decodeFailureHistory(encodeFailureHistory(kept));
+  REQUIRE(again.size() == kept.size());
+  CHECK(again[3].agent_id == "b");
+  CHECK(again[3].host == "hb");
+  CHECK(trimFailureHistory(kept, seconds(60), now, 3).size() == kept.size());
+}
 
 TEST_CASE("the failure history round-trips and skips malformed lines", "[unit][exclusion]") {
   std::string h = encodeFailureRecord({"id2", "n2", 1000}) + "garbage\n\tx\ty\n12x\ta\tb\n" +
