@@ -40,9 +40,28 @@ std::map<int, int64_t> readHeartbeats(rendezvous::Store& store, const Membership
   if (ranks.empty()) return beats;
   std::vector<std::string> keys;
   for (int r : ranks) keys.push_back(heartbeatKey(m.agents[static_cast<size_t>(r)].id));
+  // A GET waits for its key: a member that never beat (one that died at once, or a record a
+  // stranger wrote into the round) would make the read time out, and the watcher count the
+  // store lost. One CHECK of all says whether each must be checked on its own; a member with no
+  // heartbeat yet reads as 0 and is silent from now on.
+  std::vector<int> present;
+  if (store.check(keys)) {
+    present = ranks;
+  } else {
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (store.check({keys[i]})) {
+        present.push_back(ranks[i]);
+      } else {
+        beats[ranks[i]] = 0;
+      }
+    }
+    keys.clear();
+    for (int r : present) keys.push_back(heartbeatKey(m.agents[static_cast<size_t>(r)].id));
+  }
+  if (keys.empty()) return beats;
   const auto values = store.multiGet(keys);
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    beats[ranks[i]] = std::atoll(rendezvous::toString(values[i]).c_str());
+  for (size_t i = 0; i < present.size(); ++i) {
+    beats[present[i]] = std::atoll(rendezvous::toString(values[i]).c_str());
   }
   return beats;
 }

@@ -184,3 +184,75 @@ TEST_CASE("tampering: an agent without the job's secret is told why it cannot jo
   const int exit0 = waitExit(node0);
   CHECK(exit0 != 0);
 }
+
+namespace {
+
+// An elastic agent (2..3 nodes) of run id "ghosts" on `port`, with one worker.
+std::unique_ptr<ChildProcess> elasticAgent(int port, const std::string& dir,
+                                           const std::map<std::string, std::string>& env = {}) {
+  return std::make_unique<ChildProcess>(
+      cpprunCommand({"--nnodes=2:3", "--rdzv-backend=c10d",
+                     "--rdzv-endpoint=127.0.0.1:" + std::to_string(port), "--rdzv-id=ghosts",
+                     "--rdzv-conf=keep_alive_interval=0.3,last_call_timeout=1,join_timeout=60",
+                     "--nproc-per-node=1", "--no-python", kWorker, "env-json",
+                     dir + "/env-{rank}-{restart}.json"}),
+      env);
+}
+
+// A join record written by a stranger into round 0 once the first agent joined: scheduler rank
+// 0 (it would be node 0), its own store, a heartbeat never sent.
+void joinGhost(TcpStoreClient& client) {
+  client.wait({"cpprun/ghosts/rdzv/round/0/joined"}, std::chrono::seconds(30));
+  const int64_t slot = client.add("cpprun/ghosts/rdzv/round/0/joined", 1);
+  client.set(
+      "cpprun/ghosts/rdzv/round/0/agent/" + std::to_string(slot),
+      toBytes(std::string(R"({"host":"ghost","nproc":1,"id":"ghost:1:x",)"
+                          R"("scheduler_rank":0,"previous_rank":-1,"store":"10.9.9.9:1"})")));
+}
+
+}  // namespace
+
+TEST_CASE("tampering: a member a stranger wrote into an elastic round is dropped, not fatal",
+          "[integration][multinode][elastic]") {
+  // Finding 3: the ghost became node 0, every worker got its store as MASTER_ADDR:MASTER_PORT,
+  // and the job ended with exit 4, its store host saying it "lost the job's store".
+  TempDir dir;
+  const int port = freeTcpPort();
+  auto a0 = elasticAgent(port, dir.path());
+  auto client = stranger(port);
+  joinGhost(*client);
+  auto a1 = elasticAgent(port, dir.path());
+  for (auto* a : {a0.get(), a1.get()}) {
+    INFO(a->output());
+    CHECK(waitExit(*a, std::chrono::seconds(60)) == 0);
+    CHECK_THAT(a->output(), Catch::Contains("(ghost) stopped responding"));
+    CHECK(a->output().find("lost the job's store") == std::string::npos);
+  }
+  // Whatever round the workers ran in, their store was the real one.
+  for (const char* name : {"env-1-0.json", "env-2-0.json", "env-0-1.json", "env-1-1.json"}) {
+    INFO(name);
+    REQUIRE(fileExists(dir.path() + "/" + std::string(name)));
+    Json e = readJson(dir.path() + "/" + std::string(name));
+    CHECK(e["MASTER_ADDR"] == "127.0.0.1");
+    CHECK(e["MASTER_PORT"] == std::to_string(port));
+  }
+}
+
+TEST_CASE("tampering: with the job's secret a stranger cannot join an elastic round",
+          "[integration][multinode][elastic]") {
+  TempDir dir;
+  const int port = freeTcpPort();
+  const std::map<std::string, std::string> env = {{"CPPRUN_RDZV_SECRET", kSecret}};
+  auto a0 = elasticAgent(port, dir.path(), env);
+  {
+    auto client = stranger(port);
+    CHECK_THROWS_AS(joinGhost(*client), StoreError);
+  }
+  auto a1 = elasticAgent(port, dir.path(), env);
+  for (auto* a : {a0.get(), a1.get()}) {
+    INFO(a->output());
+    CHECK(waitExit(*a, std::chrono::seconds(60)) == 0);
+    CHECK_THAT(a->output(), Catch::Contains("rendezvous complete: 2 nodes"));
+    CHECK(a->output().find("(ghost)") == std::string::npos);
+  }
+}
