@@ -219,6 +219,10 @@ TEST_CASE("tampering: a member a stranger wrote into an elastic round is dropped
   TempDir dir;
   const int port = freeTcpPort();
   auto a0 = elasticAgent(port, dir.path());
+  {
+    INFO(a0->output());
+    REQUIRE(a0->waitForText("this agent serves the job's store", std::chrono::seconds(30)));
+  }
   auto client = stranger(port);
   joinGhost(*client);
   auto a1 = elasticAgent(port, dir.path());
@@ -245,6 +249,8 @@ TEST_CASE("tampering: with the job's secret a stranger cannot join an elastic ro
   const std::map<std::string, std::string> env = {{"CPPRUN_RDZV_SECRET", kSecret}};
   auto a0 = elasticAgent(port, dir.path(), env);
   {
+    INFO(a0->output());
+    REQUIRE(a0->waitForText("this agent serves the job's store", std::chrono::seconds(30)));
     auto client = stranger(port);
     CHECK_THROWS_AS(joinGhost(*client), StoreError);
   }
