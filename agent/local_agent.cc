@@ -20,6 +20,7 @@
 #include "agent/observability/agent_http_routes.h"
 #include "agent/observability/agent_status.h"
 #include "agent/observability/event_log.h"
+#include "agent/observability/http_access.h"
 #include "agent/observability/http_server.h"
 #include "agent/processes/child_reaper.h"
 #include "agent/processes/process_launcher.h"
@@ -465,8 +466,13 @@ Status LocalAgent::openMetrics() {
   status_board_ = std::make_unique<StatusBoard>(statusNow(), StatusBoard::Options{}, [this] {
     asio::post(io_, [this] { publishStatus(); });
   });
-  // Nice +10: under CPU contention HTTP gets about a tenth of what the loop gets.
   ho.post_handler = agentActionRoutes([this] { return leaveOverHttp(); });
+  // A web page in a browser on this node must not reach the routes (DNS rebinding, CSRF).
+  ho.access.check_host = true;
+  ho.access.host_names = nodeHostNames();
+  ho.access.refuse_browser_posts = true;
+  ho.access.post_token = options_.metrics_token;
+  // Nice +10: under CPU contention HTTP gets about a tenth of what the loop gets.
   auto created = HttpServerThread::start(
       ho, agentStatusRoutes([board = status_board_.get()] { return board->read(); }),
       /*niceness=*/10);
@@ -475,7 +481,8 @@ Status LocalAgent::openMetrics() {
   }
   metrics_ = std::move(created).value();
   CPPRUN_LOG(kInfo) << "metrics on http://" << formatHostPort(metrics_->host(), metrics_->port())
-                    << "/metrics (also /healthz, /status; POST /leave drains this node)";
+                    << "/metrics (also /healthz, /status; POST /leave drains this node"
+                    << (options_.metrics_token.empty() ? "" : ", with the bearer token") << ")";
   emitEvent(event_log_.get(), "metrics_listening",
             {{"address", metrics_->host()}, {"port", metrics_->port()}});
   return Status::ok();

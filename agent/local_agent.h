@@ -87,6 +87,10 @@ struct LocalAgentOptions {
   // picks one; the log and the event log say which). Off when metrics_port < 0.
   std::string metrics_host = "127.0.0.1";
   int metrics_port = -1;
+  // --metrics-token-file: the token POST /leave must carry (`Authorization: Bearer <token>`);
+  // empty: none. Every request's Host is checked and a POST with an Origin refused either way
+  // (http_access.h).
+  std::string metrics_token;
   // Multi-node: the node's health check before every join of a round (health_check.h,
   // health_gate.h); nothing to check (no command, no built-in checks): every join passes.
   HealthCheckOptions health;

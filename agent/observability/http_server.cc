@@ -22,6 +22,7 @@
 // clang-format on
 
 #include "common/check.h"
+#include "common/clip.h"
 #include "common/logging.h"
 #include "rendezvous/tcp_listen.h"
 
@@ -197,6 +198,16 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     }
     bool head = request.method() == http::verb::head;
     std::string target(request.target().data(), request.target().size());
+    if (std::optional<HttpRefusal> refusal = refused(request, post)) {
+      server_->warnings_->warn(server_, "refused request",
+                               "refused " + std::to_string(refusal->status) + " to " + peer_ +
+                                   " for " + clipValue(target) + ": " +
+                                   refusal->body.substr(0, refusal->body.size() - 1));
+      prepare(version, keep_alive, refusal->status, kTextPlain, std::move(refusal->body), head);
+      if (refusal->bearer_challenge) response_.set(http::field::www_authenticate, "Bearer");
+      write();
+      return;
+    }
     HttpResponse r;
     try {
       r = post ? options().post_handler(target) : server_->handler_(target);
@@ -215,6 +226,20 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     }
     prepare(version, keep_alive, r.status, r.content_type, std::move(r.body), head);
     write();
+  }
+
+  // Why options().access refuses the request in parser_, or nullopt.
+  std::optional<HttpRefusal> refused(const http::request<http::string_body>& request, bool post) {
+    HttpRequestHead head;
+    head.post = post;
+    for (auto [it, end] = request.equal_range(http::field::host); it != end; ++it) {
+      head.hosts.emplace_back(it->value().data(), it->value().size());
+    }
+    head.has_origin = request.find(http::field::origin) != request.end();
+    if (auto it = request.find(http::field::authorization); it != request.end()) {
+      head.authorization.emplace(it->value().data(), it->value().size());
+    }
+    return refuseRequest(options().access, head, options().host, server_->bound_host_);
   }
 
   // Answers with `status` and closes the connection; the request is not read further.

@@ -10,10 +10,12 @@
 // `Allow: GET, HEAD` (`GET, HEAD, POST` with a post_handler); a
 // malformed request (conflicting Content-Length and Transfer-Encoding among them) gets 400, a
 // request over max_request_bytes 431 (header) or 413 (body), and the connection is closed after
-// that response. Keep-alive and `Connection: close` are honoured; the response to a
-// connection's max_requests_per_connection-th request says `Connection: close`.
-// Every response carries Content-Type, Content-Length and `Server: cpprun` (except that a 204 or
-// 304 carries no body and no Content-Length, as HTTP requires).
+// that response. Before a handler sees a request, options.access checks its Host, Origin and
+// Authorization (http_access.h): a refused one gets 400, 401 (with `WWW-Authenticate: Bearer`)
+// or 403 and a one-line reason, and the connection stays open. Keep-alive and `Connection: close`
+// are honoured; the response to a connection's max_requests_per_connection-th request says
+// `Connection: close`. Every response carries Content-Type, Content-Length and `Server: cpprun`
+// (except that a 204 or 304 carries no body and no Content-Length, as HTTP requires).
 //
 // A connection's life:
 //
@@ -41,6 +43,7 @@
 #include <memory>
 #include <string>
 
+#include "agent/observability/http_access.h"
 #include "common/status.h"
 
 namespace boost::asio {
@@ -79,6 +82,8 @@ struct HttpServerOptions {
   // POST requests, by target, on the server's thread like `handler` (may block it briefly: the
   // agent's POST /leave waits a bounded time for its loop's answer). Empty: POST gets 405.
   HttpHandler post_handler;
+  // Host, Origin and bearer-token checks before any handler (http_access.h); off by default.
+  HttpAccessOptions access;
 };
 
 class HttpServer {
@@ -99,7 +104,7 @@ class HttpServer {
   // Pending operations then finish on the loop, so io.run() returns once nothing else is
   // queued. Idempotent.
   void stop();
-  // Requests answered by the handler (GET and HEAD); rejected requests are not counted.
+  // Requests answered by a handler; rejected and refused requests are not counted.
   uint64_t requestsServed() const;
 
   class Impl;

@@ -472,7 +472,10 @@ namespace {
 // on port 0; `make_attempt` is the caller's. REQUIRES (of the caller): the job ends.
 class AgentInThread {
  public:
-  explicit AgentInThread(cpprun::agent::MakeAttempt make_attempt) {
+  // `metrics_token`: --metrics-token-file's token, or none.
+  explicit AgentInThread(cpprun::agent::MakeAttempt make_attempt,
+                         const std::string& metrics_token = "") {
+    options_.metrics_token = metrics_token;
     options_.store_host = "127.0.0.1";
     options_.store_port = 0;
     options_.use_nccl = false;
@@ -515,6 +518,13 @@ class AgentInThread {
     REQUIRE(done_.wait_for(60s) == std::future_status::ready);
     return done_.get();
   }
+  // The event log's lines so far, parsed.
+  std::vector<Json> events() {
+    std::vector<Json> out;
+    std::ifstream in(options_.event_log_path);
+    for (std::string line; std::getline(in, line);) out.push_back(Json::parse(line));
+    return out;
+  }
 
  private:
   cpprun::testing::TempDir dir_;
@@ -536,7 +546,7 @@ std::optional<std::string> bodyOf(const std::optional<std::string>& raw) {
 // reconnecting when the server closes; counts the whole responses it read.
 void hammer(int port, const std::string& target, const std::atomic<bool>& stop,
             std::atomic<uint64_t>& responses) {
-  const std::string request = "GET " + target + " HTTP/1.1\r\nHost: flood\r\n\r\n";
+  const std::string request = "GET " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
   while (!stop) {
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return;
@@ -730,4 +740,61 @@ TEST_CASE("agent: a flood of /status requests does not slow the store it serves"
   // The loop does no work per HTTP request, only a snapshot per reuse window (on the shared
   // loop the share was about half).
   CHECK(loop_share < 0.2);
+}
+
+TEST_CASE("agent: a foreign Host and a browser's POST /leave are refused; the token guards /leave",
+          "[integration][metrics]") {
+  const std::string token = "0123456789abcdef0123456789abcdef";
+  cpprun::testing::TempDir work;
+  AgentInThread agent(
+      [&](const cpprun::agent::AttemptContext&) -> cpprun::Result<cpprun::agent::AttemptSpec> {
+        cpprun::agent::AttemptSpec spec;
+        spec.attempt_dir = work.path() + "/attempt_0";
+        cpprun::agent::WorkerSpec worker;
+        worker.argv = {CPPRUN_TEST_WORKER, "wait-file", work.path() + "/go", "60"};
+        spec.workers.push_back(worker);
+        return spec;
+      },
+      token);
+  const int port = agent.metricsPort();
+  const std::string here = "Host: 127.0.0.1:" + std::to_string(port) + "\r\n";
+  auto request = [&](const std::string& method, const std::string& target,
+                     const std::string& headers) {
+    auto raw = cpprun::testing::httpRequestRaw(port, method, target, 20s, headers);
+    REQUIRE(raw.has_value());
+    return *raw;
+  };
+  // GET /status and /metrics: only through a name of this endpoint (DNS rebinding).
+  CHECK_THAT(request("GET", "/status", "Host: evil.example:" + std::to_string(port) + "\r\n"),
+             Catch::StartsWith("HTTP/1.1 403") && Catch::Contains("DNS rebinding"));
+  CHECK_THAT(request("GET", "/metrics", "Host: evil.example\r\n"),
+             Catch::StartsWith("HTTP/1.1 403"));
+  const std::string status = request("GET", "/status", here);
+  REQUIRE_THAT(status, Catch::StartsWith("HTTP/1.1 200"));
+  CHECK(Json::parse(status.substr(status.find("\r\n\r\n") + 4))["run_id"] == "http-test");
+  CHECK_THAT(request("GET", "/status", "Host: localhost\r\n"), Catch::StartsWith("HTTP/1.1 200"));
+  // POST /leave: a browser's (Origin), through a foreign name, without or with a wrong token.
+  const std::string bearer = "Authorization: Bearer " + token + "\r\n";
+  CHECK_THAT(request("POST", "/leave", here + bearer + "Origin: http://evil.example\r\n"),
+             Catch::StartsWith("HTTP/1.1 403") && Catch::Contains("Origin"));
+  CHECK_THAT(request("POST", "/leave", "Host: evil.example\r\n" + bearer),
+             Catch::StartsWith("HTTP/1.1 403"));
+  CHECK_THAT(request("POST", "/leave", here),
+             Catch::StartsWith("HTTP/1.1 401") && Catch::Contains("WWW-Authenticate: Bearer"));
+  CHECK_THAT(request("POST", "/leave", here + "Authorization: Bearer wrong-token\r\n"),
+             Catch::StartsWith("HTTP/1.1 401"));
+  // None of them reached the agent's loop: no leave was even asked for.
+  auto leaves = [&] {
+    int n = 0;
+    for (const Json& e : agent.events()) n += e.value("event", "") == "leave_requested";
+    return n;
+  };
+  CHECK(leaves() == 0);
+  // With the token and no Origin (curl's request), the route answers: one node cannot leave
+  // its own job (409), which proves the request reached the agent.
+  CHECK_THAT(request("POST", "/leave", here + bearer),
+             Catch::StartsWith("HTTP/1.1 409") && Catch::Contains("job of one node"));
+  CHECK(leaves() == 1);
+  std::ofstream(work.path() + "/go").put('\n');
+  CHECK(agent.exitCode() == 0);  // not drained: the job ran to its end
 }

@@ -1,7 +1,8 @@
 // The agent's HTTP server: the handler's answers, HEAD, keep-alive, rejected requests, limits,
 // idle timeouts, abuse (header bombs, request smuggling, idle connections, slowloris), binding,
-// stop(), and HttpServerThread. The server runs on an io_context in a thread of its own; the
-// tests talk to it over plain blocking sockets, each with a receive timeout.
+// stop(), HttpServerThread, and the access checks (Host, Origin, bearer token: http_access.h).
+// The server runs on an io_context in a thread of its own; the tests talk to it over plain
+// blocking sockets, each with a receive timeout.
 #include "agent/observability/http_server.h"
 
 #include <arpa/inet.h>
@@ -26,7 +27,9 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "agent/observability/http_access.h"
 #include "common/asio.h"
 
 namespace {
@@ -755,4 +758,191 @@ TEST_CASE("http: HttpServerThread serves on a thread of its own, niced, and stop
   CHECK(idle.readEnd() == Client::End::kEof);
   server->stop();  // idempotent
   CHECK(server->requestsServed() == 2);
+}
+
+TEST_CASE("http access: Host must name the endpoint: its address, loopback names, the node's name",
+          "[unit][http]") {
+  const std::vector<std::string> names = {"n7.cluster", "n7"};
+  auto allowed = [&](const std::string& host, const std::string& configured,
+                     const std::string& bound) {
+    return hostAllowed(host, configured, bound, names);
+  };
+  // Bound to loopback: the address, localhost, 127.0.0.1, [::1] and the node's names, any port.
+  for (const char* host : {"127.0.0.1", "127.0.0.1:9400", "localhost", "LOCALHOST:80", "[::1]:9400",
+                           "[::1]", "n7", "N7.cluster:9400"}) {
+    INFO(host);
+    CHECK(allowed(host, "127.0.0.1", "127.0.0.1"));
+  }
+  // A name the attacker controls (re-pointed at 127.0.0.1), look-alikes and malformed values.
+  for (const char* host :
+       {"evil.example", "evil.example:9400", "127.0.0.1.nip.io", "localhost.", "localhost.evil",
+        "10.0.0.5", "[127.0.0.1]", "::1", "", ":9400", "127.0.0.1:99999", "127.0.0.1:http", "[::1",
+        "[localhost]", "localhost:9400 x", "n7.evil"}) {
+    INFO(host);
+    CHECK_FALSE(allowed(host, "127.0.0.1", "127.0.0.1"));
+  }
+  // Bound to one address: that address and the node's names; loopback names do not reach it.
+  CHECK(allowed("10.1.2.3:9400", "10.1.2.3", "10.1.2.3"));
+  CHECK(allowed("n7:9400", "10.1.2.3", "10.1.2.3"));
+  CHECK_FALSE(allowed("localhost:9400", "10.1.2.3", "10.1.2.3"));
+  CHECK_FALSE(allowed("127.0.0.1:9400", "10.1.2.3", "10.1.2.3"));
+  CHECK_FALSE(allowed("10.1.2.4:9400", "10.1.2.3", "10.1.2.3"));
+  // Bound through a name: the name given to --metrics-port too, without case.
+  CHECK(allowed("Node-A.example:9400", "node-a.example", "10.1.2.3"));
+  CHECK_FALSE(allowed("node-b.example:9400", "node-a.example", "10.1.2.3"));
+  // Bound to every interface: any IP literal (no name can be re-pointed through one), localhost
+  // and the node's names; other names are refused.
+  for (const char* bound : {"0.0.0.0", "::"}) {
+    INFO(bound);
+    CHECK(allowed("10.9.9.9:9400", bound, bound));
+    CHECK(allowed("[fe80::1]:9400", bound, bound));
+    CHECK(allowed("localhost:9400", bound, bound));
+    CHECK(allowed("127.0.0.1", bound, bound));
+    CHECK(allowed("n7.cluster", bound, bound));
+    CHECK_FALSE(allowed("evil.example:9400", bound, bound));
+  }
+  // IPv6 loopback: the same address however written, and the loopback names.
+  CHECK(allowed("[0:0:0:0:0:0:0:1]:9400", "::1", "::1"));
+  CHECK(allowed("localhost", "::1", "::1"));
+  CHECK(allowed("127.0.0.1", "::1", "::1"));
+  CHECK_FALSE(allowed("[::2]", "::1", "::1"));
+}
+
+TEST_CASE("http access: tokens compare whole, and only a whole match passes", "[unit][http]") {
+  const std::string token = "0123456789abcdef0123456789abcdef";
+  CHECK(tokenMatches(token, token));
+  CHECK_FALSE(tokenMatches("0123456789abcdef0123456789abcdeX", token));
+  CHECK_FALSE(tokenMatches("X123456789abcdef0123456789abcdef", token));
+  CHECK_FALSE(tokenMatches(token.substr(0, 31), token));  // a prefix
+  CHECK_FALSE(tokenMatches(token + "0", token));          // longer
+  CHECK_FALSE(tokenMatches("", token));
+  CHECK_FALSE(tokenMatches(std::string(32, '\0'), token));
+}
+
+TEST_CASE("http access: Host, then Origin, then the token; refusals say why", "[unit][http]") {
+  const std::string token = "0123456789abcdef0123456789abcdef";
+  HttpAccessOptions options;
+  options.check_host = true;
+  options.refuse_browser_posts = true;
+  options.post_token = token;
+  auto refuse = [&](HttpRequestHead head) {
+    return refuseRequest(options, head, "127.0.0.1", "127.0.0.1");
+  };
+  HttpRequestHead get;
+  get.hosts = {"127.0.0.1:9400"};
+  CHECK_FALSE(refuse(get).has_value());
+  get.has_origin = true;  // a GET's Origin does not matter: its answer is unreadable cross-site
+  CHECK_FALSE(refuse(get).has_value());
+
+  HttpRequestHead none;
+  auto no_host = refuse(none);
+  REQUIRE(no_host);
+  CHECK(no_host->status == 400);
+  CHECK_THAT(no_host->body, Catch::Contains("no Host header"));
+  HttpRequestHead two = get;
+  two.hosts = {"127.0.0.1", "127.0.0.1"};
+  REQUIRE(refuse(two));
+  CHECK(refuse(two)->status == 400);
+  HttpRequestHead foreign = get;
+  foreign.hosts = {"evil.example:9400"};
+  auto rebinding = refuse(foreign);
+  REQUIRE(rebinding);
+  CHECK(rebinding->status == 403);
+  CHECK_THAT(rebinding->body, Catch::Contains("'evil.example:9400'") &&
+                                  Catch::Contains("DNS rebinding") && Catch::EndsWith("\n"));
+  CHECK(std::count(rebinding->body.begin(), rebinding->body.end(), '\n') == 1);
+
+  HttpRequestHead post;
+  post.post = true;
+  post.hosts = {"localhost:9400"};
+  post.authorization = "Bearer " + token;
+  CHECK_FALSE(refuse(post).has_value());
+  post.authorization = "bearer   " + token + "  ";  // the scheme without case, spaces around
+  CHECK_FALSE(refuse(post).has_value());
+  HttpRequestHead browser = post;
+  browser.has_origin = true;  // even with the right token
+  REQUIRE(refuse(browser));
+  CHECK(refuse(browser)->status == 403);
+  CHECK_THAT(refuse(browser)->body, Catch::Contains("Origin"));
+  HttpRequestHead post_foreign = post;
+  post_foreign.hosts = {"evil.example"};
+  REQUIRE(refuse(post_foreign));
+  CHECK(refuse(post_foreign)->status == 403);
+  for (std::optional<std::string> wrong : std::vector<std::optional<std::string>>{
+           std::nullopt, "", "Bearer", "Bearer ", "Bearer wrong", "Basic " + token, token,
+           "Bearer " + token + "x"}) {
+    INFO(wrong.value_or("(none)"));
+    HttpRequestHead bad = post;
+    bad.authorization = wrong;
+    auto refusal = refuse(bad);
+    REQUIRE(refusal);
+    CHECK(refusal->status == 401);
+    CHECK(refusal->bearer_challenge);
+  }
+  // All off (the default): the server alone refuses nothing.
+  CHECK_FALSE(refuseRequest(HttpAccessOptions{}, browser, "127.0.0.1", "127.0.0.1"));
+  CHECK_FALSE(refuseRequest(HttpAccessOptions{}, none, "127.0.0.1", "127.0.0.1"));
+}
+
+TEST_CASE("http: with access checks on, a foreign Host or a browser's POST never reaches a handler",
+          "[integration][http]") {
+  const std::string token = "0123456789abcdef0123456789abcdef";
+  std::atomic<int> posts{0};
+  HttpServerOptions options;
+  options.access.check_host = true;
+  options.access.refuse_browser_posts = true;
+  options.access.post_token = token;
+  options.post_handler = [&](const std::string& target) {
+    ++posts;
+    return HttpResponse{202, "text/plain; charset=utf-8", "posted " + target + "\n"};
+  };
+  TestServer server(options);
+  const std::string here = "Host: 127.0.0.1:" + std::to_string(server.port()) + "\r\n";
+  Client client(server.port());
+  auto request = [&](const std::string& head) -> std::optional<Response> {
+    if (!client.send(head + "\r\n")) return std::nullopt;
+    return client.readResponse(head.rfind("HEAD", 0) == 0);
+  };
+  // GET: the Host is checked; a refusal keeps the connection.
+  auto rebinding = request("GET /healthz HTTP/1.1\r\nHost: evil.example:8080\r\n");
+  REQUIRE(rebinding);
+  CHECK(rebinding->status == 403);
+  CHECK_THAT(rebinding->body, Catch::Contains("evil.example"));
+  auto head = request("HEAD /metrics HTTP/1.1\r\nHost: evil.example\r\n");
+  REQUIRE(head);
+  CHECK(head->status == 403);
+  auto ok = request("GET /healthz HTTP/1.1\r\n" + here);
+  REQUIRE(ok);
+  CHECK(ok->status == 200);
+  CHECK(ok->body == "ok\n");
+  // POST: Host, Origin, then the token.
+  const std::string leave = "POST /leave HTTP/1.1\r\nContent-Length: 0\r\n";
+  const std::string bearer = "Authorization: Bearer " + token + "\r\n";
+  auto browser = request(leave + here + bearer + "Origin: http://evil.example\r\n");
+  REQUIRE(browser);
+  CHECK(browser->status == 403);
+  CHECK_THAT(browser->body, Catch::Contains("Origin"));
+  auto foreign = request(leave + "Host: evil.example\r\n" + bearer);
+  REQUIRE(foreign);
+  CHECK(foreign->status == 403);
+  auto missing = request(leave + here);
+  REQUIRE(missing);
+  CHECK(missing->status == 401);
+  CHECK(missing->header("www-authenticate") == "Bearer");
+  auto wrong = request(leave + here + "Authorization: Bearer " + std::string(32, 'x') + "\r\n");
+  REQUIRE(wrong);
+  CHECK(wrong->status == 401);
+  CHECK(posts == 0);
+  auto right = request(leave + here + bearer);
+  REQUIRE(right);
+  CHECK(right->status == 202);
+  CHECK(posts == 1);
+  CHECK(server.requestsServed() == 2);  // the refused ones never reached a handler
+  // No Host at all (HTTP/1.0 allows it): 400, and the 1.0 connection is closed.
+  Client old(server.port());
+  REQUIRE(old.send("GET /healthz HTTP/1.0\r\n\r\n"));
+  auto no_host = old.readResponse();
+  REQUIRE(no_host);
+  CHECK(no_host->status == 400);
+  CHECK(old.closedWithin(5s));
 }

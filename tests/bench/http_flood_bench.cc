@@ -74,7 +74,7 @@ double median(std::vector<double> v) { return percentile(std::move(v), 0.5); }
 // GET `target` over one keep-alive connection after another until `stop`; counts answers.
 void hammer(int port, const std::string& target, const std::atomic<bool>& stop,
             std::atomic<uint64_t>& answers) {
-  const std::string request = "GET " + target + " HTTP/1.1\r\nHost: flood\r\n\r\n";
+  const std::string request = "GET " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
   while (!stop) {
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return;

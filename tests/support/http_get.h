@@ -18,10 +18,12 @@
 namespace cpprun::testing {
 
 // The raw response (status line, headers and body), read until the server closes, each read
-// bounded by `timeout`. nullopt when nothing listens or the request cannot be sent.
-inline std::optional<std::string> httpRequestRaw(int port, const std::string& method,
-                                                 const std::string& target,
-                                                 std::chrono::seconds timeout) {
+// bounded by `timeout`. nullopt when nothing listens or the request cannot be sent. `headers`
+// (each line ending in "\r\n") replace the default Host (curl's, for 127.0.0.1: the agent
+// checks it) and may add others (Origin, Authorization).
+inline std::optional<std::string> httpRequestRaw(
+    int port, const std::string& method, const std::string& target, std::chrono::seconds timeout,
+    const std::string& headers = "Host: localhost\r\n") {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return std::nullopt;
   timeval tv{static_cast<time_t>(timeout.count()), 0};
@@ -30,9 +32,8 @@ inline std::optional<std::string> httpRequestRaw(int port, const std::string& me
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  const std::string request =
-      method + " " + target +
-      " HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+  const std::string request = method + " " + target + " HTTP/1.1\r\n" + headers +
+                              "Content-Length: 0\r\nConnection: close\r\n\r\n";
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
       ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
           static_cast<ssize_t>(request.size())) {
