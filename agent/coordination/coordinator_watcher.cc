@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "agent/coordination/job_keys.h"
+#include "agent/coordination/own_freeze.h"
 #include "common/logging.h"
 #include "rendezvous/store.h"
 
@@ -28,6 +29,10 @@ void CoordinatorWatcher::run() {
     return;
   }
   int handled_stop = -1;
+  const auto interval = s_.opts.keep_alive_interval;
+  OwnFreeze freeze(interval, bound, bound + 2 * interval);
+  // cpprun's TCP store served by another agent (etcd brings its own liveness).
+  const bool silent_store_ends = s_.acksStops() && !(s_.isHost() && !s_.opts.host_per_round);
   while (true) {
     int n;
     {
@@ -46,15 +51,27 @@ void CoordinatorWatcher::run() {
         n = s_.watch_attempt;
       }
     }
+    freeze.turn(s_.clock().now());
     try {
       if (n != handled_stop && n >= 0) {
+        const auto waited_from = std::chrono::steady_clock::now();
         try {
-          client->wait({attemptStopKey(n)}, s_.opts.keep_alive_interval);
+          client->wait({attemptStopKey(n)}, interval);
           const std::string stored = toString(client->get(attemptStopKey(n)));
           handled_stop = n;
           if (s_.acksStops()) acknowledgeStop(*client, n);
           handleStop(*client, n, stored);
         } catch (const StoreTimeout&) {
+          // The wait's end is a CANCEL_WAIT, sent after the interval: one unanswered for the
+          // reply timeout (the bound; it throws no sooner) is the store host's silence, lost
+          // now. Before, the next request's reconnect waited the bound again (a frozen store
+          // host ended the others after 33 s, not 15). A cancel answered late, within the
+          // bound (the host stopped for less), is no loss. The host's own wait is late only
+          // when the host itself was stopped.
+          if (silent_store_ends &&
+              std::chrono::steady_clock::now() - waited_from >= interval + bound) {
+            throw;
+          }
         }
       }
       if (!s_.liveness->renew(*client) && n >= 0) {
@@ -71,7 +88,14 @@ void CoordinatorWatcher::run() {
       // host_per_round: every agent watches every member, so losing node 0 (the decider)
       // is noticed by the others and is just one lost node.
       if (polls && (s_.isHost() || s_.opts.host_per_round)) {
-        for (const LostMember& lost : s_.liveness->poll(*client)) s_.memberLost(n, lost);
+        const std::vector<LostMember> lost = s_.liveness->poll(*client);
+        // c10d: the store host stopped past the bound lost the others, not they it.
+        const auto stopped = freeze.recent(s_.clock().now());
+        if (!lost.empty() && stopped && !s_.opts.host_per_round && s_.acksStops()) {
+          s_.reportLost(unavailable(ownFreezeMessage(*stopped, bound)));
+          return;
+        }
+        for (const LostMember& member : lost) s_.memberLost(n, member);
       }
       claimLosses(*client);
       if (polls && s_.opts.elastic && (s_.isHost() || s_.takesOverDecision()))
