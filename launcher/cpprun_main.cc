@@ -30,6 +30,7 @@
 #include "common/environment.h"
 #include "common/logging.h"
 #include "common/network_address.h"
+#include "common/private_directory.h"
 #include "common/system.h"
 #include "launcher/agent_options.h"
 #include "launcher/cli.h"
@@ -73,18 +74,17 @@ Result<int> pickFreePort(const std::string& host) {
   return port;
 }
 
-// The run's directory: <log dir>/<run id> when --log-dir is given, else a fresh temporary one
-// (removed at the end) for the error files. It is made before the guardian forks, and both
-// processes remove a temporary one when they are done: the guardian after the agent is gone
-// (even when the agent was SIGKILLed), the agent when its job ends (even when the guardian was).
+// The run's directory: a new <log dir>/<run id>_<random> when --log-dir is given (as torchrun's:
+// never one that exists, so nothing another user put there is used; common/private_directory.h),
+// else a fresh temporary one (removed at the end) for the error files. Both are mode 0700. It is
+// made before the guardian forks, and both processes remove a temporary one when they are done:
+// the guardian after the agent is gone (even when the agent was SIGKILLed), the agent when its
+// job ends (even when the guardian was).
 struct RunDirectory {
   std::string path;
   bool temporary = false;
   ~RunDirectory() {
-    if (temporary && !path.empty()) {
-      std::error_code ec;
-      std::filesystem::remove_all(path, ec);
-    }
+    if (temporary && !path.empty()) (void)removeTree(path);
   }
 };
 
@@ -107,12 +107,21 @@ std::string defaultTemporaryBase() {
 Status makeRunDirectory(const LaunchConfig& config, bool kept, RunDirectory* dir) {
   std::error_code ec;
   if (!config.log_dir.empty()) {
-    dir->path = config.log_dir + "/" + config.rdzv_id;
-    std::filesystem::create_directories(dir->path, ec);
+    // As torchrun: the log dir is made if missing, the run's directory in it is a new one.
+    std::filesystem::create_directories(config.log_dir, ec);
     if (ec) {
-      return invalidArgument("--log-dir: cannot create " + clipValue(dir->path, 4 * kClipKeep) +
-                             ": " + ec.message());
+      return unavailable("--log-dir: cannot create " + clipValue(config.log_dir, 4 * kClipKeep) +
+                         ": " + ec.message());
     }
+    const ParentCheck parent = checkParentDirectory(config.log_dir, "--log-dir");
+    if (!parent.status.isOk()) return parent.status;  // exit 2: the flag names a bad place
+    if (!parent.warning.empty()) {
+      CPPRUN_LOG(kWarn) << parent.warning;
+    }
+    auto made = makeFreshDirectory(config.log_dir, config.rdzv_id + "_");
+    if (!made.isOk()) return unavailable("--log-dir: " + made.status().message());
+    dir->path = std::move(made).value();
+    CPPRUN_LOG(kInfo) << "this run's logs and error files are in " << dir->path;
     return Status::ok();
   }
   std::string base = envOr(processEnvironment(), "TMPDIR", "");
@@ -122,8 +131,8 @@ Status makeRunDirectory(const LaunchConfig& config, bool kept, RunDirectory* dir
   buf.push_back('\0');
   if (::mkdtemp(buf.data()) == nullptr) {
     const int err = errno;
-    return invalidArgument("cannot create a run directory under " + clipValue(base, 4 * kClipKeep) +
-                           ": " + std::strerror(err));
+    return unavailable("cannot create a run directory under " + clipValue(base, 4 * kClipKeep) +
+                       ": " + std::strerror(err));
   }
   dir->path = buf.data();
   dir->temporary = true;
@@ -290,8 +299,9 @@ int dryRun(const Job& job, const NumaDecision& numa) {
   const RendezvousOutcome rdzv = rendezvousOutcome(
       config.rdzv_id, job.nproc.value(),
       dryRunAttempt(config, job.rdzv, job.nproc.value(), nccl.isOk() && !job.node.gpus.empty()));
-  std::string run_dir = (config.log_dir.empty() ? std::string("<temporary run dir>")
-                                                : config.log_dir + "/" + config.rdzv_id);
+  std::string run_dir =
+      (config.log_dir.empty() ? std::string("<temporary run dir>")
+                              : config.log_dir + "/" + config.rdzv_id + "_<random>");
   auto plan = makeLaunchPlan(config, job.node, rdzv, job.env, run_dir);
   if (!plan.isOk()) return usageError(plan.status());
   if (!nccl.isOk()) {
@@ -480,9 +490,11 @@ int runJob(const AgentRun& run) {
       logged_notes = true;
     }
     agent::AttemptSpec attempt;
-    attempt.attempt_dir = run_dir.path + "/attempt_" + std::to_string(context.restart_count);
-    std::error_code ec;
-    std::filesystem::remove_all(attempt.attempt_dir, ec);  // torchrun wipes it too
+    // Made fresh, as torchrun wipes it too; nothing in it is followed or removed through a link.
+    auto attempt_dir =
+        makeFreshSubdirectory(run_dir.path, "attempt_" + std::to_string(context.restart_count));
+    if (!attempt_dir.isOk()) return attempt_dir.status();
+    attempt.attempt_dir = std::move(attempt_dir).value();
     attempt.workers = std::move(plan.value().workers);
     return attempt;
   };
@@ -512,7 +524,7 @@ int launch(const Job& job, const NumaDecision& numa) {
   RunDirectory run_dir;
   if (Status s = prepareRunDirectory(config, job.env, &run_dir); !s.isOk()) {
     std::fprintf(stderr, "cpprun: error: %s\n", s.message().c_str());
-    return kExitLaunchError;
+    return s.code() == StatusCode::kInvalidArgument ? kExitUsage : kExitLaunchError;
   }
   raiseOpenFileLimit();
   if (!numa.notice.empty()) {

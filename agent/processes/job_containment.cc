@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "common/private_directory.h"
 
 namespace cpprun::agent {
 
@@ -117,7 +118,7 @@ pid_t pidfdOpen(pid_t pid) {
   for (pid_t pgid : groups) {
     if (::kill(-pgid, SIGKILL) == 0) ++ended;
   }
-  if (!run_dir.empty()) std::filesystem::remove_all(run_dir, ec);
+  if (!run_dir.empty()) (void)removeTree(run_dir);  // follows no link in it
   if (ended > 0) {
     char line[160];
     const int len = std::snprintf(line, sizeof line,

@@ -327,8 +327,8 @@ class StallWatchdog::Impl : public std::enable_shared_from_this<StallWatchdog::I
         // a torch process (it reads the symbols of hundreds of libraries), so it is left out.
         if (w.exited || w.worker.rank_dir.empty() || w.python_stack_requested) continue;
         w.gdb_output_path = w.worker.rank_dir + "/stacks_gdb.txt";
-        const int fd =
-            ::open(w.gdb_output_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        const int fd = ::open(w.gdb_output_path.c_str(),
+                              O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
         if (fd < 0) {
           CPPRUN_LOG(kWarn) << "cannot write " << w.gdb_output_path << ": " << std::strerror(errno);
           w.gdb_output_path.clear();

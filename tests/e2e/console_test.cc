@@ -674,7 +674,8 @@ TEST_CASE("a progress bar's carriage returns do not flood the console or the log
   CHECK(r.output.find("[default0]:step done\n") != std::string::npos);
   CHECK(r.output.find('\r') == std::string::npos);
   // The log file has the bytes as written.
-  std::ifstream log(dir.path() + "/logs/progress/attempt_0/0/stdout.log");
+  std::ifstream log(cpprun::testing::runDirectoryOf(dir.path() + "/logs", "progress") +
+                    "/attempt_0/0/stdout.log");
   std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
   CHECK(text.find("\rstep 1999\rstep done\n") != std::string::npos);
 }

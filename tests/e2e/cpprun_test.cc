@@ -228,7 +228,11 @@ TEST_CASE("log dir layout redirects and tee follow torchrun", "[integration]") {
   const std::string& out = run.output();
   INFO(out);
   REQUIRE(exitCodeOf(*status) == 0);
-  std::string attempt = logs + "/job7/attempt_0";
+  // torchrun's layout: <log dir>/<run id>_<random>/attempt_<n>/<local rank>/, the path logged.
+  const std::string run_dir = runDirectoryOf(logs, "job7");
+  REQUIRE(!run_dir.empty());
+  CHECK_THAT(out, Catch::Contains("this run's logs and error files are in " + run_dir + "\n"));
+  std::string attempt = run_dir + "/attempt_0";
   CHECK(readFile(attempt + "/0/stdout.log") == "out of 0\n");
   CHECK(readFile(attempt + "/1/stdout.log") == "out of 1\n");
   CHECK(readFile(attempt + "/0/stderr.log") == "err of 0\n");   // teed
@@ -236,6 +240,162 @@ TEST_CASE("log dir layout redirects and tee follow torchrun", "[integration]") {
   CHECK(out.find("out of") == std::string::npos);               // stdout redirected: files only
   CHECK(out.find("[default0]:err of 0") != std::string::npos);  // tee: console too
   CHECK(out.find("[default1]:err of 1") != std::string::npos);  // plain console
+}
+
+namespace {
+
+// Everything under `dir`, not following links: "path/" for a directory, "path -> target" for a
+// link, "path: content" for a file.
+std::set<std::string> treeOf(const std::string& dir) {
+  std::set<std::string> tree;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    const std::string rel = e.path().lexically_relative(dir).string();
+    if (e.is_symlink()) {
+      tree.insert(rel + " -> " + fs::read_symlink(e.path()).string());
+    } else if (e.is_directory()) {
+      tree.insert(rel + "/");
+    } else {
+      tree.insert(rel + ": " + readFile(e.path().string()));
+    }
+  }
+  return tree;
+}
+
+// A directory another user chose: a canary file and an attempt_0/ with a file of its own.
+std::string plantVictim(const std::string& path) {
+  fs::create_directories(path + "/attempt_0");
+  std::ofstream(path + "/canary") << "canary\n";
+  std::ofstream(path + "/attempt_0/keep") << "keep\n";
+  return path;
+}
+
+// Mode bits of `path` (not following a link).
+unsigned modeOf(const std::string& path) {
+  return static_cast<unsigned>(fs::symlink_status(path).permissions()) & 07777;
+}
+
+ChildProcess runWithLogDir(const std::string& logs, const std::string& id) {
+  return ChildProcess(
+      cpprunCommand({"--nproc-per-node=2", "--max-restarts=1", "--log-dir", logs, "--rdzv-id", id,
+                     "-r", "3", kWorker, "print", "out of {rank}", "exit-if-restart", "0", "1"}));
+}
+
+}  // namespace
+
+TEST_CASE(
+    "log dir: the run's directory is new and 0700, so is every attempt's, the logs are in them",
+    "[integration][security]") {
+  TempDir dir;
+  const std::string logs = dir.path() + "/logs";  // made by cpprun
+  ChildProcess run = runWithLogDir(logs, "fresh");
+  auto status = run.wait(60s);
+  REQUIRE(status.has_value());
+  INFO(run.output());
+  REQUIRE(exitCodeOf(*status) == 0);  // attempt 0 failed, attempt 1 succeeded
+  const std::string run_dir = runDirectoryOf(logs, "fresh");
+  REQUIRE(!run_dir.empty());
+  CHECK(modeOf(run_dir) == 0700);
+  CHECK(modeOf(run_dir + "/attempt_0") == 0700);
+  CHECK(modeOf(run_dir + "/attempt_1") == 0700);
+  CHECK(readFile(run_dir + "/attempt_1/1/stdout.log") == "out of 1\n");
+  CHECK(fs::exists(run_dir + "/attempt_0/0/stdout.log"));
+  // A second run with the same id gets a directory of its own; the first one's stays as it was.
+  const std::set<std::string> first = treeOf(run_dir);
+  ChildProcess again = runWithLogDir(logs, "fresh");
+  auto status2 = again.wait(60s);
+  REQUIRE(status2.has_value());
+  REQUIRE(exitCodeOf(*status2) == 0);
+  CHECK(treeOf(run_dir) == first);
+  CHECK(std::distance(fs::directory_iterator(logs), fs::directory_iterator()) == 2);
+}
+
+TEST_CASE(
+    "log dir: a link planted at <log dir>/<run id> is not followed: its target keeps its files "
+    "and gets none of the run's",
+    "[integration][security]") {
+  TempDir dir;
+  const std::string victim = plantVictim(dir.path() + "/victim");
+  const std::set<std::string> before = treeOf(victim);
+  const std::string logs = dir.path() + "/logs";
+  fs::create_directories(logs);
+  fs::create_directory_symlink(victim, logs + "/job7");
+  ChildProcess run = runWithLogDir(logs, "job7");
+  auto status = run.wait(60s);
+  REQUIRE(status.has_value());
+  INFO(run.output());
+  REQUIRE(exitCodeOf(*status) == 0);
+  CHECK(treeOf(victim) == before);  // attempt_0/keep not deleted, no log written there
+  CHECK(fs::read_symlink(logs + "/job7") == victim);
+  const std::string run_dir = runDirectoryOf(logs, "job7");
+  REQUIRE(!run_dir.empty());
+  CHECK(readFile(run_dir + "/attempt_1/0/stdout.log") == "out of 0\n");
+}
+
+TEST_CASE(
+    "log dir: a link planted as attempt_0 in an existing <log dir>/<run id> is neither "
+    "followed nor removed",
+    "[integration][security]") {
+  TempDir dir;
+  const std::string victim = plantVictim(dir.path() + "/victim");
+  const std::set<std::string> before = treeOf(victim);
+  const std::string logs = dir.path() + "/logs";
+  fs::create_directories(logs + "/job8");
+  fs::create_directory_symlink(victim, logs + "/job8/attempt_0");
+  ChildProcess run = runWithLogDir(logs, "job8");
+  auto status = run.wait(60s);
+  REQUIRE(status.has_value());
+  INFO(run.output());
+  REQUIRE(exitCodeOf(*status) == 0);
+  CHECK(treeOf(victim) == before);
+  CHECK(fs::is_symlink(logs + "/job8/attempt_0"));
+  CHECK(fs::read_symlink(logs + "/job8/attempt_0") == victim);
+  CHECK(treeOf(logs + "/job8") == std::set<std::string>{"attempt_0 -> " + victim});
+  CHECK(!runDirectoryOf(logs, "job8").empty());
+}
+
+TEST_CASE(
+    "log dir: one where another user could replace the run's directory is refused with exit 2 "
+    "before anything starts; a sticky one (as /tmp) is taken",
+    "[integration][security]") {
+  TempDir dir;
+  const std::string logs = dir.path() + "/open";
+  fs::create_directories(logs);
+  fs::permissions(logs, fs::perms::all);  // 0777, no sticky bit
+  auto runOnce = [&](const std::string& id) {
+    ChildProcess run(cpprunCommand({"--nproc-per-node=1", "--log-dir", logs, "--rdzv-id", id,
+                                    kWorker, "touch", dir.path() + "/" + id + ".ran"}));
+    auto status = run.wait(60s);
+    REQUIRE(status.has_value());
+    return std::make_pair(exitCodeOf(*status), run.output());
+  };
+  auto [code, out] = runOnce("open");
+  INFO(out);
+  CHECK(code == 2);
+  CHECK_THAT(out, Catch::Contains("cpprun: error: --log-dir: anyone may write " + logs +
+                                  " (mode 0777) and it has no sticky bit"));
+  CHECK(fs::is_empty(logs));
+  CHECK_FALSE(fs::exists(dir.path() + "/open.ran"));
+  fs::permissions(logs, fs::perms::all | fs::perms::sticky_bit);  // 1777, as /tmp
+  auto [sticky_code, sticky_out] = runOnce("sticky");
+  INFO(sticky_out);
+  CHECK(sticky_code == 0);
+  CHECK(fs::exists(dir.path() + "/sticky.ran"));
+  CHECK(!runDirectoryOf(logs, "sticky").empty());
+  if (::geteuid() == 0) {  // a directory of another user: only root can make one here
+    const std::string theirs = dir.path() + "/theirs";
+    fs::create_directories(theirs);
+    REQUIRE(::chown(theirs.c_str(), 54321, 54321) == 0);
+    ChildProcess run(cpprunCommand({"--nproc-per-node=1", "--log-dir", theirs, "--rdzv-id", "t",
+                                    kWorker, "touch", dir.path() + "/theirs.ran"}));
+    auto status = run.wait(60s);
+    REQUIRE(status.has_value());
+    INFO(run.output());
+    CHECK(exitCodeOf(*status) == 2);
+    CHECK_THAT(run.output(),
+               Catch::Contains("--log-dir: " + theirs + " belongs to another user (uid 54321)"));
+    CHECK(fs::is_empty(theirs));
+    CHECK_FALSE(fs::exists(dir.path() + "/theirs.ran"));
+  }
 }
 
 TEST_CASE("flooded output reaches the console in whole prefixed lines", "[integration]") {

@@ -75,7 +75,6 @@ TEST_CASE(
   requireTorchPeer(torch2());
   TempDir dir;
   const std::string events = dir.path() + "/events.jsonl";
-  const std::string pipe = dir.path() + "/ft/watchdog_timer";  // <log dir>/<run id>/...
   ChildProcess run(cpprunCommand({"--nproc-per-node=2", "--log-dir=" + dir.path(), "--rdzv-id=ft",
                                   "--event-log=" + events, kScript, "hang", "1"}),
                    {{"PYTHON_EXEC", torch2().python}, {"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}});
@@ -85,6 +84,7 @@ TEST_CASE(
   INFO(run.output());
   CHECK(exitCodeOf(*status) == 1);
   // Every worker got the pipe, and the pipe went with the job.
+  const std::string pipe = runDirectoryOf(dir.path(), "ft") + "/watchdog_timer";  // <run dir>/
   CHECK_THAT(run.output(), Catch::Contains("[default0]:TIMER_FILE " + pipe) &&
                                Catch::Contains("[default1]:TIMER_FILE " + pipe));
   CHECK_FALSE(fs::exists(pipe));

@@ -335,7 +335,8 @@ TEST_CASE("lines a held console missed are counted and announced, log files keep
   CHECK(out.find("were not shown because the console did not keep up") != std::string::npos);
   // Every line is in the files.
   for (int rank = 0; rank < 2; ++rank) {
-    std::ifstream in(logs + "/held/attempt_0/" + std::to_string(rank) + "/stdout.log");
+    std::ifstream in(runDirectoryOf(logs, "held") + "/attempt_0/" + std::to_string(rank) +
+                     "/stdout.log");
     size_t lines = 0;
     std::string line;
     while (std::getline(in, line)) ++lines;

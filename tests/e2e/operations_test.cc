@@ -137,7 +137,8 @@ TEST_CASE(
   CHECK_THAT(report, Catch::Contains("rank      : 1 (local_rank: 1)"));
   CHECK_THAT(report, Catch::Contains("stalled: no progress for"));
   CHECK_THAT(report, Catch::Contains("pauseForever"));
-  const std::string stacks = readFile(dir.path() + "/stall/attempt_0/1/stacks_gdb.txt");
+  const std::string stacks =
+      readFile(runDirectoryOf(dir.path(), "stall") + "/attempt_0/1/stacks_gdb.txt");
   CHECK_THAT(stacks, Catch::Contains("pauseForever"));
   CHECK_THAT(stacks, Catch::Contains("Thread 1"));
   auto roots = eventsNamed(readEventLog(events), "root_cause");
@@ -169,7 +170,8 @@ TEST_CASE("a SIGSTOPped worker is detected, its stack taken while stopped, and t
   REQUIRE(eventsNamed(all, "stall_detected").size() == 1);
   REQUIRE(eventsNamed(all, "restart").size() == 1);
   CHECK(eventsNamed(all, "job_finished").at(0)["outcome"] == "succeeded");
-  const std::string stacks = readFile(dir.path() + "/stop/attempt_0/0/stacks_gdb.txt");
+  const std::string stacks =
+      readFile(runDirectoryOf(dir.path(), "stop") + "/attempt_0/0/stacks_gdb.txt");
   CHECK_THAT(stacks, Catch::Contains("killSelf"));
 }
 
@@ -202,7 +204,7 @@ TEST_CASE("a stalled Python rank's Python stack comes from faulthandler through 
   CHECK_THAT(report, Catch::Contains("rank      : 0 (local_rank: 0)"));
   CHECK_THAT(report, Catch::Contains("Python stacks (faulthandler"));
   CHECK_THAT(report, Catch::Contains("in hang_in_collective"));
-  CHECK_THAT(readFile(dir.path() + "/py/attempt_0/0/python_stacks.txt"),
+  CHECK_THAT(readFile(runDirectoryOf(dir.path(), "py") + "/attempt_0/0/python_stacks.txt"),
              Catch::Contains("stall_worker.py\", line"));
 }
 
@@ -460,7 +462,7 @@ TEST_CASE(
   REQUIRE(next_attempt > 0);
   CHECK(next_attempt - hang_at <= 3.0 + 2.0);
   // Rank 0's Python stack, from the faulthandler the stamps registered: inside all_reduce.
-  CHECK_THAT(readFile(dir.path() + "/hang/attempt_0/0/python_stacks.txt"),
+  CHECK_THAT(readFile(runDirectoryOf(dir.path(), "hang") + "/attempt_0/0/python_stacks.txt"),
              Catch::Contains("in all_reduce"));
 }
 

@@ -140,8 +140,8 @@ std::vector<Json> jsonLines(const std::string& text) {
   return out;
 }
 
-// The one file named `name` under `dir` (any depth): torchrun's attempt directory is
-// <log dir>/<run id>_<random>/attempt_0, cpprun's <log dir>/<run id>/attempt_0.
+// The one file named `name` under `dir` (any depth): the attempt directory is
+// <log dir>/<run id>_<random>/attempt_0 for both.
 std::string findOne(const std::string& dir, const std::string& name) {
   std::vector<std::string> found;
   for (const auto& e : fs::recursive_directory_iterator(dir)) {

@@ -25,6 +25,7 @@ using cpprun::testing::ChildProcess;
 using cpprun::testing::exitCodeOf;
 using cpprun::testing::processesMentioning;
 using cpprun::testing::relativeDistance;
+using cpprun::testing::runDirectoryOf;
 using cpprun::testing::runToEnd;
 using cpprun::testing::TempDir;
 using cpprun::testing::testRecords;
@@ -110,7 +111,8 @@ TEST_CASE(
   // Both ranks ran the same collectives, the last returned ("after"), numbered alike.
   std::vector<cpprun::CollectiveRecord> records;
   for (int rank = 0; rank < 2; ++rank) {
-    std::ifstream in(dir.path() + "/logs/rec/attempt_0/" + std::to_string(rank) + "/collective");
+    std::ifstream in(runDirectoryOf(dir.path() + "/logs", "rec") + "/attempt_0/" +
+                     std::to_string(rank) + "/collective");
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     auto record = cpprun::parseCollectiveRecord(text);
     REQUIRE(record.isOk());

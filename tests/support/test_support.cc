@@ -328,4 +328,18 @@ std::string sourcePath(const std::string& relative) {
   return std::string(CPPRUN_SOURCE_DIR) + "/" + relative;
 }
 
+std::string runDirectoryOf(const std::string& log_dir, const std::string& run_id) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(log_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    // "<run id>_" and mkdtemp's six characters.
+    if (name.size() == run_id.size() + 7 && name.rfind(run_id + "_", 0) == 0 &&
+        entry.is_directory(ec) && !entry.is_symlink(ec)) {
+      found.push_back(entry.path().string());
+    }
+  }
+  return found.size() == 1 ? found[0] : std::string();
+}
+
 }  // namespace cpprun::testing

@@ -123,4 +123,9 @@ int freeTcpPort();
 // Path of a file in the source tree, e.g. sourcePath("tests/torch/store_client.py").
 std::string sourcePath(const std::string& relative);
 
+// The run directory cpprun made under `log_dir` for `run_id`: the one real directory named
+// `<run id>_<random>` there (docs/supervision.md#output), or "" when there is none or more than
+// one (a link of that form is not one: cpprun never makes links).
+std::string runDirectoryOf(const std::string& log_dir, const std::string& run_id);
+
 }  // namespace cpprun::testing
