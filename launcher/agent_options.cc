@@ -132,6 +132,7 @@ agent::LocalAgentOptions makeAgentOptions(const AgentOptionsInputs& in) {
   options.event_log_console = config.event_log_handler == "console";
   options.metrics_host = config.metrics_host;
   options.metrics_port = config.metrics_port;
+  options.metrics_token = config.metrics_token;
   if (config.stall_timeout > 0) {
     auto& stall = options.supervisor.stall;
     stall.timeout = milliseconds(config.stall_timeout);

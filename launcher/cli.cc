@@ -15,6 +15,7 @@
 #include "common/network_address.h"
 #include "launcher/launch_limits.h"
 #include "launcher/numa_binding.h"
+#include "rendezvous/store_auth.h"
 
 namespace cpprun::launcher {
 namespace {
@@ -517,6 +518,12 @@ Status applyMetricsPort(LaunchConfig& c, const std::string& v, const std::string
   return Status::ok();
 }
 
+Status applyMetricsTokenFile(LaunchConfig& c, const std::string& v, const std::string& source) {
+  if (v.empty()) return badValue(v, source, "a file path");
+  c.metrics_token_file = v;
+  return Status::ok();
+}
+
 Status applyEventLog(LaunchConfig& c, const std::string& v, const std::string& source) {
   if (v.empty()) return badValue(v, source, "a file path");
   c.event_log = v;
@@ -753,7 +760,14 @@ const OptionSpec kOptions[] = {
      "Serve /healthz, /metrics (Prometheus) and /status (JSON) over HTTP on HOST (default "
      "127.0.0.1; 0.0.0.0 for every interface), and POST /leave, which drains this node from "
      "an elastic job (as SIGPWR does; keep the endpoint on a trusted address). Port 0 picks a "
-     "free one (logged)."},
+     "free one (logged). A request whose Host is not the endpoint's address or this node's name "
+     "gets 403, as does a POST that carries an Origin header (a web browser's)."},
+    {"--metrics-token-file", 0, Arity::kValue, false, applyMetricsTokenFile, Section::kOperations,
+     "FILE", "none",
+     "With --metrics-port: POST /leave must carry `Authorization: Bearer <token>`, the token "
+     "being FILE's content (at least 16 bytes, surrounding whitespace trimmed; read once at "
+     "start). FILE must be a regular file of this user's that group and others cannot read "
+     "(chmod 600)."},
     {"--event-log", 0, Arity::kValue, false, applyEventLog, Section::kOperations, "FILE", "none",
      "Append one JSON line per event (rendezvous, worker start and exit, restart, signal, "
      "stall, failure, root cause)."},
@@ -1068,6 +1082,11 @@ Status checkCombinations(const LaunchConfig& config, bool have_entrypoint) {
                              " needs --stall-timeout (stall detection is off without it)");
     }
   }
+  if (!config.metrics_token_file.empty() && config.metrics_port < 0) {
+    return invalidArgument(
+        "--metrics-token-file needs --metrics-port: the token guards POST /leave on that "
+        "endpoint");
+  }
   if (config.strict_numa_binding && config.numa_binding.empty()) {
     return invalidArgument(
         "--strict-numa-binding needs --numa-binding (or PET_NUMA_BINDING): it makes a worker "
@@ -1100,6 +1119,11 @@ Result<CliResult> parseCommandLine(const std::vector<std::string>& args, const E
   if (!s.isOk()) return s;
   s = checkCombinations(config, have_entrypoint);
   if (!s.isOk()) return s;
+  if (!config.metrics_token_file.empty()) {  // read once, here: a bad file is a bad flag
+    auto token = rendezvous::readSecretFile(config.metrics_token_file, "--metrics-token-file");
+    if (!token.isOk()) return token.status();
+    config.metrics_token = std::move(token).value();
+  }
 
   if (config.standalone) {  // torchrun: explicit rendezvous options are overridden
     config.rdzv_backend = "c10d";

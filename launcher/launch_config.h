@@ -90,7 +90,11 @@ struct LaunchConfig {
   bool python_progress = true;      // --python-progress on|off
   std::string metrics_host = "127.0.0.1";  // --metrics-port [HOST:]PORT
   int metrics_port = -1;                   // -1: off
-  std::string event_log;                   // --event-log FILE
+  // --metrics-token-file FILE, and the token read from it as the command line is parsed (the
+  // bearer token POST /leave must carry); both "" when not given.
+  std::string metrics_token_file;
+  std::string metrics_token;
+  std::string event_log;  // --event-log FILE
   // --event-log-handler: "console" also writes every event to stderr; "null" and
   // "dynamic_rendezvous" (torch's null handlers): no console events.
   std::string event_log_handler = "null";

@@ -95,18 +95,18 @@ const std::string* protectedWrite(const wire::Request& r) {
 Status checkJobSecret(const std::string& secret, const std::string& where) {
   if (secret.size() < kMinSecretBytes) {
     return invalidArgument(where + " holds " + std::to_string(secret.size()) +
-                           " bytes; a job secret has at least " + std::to_string(kMinSecretBytes) +
+                           " bytes; a secret has at least " + std::to_string(kMinSecretBytes) +
                            " (e.g. `openssl rand -hex 32`)");
   }
   return Status::ok();
 }
 
-Result<std::string> readJobSecret(const std::string& path) {
+Result<std::string> readSecretFile(const std::string& path, const std::string& what) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int err = errno;
     return invalidArgument(
-        "the job secret file " + path + ": " +
+        what + " " + path + ": " +
         (err == ELOOP ? std::string("is a symbolic link") : std::string(std::strerror(err))));
   }
   struct stat st {};
@@ -139,10 +139,14 @@ Result<std::string> readJobSecret(const std::string& path) {
     }
   }
   ::close(fd);
-  if (!why.empty()) return invalidArgument("the job secret file " + path + " " + why);
+  if (!why.empty()) return invalidArgument(what + " " + path + " " + why);
   const std::string secret = trimmed(content);
-  if (Status s = checkJobSecret(secret, "the job secret file " + path); !s.isOk()) return s;
+  if (Status s = checkJobSecret(secret, what + " " + path); !s.isOk()) return s;
   return secret;
+}
+
+Result<std::string> readJobSecret(const std::string& path) {
+  return readSecretFile(path, "the job secret file");
 }
 
 }  // namespace cpprun::rendezvous

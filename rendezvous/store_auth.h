@@ -22,7 +22,7 @@
 // the prefix stay writable (torch's clients in the workers cannot authenticate: they read the
 // job's keys they need and write their own). docs/security.md states the threat model.
 //
-// Thread safety: pure functions, except readJobSecret (reads a file).
+// Thread safety: pure functions, except readSecretFile and readJobSecret (read a file).
 #pragma once
 
 #include <cstddef>
@@ -66,9 +66,13 @@ bool isProtectedKey(std::string_view key);
 // The first protected key `request` would write, or nullptr when it writes none.
 const std::string* protectedWrite(const wire::Request& request);
 
-// The job's secret from a file: a regular file (not a link), owned by this user and not
-// readable or writable by group or others (like ssh's keys), holding at least kMinSecretBytes
-// after surrounding whitespace is trimmed. An error names the file and what is wrong.
+// A secret from a file: a regular file (not a link) of at most 4096 bytes, owned by this user
+// and not readable or writable by group or others (like ssh's keys), holding at least
+// kMinSecretBytes after surrounding whitespace is trimmed. An error (kInvalidArgument) starts
+// with `what` and the path ("the job secret file /p has mode 0644: ...") and says what is wrong.
+// Also reads the agent's HTTP token (--metrics-token-file).
+Result<std::string> readSecretFile(const std::string& path, const std::string& what);
+// The job's secret from a file (readSecretFile, "the job secret file").
 Result<std::string> readJobSecret(const std::string& path);
 // Checks a secret given in the environment (CPPRUN_RDZV_SECRET): at least kMinSecretBytes.
 Status checkJobSecret(const std::string& secret, const std::string& where);

@@ -742,7 +742,7 @@ TEST_CASE("agent: a flood of /status requests does not slow the store it serves"
   CHECK(loop_share < 0.2);
 }
 
-TEST_CASE("agent: a foreign Host and a browser's POST /leave are refused; the token guards /leave",
+TEST_CASE("agent: a foreign Host and a browser's POST /leave are refused, the token guards /leave",
           "[integration][metrics]") {
   const std::string token = "0123456789abcdef0123456789abcdef";
   cpprun::testing::TempDir work;

@@ -819,7 +819,7 @@ TEST_CASE("http access: tokens compare whole, and only a whole match passes", "[
   CHECK_FALSE(tokenMatches(std::string(32, '\0'), token));
 }
 
-TEST_CASE("http access: Host, then Origin, then the token; refusals say why", "[unit][http]") {
+TEST_CASE("http access: Host, then Origin, then the token, and refusals say why", "[unit][http]") {
   const std::string token = "0123456789abcdef0123456789abcdef";
   HttpAccessOptions options;
   options.check_host = true;

@@ -3,10 +3,13 @@
 // place of a SIGKILLed node and the world size stays MAX with no restart used; a second spare
 // the job never needs exits 0; one node drained by POST /leave or SIGPWR leaves (exit 0, the
 // event log says so) while the others re-form without it and finish with --max-restarts=0;
-// the store host and a leave below MIN are refused; and a spare on another network-namespace
-// host takes the place of a node cut off the network. Every wait is bounded and waits on lines
+// the store host and a leave below MIN are refused; a browser's POST /leave (Origin), one
+// through a foreign Host and, with --metrics-token-file, one without the token drain nothing,
+// and a token file others can read stops cpprun at start (exit 2); and a spare on another
+// network-namespace host takes the place of a node cut off the network. Every wait is bounded and waits on lines
 // or exits, never on time.
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -173,14 +176,28 @@ void spareReplacesLostNode(const std::string& backend, const std::string& endpoi
   CHECK(allGone(processesMentioning(d)));
 }
 
+// Writes `token` to a file only this user can read (--metrics-token-file) in `dir`.
+std::string tokenFile(const std::string& dir, const std::string& token, mode_t mode = 0600) {
+  const std::string path = dir + "/metrics-token";
+  std::ofstream(path) << token << "\n";
+  REQUIRE(::chmod(path.c_str(), mode) == 0);
+  return path;
+}
+
 // Three nodes of a 2:3 job; one asked to leave (`how`: "http" or "signal"): it exits 0 saying
 // so, the others re-form on 2 nodes and succeed with --max-restarts=0; the event log has it.
+// Over HTTP, a browser's POST /leave (Origin) and one through a foreign name (DNS rebinding)
+// are refused first and drain nothing; with `token` (--metrics-token-file) a POST without it or
+// with a wrong one too. Every legitimate request is curl's: Host as connected to, no Origin.
 void drainOneNode(const std::string& backend, const std::string& endpoint, const std::string& how,
-                  const std::function<void()>& before_leave = {}) {
+                  const std::function<void()>& before_leave = {}, const std::string& token = "") {
   TempDir dir;
   const std::string d = dir.path();
   const std::string id = runId("drain");
   const std::string log = d + "/events.jsonl";
+  std::vector<std::string> http_args = {"--metrics-port=0", "--event-log=" + log};
+  if (!token.empty()) http_args.push_back("--metrics-token-file=" + tokenFile(d, token));
+  const std::string auth = token.empty() ? "" : "Authorization: Bearer " + token + "\r\n";
   const std::vector<std::string> args = {"env-json",
                                          d + "/env-{rank}-{restart}.json",
                                          "print",
@@ -191,8 +208,7 @@ void drainOneNode(const std::string& backend, const std::string& endpoint, const
                                          "sleep-forever"};
   Agents agents;
   for (int i = 0; i < 3; ++i) {
-    agents.push_back(
-        agent(backend, endpoint, id, "2:3", args, {"--metrics-port=0", "--event-log=" + log}));
+    agents.push_back(agent(backend, endpoint, id, "2:3", args, http_args));
   }
   requireEveryAgentRelays(agents);
   size_t leaver = 0;
@@ -200,14 +216,34 @@ void drainOneNode(const std::string& backend, const std::string& endpoint, const
     const size_t host = servesStore(*agents[0]) ? 0 : servesStore(*agents[1]) ? 1 : 2;
     leaver = (host + 1) % 3;
     // The store host is refused: its store serves the others.
-    auto refused = httpRequestRaw(metricsPort(*agents[host]), "POST", "/leave", 20s);
+    auto refused = httpRequestRaw(metricsPort(*agents[host]), "POST", "/leave", 20s,
+                                  "Host: localhost\r\n" + auth);
     REQUIRE(refused.has_value());
     CHECK_THAT(*refused,
                Catch::StartsWith("HTTP/1.1 409") && Catch::Contains("serves the job's store"));
   }
   if (before_leave) before_leave();
   if (how == "http") {
-    auto answer = httpRequestRaw(metricsPort(*agents[leaver]), "POST", "/leave", 20s);
+    const int port = metricsPort(*agents[leaver]);
+    const std::string here = "Host: 127.0.0.1:" + std::to_string(port) + "\r\n";
+    auto refusedWith = [&](const std::string& method, const std::string& target,
+                           const std::string& headers, const std::string& status) {
+      auto answer = httpRequestRaw(port, method, target, 20s, headers);
+      REQUIRE(answer.has_value());
+      INFO(headers);
+      CHECK_THAT(*answer, Catch::StartsWith("HTTP/1.1 " + status));
+    };
+    refusedWith("POST", "/leave", here + auth + "Origin: http://evil.example\r\n", "403");
+    refusedWith("POST", "/leave", "Host: evil.example:" + std::to_string(port) + "\r\n" + auth,
+                "403");
+    refusedWith("GET", "/status", "Host: evil.example\r\n", "403");
+    if (!token.empty()) {
+      refusedWith("POST", "/leave", here, "401");
+      refusedWith("POST", "/leave", here + "Authorization: Bearer " + std::string(32, 'x') + "\r\n",
+                  "401");
+    }
+    // Not drained by any of them: this one is the first to ask, and is accepted.
+    auto answer = httpRequestRaw(port, "POST", "/leave", 20s, here + auth);
     REQUIRE(answer.has_value());
     CHECK_THAT(*answer, Catch::StartsWith("HTTP/1.1 202") && Catch::Contains("leaving"));
   } else {
@@ -227,10 +263,11 @@ void drainOneNode(const std::string& backend, const std::string& endpoint, const
                                  Catch::Contains("all 2 workers of 2 nodes succeeded"));
     }
   }
-  int left = 0, accepted = 0, membership_restarts = 0;
+  int left = 0, accepted = 0, asked = 0, membership_restarts = 0;
   for (const nlohmann::json& e : events(log)) {
     REQUIRE(e.is_object());
     if (e["event"] == "job_finished" && e["outcome"] == "left") ++left;
+    if (e["event"] == "leave_requested") ++asked;
     if (e["event"] == "leave_requested" && e["accepted"] == true) {
       ++accepted;
       CHECK(e["source"] == (how == "http" ? "POST /leave" : "SIGPWR"));
@@ -243,6 +280,9 @@ void drainOneNode(const std::string& backend, const std::string& endpoint, const
   }
   CHECK(left == 1);
   CHECK(accepted == 1);
+  // The refused requests never reached an agent: the leave asked of the store host (c10d) and
+  // the one accepted are all there is.
+  CHECK(asked == (backend == "c10d" ? 2 : 1));
   CHECK(membership_restarts == 2);
   for (int r = 0; r < 2; ++r) {
     nlohmann::json e = readEnvJson(d + "/env-" + std::to_string(r) + "-1.json");
@@ -281,9 +321,27 @@ TEST_CASE("drain (etcd): with an etcd member killed first, POST /leave still dra
   drainOneNode("etcd", cluster.endpointsFlag(), "http", [&] { cluster.kill(0); });
 }
 
-TEST_CASE("drain (c10d): POST /leave makes one node leave, the store host is refused",
-          "[integration][multinode][elastic][drain]") {
-  drainOneNode("c10d", "127.0.0.1:" + std::to_string(freeTcpPort()), "http");
+TEST_CASE(
+    "drain (c10d): POST /leave with the token makes one node leave, the store host is refused, "
+    "a browser's or a foreign Host's POST drains nothing",
+    "[integration][multinode][elastic][drain]") {
+  drainOneNode("c10d", "127.0.0.1:" + std::to_string(freeTcpPort()), "http", {},
+               "0123456789abcdef0123456789abcdef");
+}
+
+TEST_CASE("drain: a --metrics-token-file others can read stops cpprun at start (exit 2), named",
+          "[integration][drain]") {
+  TempDir dir;
+  const std::string file = tokenFile(dir.path(), "0123456789abcdef0123456789abcdef", 0644);
+  ChildProcess run(cpprunCommand(
+      {"--metrics-port=0", "--metrics-token-file=" + file, "--no-python", kWorker, "exit", "0"}));
+  auto status = run.wait(30s);
+  REQUIRE(status.has_value());
+  INFO(run.output());
+  CHECK(exitCodeOf(*status) == 2);
+  CHECK_THAT(run.output(), Catch::Contains("--metrics-token-file " + file + " has mode 0644") &&
+                               Catch::Contains("chmod 600"));
+  CHECK(run.output().find("metrics on http://") == std::string::npos);  // nothing started
 }
 
 TEST_CASE("drain (etcd): SIGPWR makes one node leave and the others go on without it",

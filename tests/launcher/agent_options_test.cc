@@ -50,6 +50,7 @@ TEST_CASE("agent options: one node serves its store and supervises with the flag
   c.event_log = "/tmp/events.jsonl";
   c.metrics_host = "0.0.0.0";
   c.metrics_port = 9400;
+  c.metrics_token = "0123456789abcdef0123456789abcdef";
   c.role = "trainer";
   AgentOptionsInputs in = inputsFor(c, {"0", "1"});
   in.env = {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[${rank}]"}};
@@ -67,6 +68,7 @@ TEST_CASE("agent options: one node serves its store and supervises with the flag
   CHECK(o.event_log_path == "/tmp/events.jsonl");
   CHECK(o.metrics_host == "0.0.0.0");
   CHECK(o.metrics_port == 9400);
+  CHECK(o.metrics_token == "0123456789abcdef0123456789abcdef");
   CHECK(o.signals_to_handle == std::vector<int>{15, 10});
   CHECK(o.supervisor.max_restarts == 3);
   CHECK(o.supervisor.shutdown_timeout == milliseconds(2500));

@@ -2,6 +2,9 @@
 // messages and REMAINDER semantics.
 #include "launcher/cli.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <csignal>
@@ -9,6 +12,8 @@
 #include <regex>
 #include <set>
 #include <sstream>
+
+#include "tests/support/test_support.h"
 
 using cpprun::launcher::CliResult;
 using cpprun::launcher::LaunchConfig;
@@ -775,6 +780,50 @@ TEST_CASE("cli operations options: --stall-timeout, --metrics-port, --event-log"
   CHECK_THAT(parseError({"--event-log=", "t.py"}), Catch::Contains("a file path"));
   // cpprun's own options have no PET_ fallback.
   CHECK(parseOk({"t.py"}, {{"PET_STALL_TIMEOUT", "3"}}).stall_timeout == 0);
+}
+
+TEST_CASE("cli --metrics-token-file reads the token once, from a file only this user can read",
+          "[unit]") {
+  cpprun::testing::TempDir dir;
+  auto write = [&](const std::string& name, const std::string& content, mode_t mode) {
+    const std::string path = dir.path() + "/" + name;
+    std::ofstream(path) << content;
+    REQUIRE(::chmod(path.c_str(), mode) == 0);
+    return path;
+  };
+  const std::string token = "0123456789abcdef0123456789abcdef";
+  const std::string good = write("token", "  " + token + "\n", 0600);
+  LaunchConfig c = parseOk({"--metrics-port=0", "--metrics-token-file", good, "t.py"});
+  CHECK(c.metrics_token_file == good);
+  CHECK(c.metrics_token == token);  // surrounding whitespace trimmed
+  CHECK(parseOk({"--metrics-port=0", "t.py"}).metrics_token.empty());
+  CHECK(parseOk({"--metrics-port=0", "--metrics-token-file=" + write("ro", token, 0400), "t.py"})
+            .metrics_token == token);
+  // Group or others may read it: refused, naming the file and the fix.
+  const std::string shared = write("shared", token, 0640);
+  CHECK_THAT(parseError({"--metrics-port=0", "--metrics-token-file=" + shared, "t.py"}),
+             Catch::Contains("--metrics-token-file " + shared + " has mode 0640") &&
+                 Catch::Contains("chmod 600"));
+  const std::string world = write("world", token, 0604);
+  CHECK_THAT(parseError({"--metrics-port=0", "--metrics-token-file=" + world, "t.py"}),
+             Catch::Contains(world) && Catch::Contains("mode 0604"));
+  CHECK_THAT(
+      parseError({"--metrics-port=0", "--metrics-token-file=" + dir.path() + "/none", "t.py"}),
+      Catch::Contains(dir.path() + "/none") && Catch::Contains("No such file"));
+  CHECK_THAT(parseError({"--metrics-port=0", "--metrics-token-file=" + dir.path(), "t.py"}),
+             Catch::Contains("not a regular file"));
+  const std::string link = dir.path() + "/link";
+  REQUIRE(::symlink(good.c_str(), link.c_str()) == 0);
+  CHECK_THAT(parseError({"--metrics-port=0", "--metrics-token-file=" + link, "t.py"}),
+             Catch::Contains("is a symbolic link"));
+  CHECK_THAT(parseError({"--metrics-port=0", "--metrics-token-file=" + write("short", "abc", 0600),
+                         "t.py"}),
+             Catch::Contains("holds 3 bytes") && Catch::Contains("at least 16"));
+  // The token guards the endpoint: without one it means nothing.
+  CHECK_THAT(parseError({"--metrics-token-file=" + good, "t.py"}),
+             Catch::Contains("--metrics-token-file needs --metrics-port"));
+  CHECK_THAT(parseError({"--metrics-port=0", "--metrics-token-file=", "t.py"}),
+             Catch::Contains("a file path"));
 }
 
 TEST_CASE("cli stall options: the first timeout, the stack bound and the automatic Python stamps",
