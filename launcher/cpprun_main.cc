@@ -372,10 +372,21 @@ Result<agent::LocalAgentOptions> agentOptions(const Job& job) {
   return makeAgentOptions(in);
 }
 
+// The failure report: cpprun's own message, bounded in size (failure_report.h), so it goes to
+// the console past the budget that drops worker and log lines when the console does not keep up
+// (OutputSinks::writeReport); without the agent's writers, where log lines go.
+void showReport(agent::OutputSinks* sinks, std::string report) {
+  if (sinks != nullptr) {
+    sinks->writeReport(std::move(report));
+  } else {
+    logText(std::move(report));
+  }
+}
+
 // The job's end as the user reads it (and the root cause in $TORCHELASTIC_ERROR_FILE); the
 // agent's exit code.
 int reportOutcome(const Job& job, const agent::JobOutcome& outcome, int world_size,
-                  int group_world_size) {
+                  int group_world_size, agent::OutputSinks* sinks) {
   switch (outcome.kind) {
     case agent::JobOutcome::Kind::kSucceeded:
       CPPRUN_LOG(kInfo)
@@ -392,8 +403,8 @@ int reportOutcome(const Job& job, const agent::JobOutcome& outcome, int world_si
       } else if (job.rdzv.multi_node && !outcome.summary.empty()) {
         CPPRUN_LOG(kError) << "the job failed; first failure: " << outcome.summary;
       }
-      logText(
-          agent::formatFailureReport(job.config.entrypoint, job.node.hostname, outcome.failures));
+      showReport(sinks, agent::formatFailureReport(job.config.entrypoint, job.node.hostname,
+                                                   outcome.failures));
       auto own_error_file = job.env.find("TORCHELASTIC_ERROR_FILE");
       if (own_error_file != job.env.end() && !own_error_file->second.empty() &&
           !outcome.failures.empty()) {
@@ -429,8 +440,8 @@ int reportOutcome(const Job& job, const agent::JobOutcome& outcome, int world_si
       break;
     case agent::JobOutcome::Kind::kUnreaped: {
       if (!outcome.failures.empty()) {
-        logText(
-            agent::formatFailureReport(job.config.entrypoint, job.node.hostname, outcome.failures));
+        showReport(sinks, agent::formatFailureReport(job.config.entrypoint, job.node.hostname,
+                                                     outcome.failures));
         auto own_error_file = job.env.find("TORCHELASTIC_ERROR_FILE");
         if (own_error_file != job.env.end() && !own_error_file->second.empty()) {
           const auto& root = outcome.failures[agent::rootCauseIndex(outcome.failures)];
@@ -449,8 +460,8 @@ int reportOutcome(const Job& job, const agent::JobOutcome& outcome, int world_si
     }
     case agent::JobOutcome::Kind::kExcluded:
       if (!outcome.failures.empty()) {
-        logText(
-            agent::formatFailureReport(job.config.entrypoint, job.node.hostname, outcome.failures));
+        showReport(sinks, agent::formatFailureReport(job.config.entrypoint, job.node.hostname,
+                                                     outcome.failures));
       }
       CPPRUN_LOG(kError) << outcome.error.message()
                          << " (exit 6: this node left the job; see docs/operations.md)";
@@ -507,7 +518,8 @@ int runJob(const AgentRun& run) {
     CPPRUN_LOG(kError) << result.status().message();
     return kExitLaunchError;
   }
-  return reportOutcome(job, result.value(), world_size, group_world_size);
+  return reportOutcome(job, result.value(), world_size, group_world_size,
+                       options.supervisor.sinks.get());
 }
 
 // A run: the run directory, then the agent under its guardian.

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "common/asio.h"
+#include "common/clip.h"
 #include "common/logging.h"
 
 namespace cpprun::agent {
@@ -24,6 +25,7 @@ void LineSplitter::feed(std::string_view data,
 
 void LineSplitter::endLine(const std::function<void(std::string_view)>& on_line) {
   // "50%\r100%\r\n" and "abc\r\r\n": the last state the line showed.
+  cut_ = false;
   if (partial_.empty() && saw_cr_) {
     on_line(last_update_);
   } else {
@@ -64,6 +66,7 @@ void LineSplitter::feed(std::string_view data, const std::function<void(std::str
       }
       // Over the line limit: emit a full-size piece and go on.
       partial_.append(data.substr(0, room));
+      cut_ = true;
       on_line(partial_);
       partial_.clear();
       last_update_.clear();
@@ -207,6 +210,15 @@ void OutputSinks::writeLog(std::string line) {
   if (open != 0) line.insert(0, "\n");
   open = 0;
   w.write(stderr_fd_, std::move(line), log_queued_);
+}
+
+void OutputSinks::writeReport(std::string text) {
+  OutputWriter& w = console(stderr_fd_);
+  std::lock_guard<std::mutex> lock(console_mutex_);
+  uint64_t& open = &w == stdout_writer_.get() ? stdout_open_ : stderr_open_;
+  if (open != 0) text.insert(0, "\n");
+  open = 0;
+  w.write(stderr_fd_, std::move(text));
 }
 
 void OutputSinks::writeConsole(int fd, uint64_t stream, const Compose& compose,
@@ -497,10 +509,23 @@ struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
       filtered.append(line);
       filtered.push_back('\n');
     }
-    if (tail_limit > 0) {
+    if (tail_limit > 0) keepInTail(line);
+  }
+
+  // The pieces of a line cut at the splitter's bound are one line of the tail, of which only the
+  // head is kept.
+  void keepInTail(std::string_view line) {
+    if (!tail_continues || tail.empty()) {
       if (tail.size() == tail_limit) tail.pop_front();
-      tail.emplace_back(line);
+      tail.emplace_back();
     }
+    // One byte past the bound: whether the cut splits a UTF-8 character shows (clipQuotedLine).
+    TailLine& kept = tail.back();
+    kept.bytes += line.size();
+    if (kept.head.size() <= kTailLineBytes) {
+      kept.head.append(line.substr(0, kTailLineBytes + 1 - kept.head.size()));
+    }
+    tail_continues = splitter.lastLineCut();
   }
 
   void flushConsole() {
@@ -622,7 +647,12 @@ struct WorkerOutput::Impl : std::enable_shared_from_this<WorkerOutput::Impl> {
   std::string filtered;  // matching lines for route.filtered, not yet queued
   uint64_t dropped_lines = 0;
   uint64_t dropped_unreported = 0;
-  std::deque<std::string> tail;
+  struct TailLine {
+    std::string head;    // the first kTailLineBytes + 1 bytes
+    uint64_t bytes = 0;  // the whole line's
+  };
+  std::deque<TailLine> tail;
+  bool tail_continues = false;  // the next line continues tail.back() (it was cut)
   uint64_t bytes_read = 0;
   bool closed = false;
   bool reading = false;
@@ -659,7 +689,12 @@ void WorkerOutput::start() { impl_->read(); }
 void WorkerOutput::close() { impl_->finish(); }
 bool WorkerOutput::atEof() const { return impl_->closed; }
 std::vector<std::string> WorkerOutput::tail() const {
-  return std::vector<std::string>(impl_->tail.begin(), impl_->tail.end());
+  std::vector<std::string> lines;
+  lines.reserve(impl_->tail.size());
+  for (const Impl::TailLine& t : impl_->tail) {
+    lines.push_back(clipQuotedLine(t.head, kTailLineBytes, t.bytes));
+  }
+  return lines;
 }
 uint64_t WorkerOutput::bytesRead() const { return impl_->bytes_read; }
 void WorkerOutput::resizeTerminal(const struct winsize& size) {

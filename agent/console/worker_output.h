@@ -13,9 +13,10 @@
 // lines never run into other lines either (docs/supervision.md, "Console"). With -r/--redirects a
 // stream goes only to its log file; with -t/--tee to both; --local-ranks-filter keeps other ranks
 // off the console (files keep everything). Files receive the bytes exactly as written, unprefixed.
-// The last lines of stderr (final states, no '\r' updates) are kept for the failure report. A line
-// longer than max_line_bytes is cut into pieces so one runaway line cannot grow the agent without
-// bound.
+// The last lines of stderr (final states, no '\r' updates) are kept for the failure report, each
+// as its first kTailLineBytes and its length ("… (N bytes clipped)"). A line longer than
+// max_line_bytes is cut into pieces so one runaway line cannot grow the agent without bound; the
+// tail keeps such a line as one line.
 //
 // Nothing here blocks the agent's loop on a slow reader: the console and the log files are
 // written by OutputWriter threads (OutputSinks). The policy when the console does not keep up:
@@ -67,6 +68,8 @@ class LineSplitter {
   // Also calls on_update (may be empty) with the text each '\r' ends.
   void feed(std::string_view data, const std::function<void(std::string_view)>& on_line,
             const std::function<void(std::string_view)>& on_update);
+  // The line on_line got last was cut at max_line_bytes: the next one continues it.
+  bool lastLineCut() const { return cut_; }
   // At end of stream: the unterminated rest (or the last update), if any, as a last line.
   void finish(const std::function<void(std::string_view)>& on_line);
   // The unfinished line: the text after its last '\r' (empty when none came since), and the
@@ -85,6 +88,7 @@ class LineSplitter {
   std::string last_update_;
   bool saw_cr_ = false;      // the unfinished line has had a '\r'
   bool pending_cr_ = false;  // the last byte read was '\r'
+  bool cut_ = false;         // the last line given was cut at max_line_bytes_
 };
 
 // The console/file policy, as the command line gave it.
@@ -171,6 +175,9 @@ inline constexpr std::chrono::milliseconds kConsoleExitFlushAfterSignal{2000};
 inline constexpr std::chrono::milliseconds kFileExitFlush{60000};
 // The agent's own log lines waiting on the console before new ones are dropped.
 inline constexpr size_t kLogBytesWaiting = 1024 * 1024;
+// Of each stderr line kept for the failure report, its first bytes (the report quotes no more:
+// failure_report.h, kReportLineBytes); the rest is counted.
+inline constexpr size_t kTailLineBytes = 4 * 1024;
 
 // The writers of the agent's console (its stdout and stderr: one writer when both are the same
 // file, so their lines never interleave mid-line) and of the workers' log files.
@@ -186,6 +193,11 @@ class OutputSinks {
   OutputWriter& files() { return files_; }
   // An agent log line, dropped (and counted) when kLogBytesWaiting are waiting already.
   void writeLog(std::string line);
+  // cpprun's own report of the job's end (the failure report: whole lines, bounded in size by
+  // its maker, failure_report.h), queued on the stderr writer past every budget: no amount of
+  // worker output or log lines waiting can drop it. Only a console that takes nothing until the
+  // exit flush bound (kConsoleExitFlush) loses it, as it loses everything then.
+  void writeReport(std::string text);
   // A worker stream's console bytes. On a terminal a stream may leave its last line open (a
   // prompt, a progress bar): `compose` runs under the console's lock with the id of the stream
   // whose line is open there (0: none), returns the bytes to queue and sets `leave_open` when
@@ -283,7 +295,8 @@ class WorkerOutput {
   // Stops reading (at the drain bound): what is buffered is flushed, the rest is dropped.
   void close();
   bool atEof() const;
-  // The last lines read, oldest first.
+  // The last lines read, oldest first; a line longer than kTailLineBytes as its head and
+  // "… (N bytes clipped)" (common/clip.h, clipQuotedLine).
   std::vector<std::string> tail() const;
   uint64_t bytesRead() const;
   // A pseudo-terminal stream: gives the worker's terminal this window size (SIGWINCH follows).

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "common/check.h"
+#include "common/clip.h"
 
 namespace cpprun::agent {
 namespace {
@@ -102,6 +103,37 @@ constexpr const char* kNoErrorFileHint =
     "@torch.distributed.elastic.multiprocessing.errors.record; see "
     "https://pytorch.org/docs/stable/elastic/errors.html)";
 
+// Room for clipQuotedLine's "… (N bytes clipped)" after a head of kReportLineBytes: a line
+// that long was clipped already (a WorkerOutput tail line) and is quoted as it is.
+constexpr size_t kClipMarkerRoom = 48;
+
+std::string quoted(const std::string& line) {
+  if (line.size() <= kReportLineBytes + kClipMarkerRoom) return line;
+  return clipQuotedLine(line, kReportLineBytes, line.size());
+}
+
+// The lines of `lines` from `first` on that fit in `budget` bytes as the report prints them
+// (indented), newest kept, each quoted; a run left out is one line saying how many it had.
+std::vector<std::string> newestWithin(const std::vector<std::string>& lines, size_t first,
+                                      size_t budget, const char* what) {
+  const size_t around = std::strlen(kContinuationIndent) + 1;  // the indent and the '\n'
+  std::vector<std::string> kept;
+  size_t used = 0;
+  size_t i = lines.size();
+  while (i > first) {
+    std::string line = quoted(lines[i - 1]);
+    if (used + line.size() + around > budget && !kept.empty()) break;
+    used += line.size() + around;
+    kept.push_back(std::move(line));
+    --i;
+  }
+  if (i > first) {
+    kept.push_back("\xE2\x80\xA6 (" + std::to_string(i - first) + " " + what + " left out)");
+  }
+  std::reverse(kept.begin(), kept.end());
+  return kept;
+}
+
 // One "[idx]:" entry as lines, without a trailing newline.
 std::vector<std::string> formatEntry(size_t idx, const std::string& host, const WorkerFailure& f) {
   std::vector<std::string> lines;
@@ -129,15 +161,21 @@ std::vector<std::string> formatEntry(size_t idx, const std::string& host, const 
                   (f.error_file.empty() ? std::string(kNotAvailable) : f.error_file));
   std::string shown = trimRight(f.traceback.empty() ? f.message : f.traceback);
   if (shown.empty()) shown = kNotAvailable;
-  std::vector<std::string> shown_lines = splitLines(shown);
-  lines.push_back("  traceback : " + shown_lines.front());
-  for (size_t i = 1; i < shown_lines.size(); ++i) {
-    lines.push_back(kContinuationIndent + shown_lines[i]);
+  // The first line says why; the exception is at the end: both stay, the middle may go.
+  const std::vector<std::string> shown_lines = splitLines(shown);
+  const std::string reason = quoted(shown_lines.front());
+  lines.push_back("  traceback : " + reason);
+  const size_t room = kReportTracebackBytes - std::min(kReportTracebackBytes, reason.size() + 1);
+  for (const std::string& line : newestWithin(shown_lines, 1, room, "lines")) {
+    lines.push_back(kContinuationIndent + line);
   }
   if (!f.stderr_tail.empty()) {
     size_t n = f.stderr_tail.size();
     lines.push_back("  stderr (last " + std::to_string(n) + (n == 1 ? " line):" : " lines):"));
-    for (const std::string& line : f.stderr_tail) lines.push_back(kContinuationIndent + line);
+    for (const std::string& line :
+         newestWithin(f.stderr_tail, 0, kReportTailBytes, "earlier lines")) {
+      lines.push_back(kContinuationIndent + line);
+    }
   }
   return lines;
 }

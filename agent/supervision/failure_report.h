@@ -23,6 +23,20 @@ namespace cpprun::agent {
 // Error files larger than this are refused as corrupt (a traceback is a few KiB).
 inline constexpr std::size_t kMaxErrorFileBytes = 8 * 1024 * 1024;
 
+// The report is cpprun's own message and reaches the console past the budget workers' lines
+// have (OutputSinks::writeReport), so what it quotes of the workers is bounded, whatever they
+// wrote (a 1.1 MB stderr line once made the whole report vanish; docs/failure-report.md):
+//   - every quoted line (stderr tail, traceback, message) shows its first kReportLineBytes and
+//     then "… (N bytes clipped)" (common/clip.h, clipQuotedLine);
+//   - a worker's stderr tail keeps its newest lines within kReportTailBytes;
+//   - a traceback keeps its first line (the reason) and its newest lines within
+//     kReportTracebackBytes (the exception is at the end).
+// A dropped run of lines is one line: "… (N earlier lines left out)". An entry is therefore at
+// most about kReportTailBytes + kReportTracebackBytes + 1 KiB.
+inline constexpr std::size_t kReportLineBytes = 4 * 1024;
+inline constexpr std::size_t kReportTailBytes = 16 * 1024;
+inline constexpr std::size_t kReportTracebackBytes = 64 * 1024;
+
 // What a worker's TORCHELASTIC_ERROR_FILE said. torch writes either
 // {"message": {"message": "<Type>: <msg>", "extraInfo": {"py_callstack": "<tb>",
 //  "timestamp": "<epoch s as string>"}}}
@@ -112,8 +126,8 @@ size_t rootCauseIndex(const std::vector<WorkerFailure>& failures);
 // "(stopped by cpprun during teardown)" for teardown failures; "<not reaped> (pid: P) state S,
 // wchan W, still alive after SIGKILL" for a process SIGKILL did not end), error_file ("<N/A>" when
 // none), traceback (the traceback, else the message; continuation lines indented) and, unlike
-// torchrun, "stderr (last N lines):" with the indented tail when there is one. Rule width = the
-// longest line, at most 60, like torchrun.
+// torchrun, "stderr (last N lines):" with the indented tail when there is one; both bounded as
+// kReportLineBytes says. Rule width = the longest line, at most 60, like torchrun.
 std::string formatFailureReport(const std::string& entrypoint, const std::string& host,
                                 const std::vector<WorkerFailure>& failures);
 

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "agent/console/worker_output.h"
@@ -131,6 +132,37 @@ struct StreamRig {
   std::unique_ptr<WorkerOutput> out;
   std::string shown;
 };
+
+TEST_CASE("WorkerOutput: the tail keeps a runaway line as one line, its head and its length",
+          "[unit]") {
+  StreamRig rig(false);
+  const std::string runaway(200 * 1000, 'y');  // cut into 64 KiB pieces on the console
+  // More than the pipe holds: written by a thread while the loop reads.
+  const std::string bytes = "short\n" + runaway + "\nafter\n";
+  std::thread writer([&] {
+    for (size_t done = 0; done < bytes.size();) {
+      const ssize_t n = ::write(rig.worker[1], bytes.data() + done, bytes.size() - done);
+      if (n <= 0) return;  // the check below fails
+      done += static_cast<size_t>(n);
+    }
+  });
+  const bool shown_all = rig.shows("[p]after\n");
+  writer.join();
+  REQUIRE(shown_all);
+  CHECK(rig.out->tail() ==
+        std::vector<std::string>{"short",
+                                 std::string(kTailLineBytes, 'y') + "\xE2\x80\xA6 (" +
+                                     std::to_string(runaway.size() - kTailLineBytes) +
+                                     " bytes clipped)",
+                                 "after"});
+  // The console has every byte of it.
+  size_t shown = 0;
+  for (size_t pos = rig.shown.find("[p]y"); pos != std::string::npos;
+       pos = rig.shown.find("[p]y", pos + 1)) {
+    shown += rig.shown.find('\n', pos) - pos - 3;
+  }
+  CHECK(shown == runaway.size());
+}
 
 TEST_CASE("WorkerOutput: progress updates reach a plain console as lines, throttled", "[unit]") {
   StreamRig rig(/*terminal=*/false);

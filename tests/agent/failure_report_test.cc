@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "common/clip.h"
+
 namespace {
 
 using cpprun::agent::ErrorFileContents;
@@ -391,6 +393,62 @@ TEST_CASE("report rules are capped at 60 columns", "[unit]") {
   CHECK(got[2] == std::string(60, '-'));
   CHECK(got.back() == std::string(60, '='));
   CHECK_THAT(report, Catch::Contains("  stderr (last 1 line):\n    " + std::string(200, 'x')));
+}
+
+// What the report quotes of a worker is bounded (failure_report.h): it reaches the console past
+// the budget worker lines have, so a worker cannot make it large (or, once, make it vanish).
+TEST_CASE("the report clips each quoted line and bounds the stderr tail", "[unit]") {
+  using cpprun::agent::kReportLineBytes;
+  using cpprun::agent::kReportTailBytes;
+  WorkerFailure f = failureAt(0, Clock::from_time_t(1700000000));
+  f.stderr_tail = {"first", std::string(1100 * 1000, 'x'), "last"};
+  std::string report = cpprun::agent::formatFailureReport("train.py", "node1", {f});
+  CHECK_THAT(report, Catch::Contains("  stderr (last 3 lines):\n    first\n    " +
+                                     std::string(kReportLineBytes, 'x') + "\xE2\x80\xA6 (" +
+                                     std::to_string(1100 * 1000 - kReportLineBytes) +
+                                     " bytes clipped)\n    last\n"));
+  CHECK(report.size() < 2 * kReportLineBytes);
+
+  // Twenty 4 KiB lines: the newest that fit in kReportTailBytes, the rest counted.
+  f.stderr_tail.clear();
+  for (int i = 0; i < 20; ++i) f.stderr_tail.push_back(std::to_string(i) + std::string(4000, '.'));
+  report = cpprun::agent::formatFailureReport("train.py", "node1", {f});
+  const size_t kept = kReportTailBytes / (4002 + 5);  // each line indented, with its '\n'
+  CHECK_THAT(report, Catch::Contains("  stderr (last 20 lines):\n    \xE2\x80\xA6 (" +
+                                     std::to_string(20 - kept) + " earlier lines left out)\n    " +
+                                     std::to_string(20 - kept) + "...."));
+  CHECK_THAT(report, Catch::Contains("\n    19....") && !Catch::Contains("\n    0...."));
+  CHECK(report.size() < kReportTailBytes + 2048);
+}
+
+TEST_CASE("the report keeps a traceback's first and last lines within its bound", "[unit]") {
+  using cpprun::agent::kReportTracebackBytes;
+  WorkerFailure f = failureAt(0, Clock::from_time_t(1700000000));
+  f.traceback = "Traceback (most recent call last):\n";
+  for (int i = 0; i < 100000; ++i)
+    f.traceback += "  File \"x.py\", line " + std::to_string(i) + "\n";
+  f.traceback += "RecursionError: maximum recursion depth exceeded\n";
+  const std::string report = cpprun::agent::formatFailureReport("train.py", "node1", {f});
+  CHECK_THAT(report, Catch::Contains("  traceback : Traceback (most recent call last):\n    "
+                                     "\xE2\x80\xA6 (") &&
+                         Catch::Contains(" lines left out)\n") &&
+                         Catch::Contains("line 99999\n    RecursionError: maximum recursion"));
+  CHECK(report.size() < kReportTracebackBytes + 2048);
+  CHECK(report.size() > kReportTracebackBytes / 2);
+}
+
+TEST_CASE("a clipped line never splits a UTF-8 character and says what it left out", "[unit]") {
+  const std::string line = "a" + [] {
+    std::string s;
+    for (int i = 0; i < 3000; ++i) s += "\xC3\xA9";  // é
+    return s;
+  }();
+  // Byte 4096 is the second byte of an é: the cut moves back to its first.
+  const std::string clipped = cpprun::clipQuotedLine(line, 4096, line.size());
+  CHECK(clipped == line.substr(0, 4095) + "\xE2\x80\xA6 (1906 bytes clipped)");
+  CHECK(cpprun::clipQuotedLine("short", 4096, 5) == "short");
+  // The caller holds only the head of a longer line.
+  CHECK(cpprun::clipQuotedLine("abcdef", 4, 1000) == "abcd\xE2\x80\xA6 (996 bytes clipped)");
 }
 
 TEST_CASE("the root cause document copies a nested error file and sets errorCode", "[unit]") {

@@ -111,6 +111,30 @@ TEST_CASE("agent log lines over their budget are dropped and counted", "[unit]")
   (void)err.readAll(100ms);  // lets the detached writer finish its chunk
 }
 
+TEST_CASE("the failure report reaches a console whose budget is spent", "[unit]") {
+  Pipe out;
+  Pipe err;  // read only once everything is queued
+  OutputSinks sinks(out.fds[1], err.fds[1]);
+  const std::string line(4096, 'l');
+  for (int i = 0; i < 1000; ++i) sinks.writeLog(line + "\n");  // 4 MiB against a 1 MiB budget
+  REQUIRE(sinks.dropped_log_lines.load() > 0);
+  const uint64_t dropped = sinks.dropped_log_lines.load();
+  const std::string report =
+      "=====\ntrain.py FAILED\nRoot Cause (first observed failure):\n=====\n";
+  sinks.writeReport(report);
+  CHECK(sinks.dropped_log_lines.load() == dropped);
+  std::string got;
+  const auto deadline = Clock::now() + 10s;
+  while (got.find("=====\n", got.size() < report.size() ? 0 : got.size() - report.size()) ==
+             std::string::npos &&
+         Clock::now() < deadline) {
+    got += err.readAll(100ms);
+  }
+  REQUIRE(got.size() >= report.size());
+  CHECK(got.substr(got.size() - report.size()) == report);  // last, whole
+  CHECK(sinks.stop(5s, 5s));
+}
+
 TEST_CASE("a writer that has taken nothing while bytes wait reports how long it stalled",
           "[unit]") {
   Pipe pipe;

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <string>
@@ -696,6 +697,48 @@ TEST_CASE("on a terminal a progress bar updates one open line in place", "[integ
     ++shown;
   }
   CHECK(shown <= 6);
+}
+
+// A worker's runaway stderr line cannot hide its failure (issue 36): the failure report is
+// cpprun's own message, bounded in size (each quoted line clipped to kReportLineBytes), and
+// reaches cpprun's stderr past the console's budget, which a 1.1 MB line once exceeded so the
+// whole report was dropped ("the console did not keep up"). The worker's line itself is not
+// lost: the console has every byte of it, cut into kMaxLineBytes pieces.
+TEST_CASE("a 1.1 MB stderr line is shown whole and quoted clipped in a report that always comes",
+          "[integration]") {
+  TempDir dir;
+  constexpr size_t kLineBytes = 1100 * 1000;
+  const std::string script =
+      writeScript(dir, "long_line.py",
+                  "import sys\nsys.stderr.write('x' * " + std::to_string(kLineBytes) +
+                      " + '\\n')\nsys.stderr.flush()\nsys.exit(1)\n");
+  const std::string err_file = dir.path() + "/cpprun-stderr.txt";
+  std::vector<std::string> argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>\"$STDERR_FILE\""};
+  for (std::string& a : cpprun({"--nproc-per-node=1", script})) argv.push_back(std::move(a));
+  auto r = runWithPipes(argv, "", 60s, {{"STDERR_FILE", err_file}});
+  CHECK(r.code == 1);
+  const std::string err = [&] {
+    std::ifstream in(err_file, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }();
+  const size_t root = err.find("Root Cause (first observed failure):");
+  INFO(err.substr(err.size() > 6000 ? err.size() - 6000 : 0));
+  REQUIRE(root != std::string::npos);
+  CHECK(err.find("did not keep up") == std::string::npos);
+  const std::string report = err.substr(err.rfind("\n=", root) + 1);
+  CHECK(report.find("bytes clipped)") != std::string::npos);
+  CHECK(report.size() < 16 * 1024);
+  // Every byte of the worker's line is on the console, in prefixed pieces.
+  size_t shown = 0;
+  size_t pos = 0;
+  while ((pos = err.find("[default0]:", pos)) != std::string::npos) {
+    pos += std::strlen("[default0]:");
+    const size_t end = err.find('\n', pos);
+    REQUIRE(end != std::string::npos);
+    if (err.compare(pos, 1, "x") == 0) shown += end - pos;
+    pos = end;
+  }
+  CHECK(shown == kLineBytes);
 }
 
 }  // namespace
