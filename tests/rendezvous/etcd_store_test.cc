@@ -90,6 +90,25 @@ TEST_CASE("etcd store numKeys counts its own prefix only", "[etcd]") {
   CHECK(c->get("/cpprun/one/a").value().value().value == "1");
 }
 
+TEST_CASE("etcd store deletePrefix removes the keys under the prefix and no others", "[etcd]") {
+  EtcdCluster cluster(clusterOptions(1, false));
+  auto c = client(cluster.endpoints());
+  auto job = std::make_shared<EtcdStore>(c, "/cpprun/");
+  PrefixStore run("run", job);  // as the coordinator sees it: "/cpprun/run/<key>"
+  for (const char* key : {"attempt/1/go", "attempt/1/report/0", "attempt/1/nccl_ids/3",
+                          "attempt/10/go", "attempt/2/go", "exclusion/failures"}) {
+    run.set(key, std::string("x"));
+  }
+  EtcdStore other(c, "/cpprun/other/");
+  other.set("attempt/1/go", std::string("y"));
+  // Attempt 1's keys go in one DeleteRange; attempt 10's (same leading digits) stay.
+  CHECK(run.deletePrefix("attempt/1/") == 3);
+  CHECK_FALSE(run.check({"attempt/1/go"}));
+  CHECK(run.check({"attempt/10/go", "attempt/2/go", "exclusion/failures"}));
+  CHECK(other.check({"attempt/1/go"}));
+  CHECK(run.deletePrefix("attempt/1/") == 0);
+}
+
 TEST_CASE("etcd store handles on different members of a 3-member cluster see each other",
           "[etcd]") {
   EtcdCluster cluster(clusterOptions(3, false));
