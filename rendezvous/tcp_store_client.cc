@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -172,63 +173,52 @@ void TcpStoreClient::handshake(Clock::time_point deadline) {
   if (!options_.secret.empty()) authenticate(deadline);
 }
 
-void TcpStoreClient::authenticate(Clock::time_point deadline) {
-  const std::string where = "store " + formatHostPort(options_.host, options_.port);
-  auto refuse = [&](const std::string& why) {
-    closeConnection();
-    throw StoreAuthError(where + ": " + why + " (docs/security.md)");
-  };
-  const std::string client_nonce = randomBytes(kAuthNonceBytes);
-  Request hello;
-  hello.type = QueryType::CPPRUN_AUTH;
-  hello.keys = {kAuthHello};
-  hello.values = {wire::Bytes(client_nonce.begin(), client_nonce.end())};
+std::optional<std::string> TcpStoreClient::authStep(const std::string& step,
+                                                    const std::string& data,
+                                                    Clock::time_point deadline) {
+  Request r;
+  r.type = QueryType::CPPRUN_AUTH;
+  r.keys = {step};
+  r.values = {wire::Bytes(data.begin(), data.end())};
   out_.clear();
-  wire::encodeRequest(Dialect::kV2, hello, &out_);
-  last_request_ = "the authentication (CPPRUN_AUTH hello)";
-  sendAll(out_.data(), out_.size(), deadline);
-  std::string reply;
+  wire::encodeRequest(Dialect::kV2, r, &out_);
+  last_request_ = "the authentication (CPPRUN_AUTH)";
   try {
-    const wire::Reply& r = readReply(QueryType::CPPRUN_AUTH, 1, deadline);
-    reply = r.values.empty() ? std::string() : toString(r.values[0]);
+    sendAll(out_.data(), out_.size(), deadline);
+    const wire::Reply& reply = readReply(QueryType::CPPRUN_AUTH, 1, deadline);
+    return reply.values.empty() ? std::string() : toString(reply.values[0]);
   } catch (const StoreTimeout&) {
     throw;
-  } catch (const StoreError& e) {
-    refuse(std::string("it does not speak cpprun's authentication: it is not a cpprun agent's "
-                       "store (") +
-           e.what() + ")");
+  } catch (const StoreError&) {
+    return std::nullopt;  // the server closed the connection on it
   }
-  if (reply.empty()) {
+}
+
+void TcpStoreClient::authenticate(Clock::time_point deadline) {
+  auto refuse = [&](const std::string& why) {
+    closeConnection();
+    throw StoreAuthError("store " + formatHostPort(options_.host, options_.port) + ": " + why +
+                         " (docs/security.md)");
+  };
+  const std::string client_nonce = randomBytes(kAuthNonceBytes);
+  const std::optional<std::string> hello = authStep(kAuthHello, client_nonce, deadline);
+  if (!hello)
+    refuse("it closed the connection on cpprun's authentication: it is not a cpprun store");
+  if (hello->empty()) {
     refuse(
         "it has no job secret, but this agent has one: it is not this job's store, or its "
         "agent was started without the secret");
   }
-  if (reply.size() != kAuthNonceBytes + kAuthProofBytes) refuse("a malformed authentication reply");
-  const std::string server_nonce = reply.substr(0, kAuthNonceBytes);
-  if (!proofsEqual(reply.substr(kAuthNonceBytes),
+  if (hello->size() != kAuthNonceBytes + kAuthProofBytes)
+    refuse("a malformed authentication reply");
+  const std::string server_nonce = hello->substr(0, kAuthNonceBytes);
+  if (!proofsEqual(hello->substr(kAuthNonceBytes),
                    serverProof(options_.secret, client_nonce, server_nonce))) {
     refuse("it does not hold this job's secret: it is not this job's store");
   }
-  const std::string proof = clientProof(options_.secret, client_nonce, server_nonce);
-  Request answer;
-  answer.type = QueryType::CPPRUN_AUTH;
-  answer.keys = {kAuthProof};
-  answer.values = {wire::Bytes(proof.begin(), proof.end())};
-  out_.clear();
-  wire::encodeRequest(Dialect::kV2, answer, &out_);
-  last_request_ = "the authentication (CPPRUN_AUTH proof)";
-  sendAll(out_.data(), out_.size(), deadline);
-  try {
-    const wire::Reply& r = readReply(QueryType::CPPRUN_AUTH, 1, deadline);
-    if (r.values.empty() || toString(r.values[0]) != "ok") {
-      refuse("the store did not accept this agent's proof");
-    }
-  } catch (const StoreTimeout&) {
-    throw;
-  } catch (const StoreError& e) {
-    refuse(std::string("the store refused this agent's proof: it holds another secret (") +
-           e.what() + ")");
-  }
+  const std::optional<std::string> ok =
+      authStep(kAuthProof, clientProof(options_.secret, client_nonce, server_nonce), deadline);
+  if (ok != std::string("ok")) refuse("it did not accept this agent's proof");
 }
 
 void TcpStoreClient::sendAll(const uint8_t* data, size_t size, Clock::time_point deadline) {

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "rendezvous/store.h"
@@ -88,6 +89,9 @@ class TcpStoreClient : public Store {
   void handshake(Clock::time_point deadline);
   // CPPRUN_AUTH hello + proof (store_auth.h); StoreAuthError when the store is not the job's.
   void authenticate(Clock::time_point deadline);
+  // One CPPRUN_AUTH request and its reply; nullopt when the server closed the connection on it.
+  std::optional<std::string> authStep(const std::string& step, const std::string& data,
+                                      Clock::time_point deadline);
   void sendRequest(const wire::Request& r, Clock::time_point deadline);
   void sendAll(const uint8_t* data, size_t size, Clock::time_point deadline);
   // Returns false when the deadline passed before any byte arrived (only when allow_timeout).
