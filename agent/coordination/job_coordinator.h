@@ -29,7 +29,8 @@
 // agent (requestLeave: a stop claim with cause "leave"; the others re-form without it, no restart
 // budget used).
 //
-// Keys live under "cpprun/<run id>/" (kept across attempts); agent/coordination/job_keys.h lists
+// Keys live under "cpprun/<run id>/" (the workers' clean-up spares them; the decider deletes an
+// attempt's two attempts later, stale_job_keys.h); agent/coordination/job_keys.h lists
 // them. The store operations per agent per attempt are a constant number (join: 3, attempt: 2,
 // report: 3), whatever the number of agents.
 //
