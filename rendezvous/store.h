@@ -38,6 +38,13 @@ class StoreTimeout : public StoreError {
   using StoreError::StoreError;
 };
 
+// The store did not take a request or answer it within the reply timeout (not a wait that ran
+// out): it is silent. TcpStoreClient closes the connection first.
+class StoreReplyTimeout : public StoreTimeout {
+ public:
+  using StoreTimeout::StoreTimeout;
+};
+
 inline Bytes toBytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
 inline std::string toString(const Bytes& b) { return std::string(b.begin(), b.end()); }
 

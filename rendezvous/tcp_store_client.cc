@@ -226,8 +226,8 @@ void TcpStoreClient::sendAll(const uint8_t* data, size_t size, Clock::time_point
     int left = remainingMs(deadline);
     if (left == 0) {
       closeConnection();
-      throw StoreTimeout("store " + formatHostPort(options_.host, options_.port) +
-                         ": send timed out");
+      throw StoreReplyTimeout("store " + formatHostPort(options_.host, options_.port) +
+                              ": send timed out");
     }
     setSocketTimeout(SO_SNDTIMEO, left, &send_timeout_ms_);
     ssize_t n = ::send(fd_, data, size, MSG_NOSIGNAL);
@@ -248,9 +248,9 @@ bool TcpStoreClient::fill(size_t need, Clock::time_point deadline, bool allow_ti
     if (left == 0) {
       if (allow_timeout && in_end_ == in_pos_) return false;
       closeConnection();
-      throw StoreTimeout("store " + formatHostPort(options_.host, options_.port) +
-                         ": no reply within the " + std::to_string(timeout().count()) +
-                         " ms timeout");
+      throw StoreReplyTimeout("store " + formatHostPort(options_.host, options_.port) +
+                              ": no reply within the " + std::to_string(timeout().count()) +
+                              " ms timeout");
     }
     setSocketTimeout(SO_RCVTIMEO, left, &recv_timeout_ms_);
     // in_ is [consumed | unread | free]; in_end_ marks the end of the unread bytes. Its

@@ -32,7 +32,8 @@ void CoordinatorWatcher::run() {
   const auto interval = s_.opts.keep_alive_interval;
   OwnFreeze freeze(interval, bound, bound + 2 * interval);
   // cpprun's TCP store served by another agent (etcd brings its own liveness).
-  const bool silent_store_ends = s_.acksStops() && !(s_.isHost() && !s_.opts.host_per_round);
+  const bool serves_store = s_.acksStops() && s_.isHost() && !s_.opts.host_per_round;
+  const bool silent_store_ends = s_.acksStops() && !serves_store;
   while (true) {
     int n;
     {
@@ -51,27 +52,25 @@ void CoordinatorWatcher::run() {
         n = s_.watch_attempt;
       }
     }
-    freeze.turn(s_.clock().now());
+    const auto turn_started = s_.clock().now();
+    freeze.turn(turn_started);
     try {
       if (n != handled_stop && n >= 0) {
-        const auto waited_from = std::chrono::steady_clock::now();
         try {
           client->wait({attemptStopKey(n)}, interval);
           const std::string stored = toString(client->get(attemptStopKey(n)));
           handled_stop = n;
           if (s_.acksStops()) acknowledgeStop(*client, n);
           handleStop(*client, n, stored);
-        } catch (const StoreTimeout&) {
+        } catch (const rendezvous::StoreReplyTimeout&) {
           // The wait's end is a CANCEL_WAIT, sent after the interval: one unanswered for the
-          // reply timeout (the bound; it throws no sooner) is the store host's silence, lost
-          // now. Before, the next request's reconnect waited the bound again (a frozen store
-          // host ended the others after 33 s, not 15). A cancel answered late, within the
-          // bound (the host stopped for less), is no loss. The host's own wait is late only
-          // when the host itself was stopped.
-          if (silent_store_ends &&
-              std::chrono::steady_clock::now() - waited_from >= interval + bound) {
-            throw;
-          }
+          // reply timeout (the bound) is the store host's silence, lost now. Before, the next
+          // request's reconnect waited the bound again (a frozen store host ended the others
+          // after 33 s, not 15). A cancel answered late, within the bound (the host stopped for
+          // less, or this agent itself was stopped during its wait), is no loss. The host's
+          // own store is silent only while the host itself is stopped.
+          if (silent_store_ends) throw;
+        } catch (const StoreTimeout&) {
         }
       }
       if (!s_.liveness->renew(*client) && n >= 0) {
@@ -100,6 +99,13 @@ void CoordinatorWatcher::run() {
       claimLosses(*client);
       if (polls && s_.opts.elastic && (s_.isHost() || s_.takesOverDecision()))
         checkJoiners(*client, n);
+    } catch (const rendezvous::StoreReplyTimeout& e) {
+      // The store host's own store is silent only while the host is stopped (it never reports
+      // losing its own store).
+      s_.reportLost(unavailable(serves_store
+                                    ? ownFreezeMessage(s_.clock().now() - turn_started, bound)
+                                    : "lost " + s_.storeWhere() + ": " + e.what()));
+      return;
     } catch (const StoreError& e) {
       s_.reportLost(unavailable("lost " + s_.storeWhere() + ": " + e.what()));
       return;
