@@ -8,9 +8,11 @@
 // rendezvous keys its state by run id the same way, "torch.rendezvous.<run id>"), so two jobs
 // that meet in one store (one TCP store endpoint, one etcd cluster) never see each other's keys.
 // The coordinator applies the namespace (a PrefixStore over every connection); the keys built
-// below are relative to it. They are kept across attempts (the per-attempt clean-up spares
-// "cpprun/"). The scheme is the builders below, one per key, and nothing else spells a key:
-// docs/rendezvous.md lists the same keys, and job_keys_test pins every builder's output.
+// below are relative to it. The per-attempt clean-up of the workers' keys spares "cpprun/"; an
+// attempt's own keys and a round's are deleted two attempts (rounds) later (stale_job_keys.h).
+// With the job's secret only the job's agents may write them (rendezvous/store_auth.h). The scheme
+// is the builders below, one per key, and nothing else spells a key: docs/rendezvous.md lists the
+// same keys, and job_keys_test pins every builder's output.
 //
 // One key outside every namespace: kServedRunIdKey, the run id of the job whose agent serves a
 // TCP store, set by that agent before it answers anyone. An agent of another run id that
