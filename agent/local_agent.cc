@@ -323,8 +323,9 @@ class LocalAgent {
           : std::make_unique<StdinForwarder>(io_, options_.stdin_mode, STDIN_FILENO);
   std::unique_ptr<SingleNodeRendezvous> single_node_;  // one node
   std::unique_ptr<JobCoordinator> coordinator_;        // multi-node
-  // Multi-node: the health check before every join and the gate between the supervisor and the
-  // coordinator (health_gate.h): whether this node takes part in the next round.
+  // The health check before every join (multi-node) or attempt (one node) and the gate between
+  // the supervisor and the coordinator (health_gate.h): whether this node takes part in the next
+  // round; on one node the gate has no coordinator and is null when there is nothing to check.
   std::unique_ptr<HealthCheck> health_;
   std::unique_ptr<HealthGate> gate_;
   std::unique_ptr<Supervisor> supervisor_;
@@ -446,6 +447,24 @@ void LocalAgent::makeCoordinatorAndSupervisor() {
     };
   } else {
     single_node_ = std::make_unique<SingleNodeRendezvous>(event_log_.get(), options_.host_name);
+    // One node: the same check before every attempt, the first and each restart; a failure ends
+    // the job (exit 5) before the attempt's workers start (health_gate.h).
+    health_ = std::make_unique<HealthCheck>(io_, *launcher_, options_.health);
+    if (health_->enabled()) {
+      HealthGateOptions go;
+      go.event_log = event_log_.get();
+      gate_ = std::make_unique<HealthGate>(*health_, go);
+      // The check's failure fails the attempt's preparation (prepareAttempt).
+      supervisor_options.before_attempt = [this](int restart_count, std::function<void()> start) {
+        gate_->checkBeforeAttempt(restart_count,
+                                  [start = std::move(start)](const Status&) { start(); });
+      };
+      supervisor_options.amend_outcome = [this](JobOutcome& outcome) {
+        if (gate_->failure().isOk()) return;
+        outcome.kind = JobOutcome::Kind::kUnhealthy;
+        outcome.error = gate_->failure();
+      };
+    }
   }
   supervisor_ = std::make_unique<Supervisor>(
       io_, *launcher_, supervisor_options,
@@ -603,7 +622,8 @@ Result<AttemptSpec> LocalAgent::prepareAttempt(int restart_count) {
     if (options_.multi_node->host_per_round) useRoundStore(start->membership, context);
     return make_attempt_(context);
   }
-  // One node: this agent is the host.
+  // One node: this agent is the host, and its health check must have passed (health_gate.h).
+  if (gate_ && !gate_->failure().isOk()) return gate_->failure();
   single_node_->begin();
   context.nccl_unique_id_hex = prepareHostAttempt(restart_count);
   const int nid = ncclIdCount(options_.nproc, options_.nccl_ranks_per_id);

@@ -144,9 +144,11 @@ agent::LocalAgentOptions makeAgentOptions(const AgentOptionsInputs& in) {
     stall.python_progress = config.python_progress;
     stall.gdb_path = in.gdb_path;
   }
+  // --health-check runs before every attempt on one node too; the built-in checks are the
+  // multi-node round's (docs/operations.md, "Health checks").
+  options.health.command = config.health_check;
+  options.health.timeout = milliseconds(config.health_check_timeout);
   if (options.multi_node) {
-    options.health.command = config.health_check;
-    options.health.timeout = milliseconds(config.health_check_timeout);
     if (config.builtin_health_checks) {
       options.health.builtin = makeBuiltinHealthCheck(config, in.node, in.env);
     }

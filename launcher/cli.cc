@@ -777,10 +777,11 @@ const OptionSpec kOptions[] = {
      "rank) stops the job from starting (exit 3), as torchrun does, instead of starting "
      "unbound."},
     {"--health-check", 0, Arity::kValue, false, applyHealthCheck, Section::kRestarts, "CMD", "none",
-     "Multi-node: run `/bin/sh -c CMD` before every join of a round (the first and each "
-     "re-join); a non-zero exit, a death or --health-check-timeout fails the node, which then "
-     "does not join: elastic, it leaves (exit 5) and the others go on; static, or the c10d "
-     "store host, the job fails naming it. $CPPRUN_HEALTH_CHECK_ATTEMPT is the attempt."},
+     "Run `/bin/sh -c CMD` before every attempt (multi-node: every join of a round, the first "
+     "and each re-join); a non-zero exit, a death or --health-check-timeout fails the node. One "
+     "node: the job ends (exit 5) before the attempt's workers start. Multi-node, it does not "
+     "join: elastic, it leaves (exit 5) and the others go on; static, or the c10d store host, "
+     "the job fails naming it. $CPPRUN_HEALTH_CHECK_ATTEMPT is the attempt."},
     {"--health-check-timeout", 0, Arity::kValue, false, applyHealthCheckTimeout, Section::kRestarts,
      "SECONDS", "60", "Bound on the health check (the command and the built-in checks together)."},
     {"--health-check-dirs", 0, Arity::kValue, false, applyHealthCheckDirs, Section::kRestarts,

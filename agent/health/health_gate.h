@@ -16,10 +16,16 @@
 //                             this node (exit 6, JobOutcome::kExcluded); the others re-form
 //   decision excludes another `node_excluded` event; named in departures() for the report
 //
+// A one-node job has no round to stay out of and no inner coordinator: checkBeforeAttempt()
+// runs the same check before every attempt (the first and each restart), and a failure ends the
+// job before the attempt's workers start (exit 5, JobOutcome::kUnhealthy). The agent runs it as
+// SupervisorOptions::before_attempt, and the attempt's preparation fails on failure().
+//
 // Thread safety: loop thread only (every JobCoordinator call, callback and accessor), except
 // progress(), which is the inner coordinator's (any thread).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -44,6 +50,14 @@ class HealthGate : public JobCoordinator {
 
   // REQUIRES: `inner` and `check` outlive the gate (`check` may be disabled: every join passes).
   HealthGate(JobCoordinator& inner, HealthCheck& check, HealthGateOptions options);
+  // One node: only checkBeforeAttempt() and the accessors may be used (the JobCoordinator calls
+  // need an inner coordinator). REQUIRES: `check` outlives the gate.
+  HealthGate(HealthCheck& check, HealthGateOptions options);
+
+  // One node: runs the check before attempt `restart_count`; `done` runs on the loop with ok
+  // (start the workers) or the failure ("health check failed: ...", also failure()), after the
+  // `health_check_*` event and the ERROR lines. Passes at once when `check` is disabled.
+  void checkBeforeAttempt(int restart_count, std::function<void(const Status&)> done);
 
   void beginAttempt(int restart_count, StartDone done) override;
   void announceStop(int restart_count, const std::string& reason, int signal) override;
@@ -61,9 +75,12 @@ class HealthGate : public JobCoordinator {
 
  private:
   void onHealth(int restart_count, const HealthResult& result, StartDone done);
+  // The event and the ERROR line of a check's result; the failure's reason ("health check
+  // failed: ...") or ok.
+  Status noteResult(int restart_count, const HealthResult& result, const char* action);
   void onDecision(Result<JobDecision> decision, DecisionDone done);
 
-  JobCoordinator& inner_;
+  JobCoordinator* inner_;  // null on one node
   HealthCheck& check_;
   const HealthGateOptions opts_;
   Status failure_;

@@ -153,19 +153,23 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
   }
 
   void startAttempt() {
-    if (options_.coordinator == nullptr) {
-      launchAttempt();
-      return;
-    }
-    // Every node must be ready (its previous attempt torn down) before any starts this one.
+    if (options_.coordinator == nullptr && !options_.before_attempt) return launchAttempt();
+    // Every node must be ready (its previous attempt torn down) before any starts this one. One
+    // node: its check first (before_attempt); prepare_ then fails the attempt if the check did.
     setState(State::kIdle);
     early_peer_stop_.reset();
-    options_.coordinator->beginAttempt(
-        restart_count_, [weak = weak_from_this(), n = restart_count_](Result<AttemptStart> r) {
-          auto self = weak.lock();
-          if (!self || self->state_ == State::kDone || n != self->restart_count_) return;
-          self->onAttemptStart(r);
-        });
+    auto current = [weak = weak_from_this(), n = restart_count_] {
+      auto self = weak.lock();
+      return self && self->state_ != State::kDone && n == self->restart_count_ ? self : nullptr;
+    };
+    if (options_.coordinator == nullptr) {
+      return options_.before_attempt(restart_count_, [current] {
+        if (auto self = current()) self->launchAttempt();
+      });
+    }
+    options_.coordinator->beginAttempt(restart_count_, [current](Result<AttemptStart> r) {
+      if (auto self = current()) self->onAttemptStart(r);
+    });
   }
 
   // Multi-node: what the nodes agreed for the attempt (or why there is none).

@@ -116,6 +116,12 @@ struct SupervisorOptions {
   // Run on the job's outcome before it is logged and handed on: the agent's last word on it
   // (a node that left the job: health_gate.h). Empty: none.
   std::function<void(JobOutcome&)> amend_outcome;
+  // One node: a step before every attempt, the first and each restart (the health check:
+  // HealthGate::checkBeforeAttempt). Once it calls `go` (on the loop), the attempt is prepared
+  // (PrepareAttempt), which fails it — the job ends before any worker starts, as a start
+  // failure that amend_outcome may name — when the step failed. Empty: none. Multi-node jobs
+  // have the coordinator's beginAttempt instead.
+  std::function<void(int restart_count, std::function<void()> go)> before_attempt;
 };
 
 // What the supervisor is doing now, for /status and /metrics (loop thread).

@@ -293,3 +293,79 @@ TEST_CASE("c10d: a store host that fails its health check fails the job at once,
   // Not the join timeout (30 s) nor a lost store: the job's decision.
   CHECK(std::chrono::steady_clock::now() - began < 20s);
 }
+
+// One node (issue 36, finding 6): --health-check was ignored there — the command never ran and
+// the workers started. It runs before every attempt now, and a failure ends the job with exit 5
+// before the attempt's workers start. Each worker that starts leaves a marker file.
+TEST_CASE("one node: a failing health command ends the job with exit 5 before any worker starts",
+          "[integration][health]") {
+  TempDir dir;
+  const std::string d = dir.path();
+  ChildProcess run(cpprunCommand({"--nproc-per-node=2", "--event-log=" + d + "/events.jsonl",
+                                  "--health-check=echo checked $CPPRUN_HEALTH_CHECK_ATTEMPT > " +
+                                      d + "/checked; echo 'disk /data read-only'; exit 3",
+                                  "--no-python", kWorker, "touch", d + "/started-{restart}-{rank}",
+                                  "exit", "0"}));
+  {
+    INFO(run.output());
+    CHECK(waitExit(run) == 5);
+    CHECK_THAT(run.output(), Catch::Contains("exited with code 3") &&
+                                 Catch::Contains("disk /data read-only") &&
+                                 Catch::Contains("this node failed its health check"));
+  }
+  CHECK(readFile(d + "/checked") == "checked 0\n");
+  CHECK(::access((d + "/started-0-0").c_str(), F_OK) != 0);
+  CHECK(::access((d + "/started-0-1").c_str(), F_OK) != 0);
+  CHECK(events(d + "/events.jsonl", "worker_started").empty());
+  const auto failed = events(d + "/events.jsonl", "health_check_failed");
+  REQUIRE(failed.size() == 1);
+  CHECK(failed[0]["attempt"] == 0);
+  CHECK(failed[0]["action"] == "fail_job");
+  const auto finished = events(d + "/events.jsonl", "job_finished");
+  REQUIRE(finished.size() == 1);
+  CHECK(finished[0]["outcome"] == "unhealthy");
+  CHECK(finished[0]["exit_code"] == 5);
+}
+
+TEST_CASE("one node: the health check runs before every restart and stops the next attempt",
+          "[integration][health]") {
+  TempDir dir;
+  const std::string d = dir.path();
+  // Attempt 0's worker makes the node sick (the file the check reads) and fails, so there is a
+  // restart; the check before attempt 1 fails, and attempt 1's worker never starts.
+  ChildProcess run(cpprunCommand(
+      {"--nproc-per-node=1", "--max-restarts=3", "--event-log=" + d + "/events.jsonl",
+       "--health-check=echo $CPPRUN_HEALTH_CHECK_ATTEMPT >> " + d + "/checks; test ! -e " + d +
+           "/sick || { echo 'GPU 3 fell off the bus'; exit 7; }",
+       "--no-python", kWorker, "touch", d + "/started-{restart}", "touch", d + "/sick", "exit",
+       "1"}));
+  {
+    INFO(run.output());
+    CHECK(waitExit(run) == 5);
+    CHECK_THAT(run.output(), Catch::Contains("GPU 3 fell off the bus") &&
+                                 Catch::Contains("before attempt 1") &&
+                                 Catch::Contains("exit 5: this node failed its health check"));
+  }
+  CHECK(readFile(d + "/checks") == "0\n1\n");
+  CHECK(::access((d + "/started-0").c_str(), F_OK) == 0);
+  CHECK(::access((d + "/started-1").c_str(), F_OK) != 0);
+  CHECK(events(d + "/events.jsonl", "worker_started").size() == 1);
+  CHECK(events(d + "/events.jsonl", "health_check_passed").size() == 1);
+  const auto failed = events(d + "/events.jsonl", "health_check_failed");
+  REQUIRE(failed.size() == 1);
+  CHECK(failed[0]["attempt"] == 1);
+}
+
+TEST_CASE("one node: a passing health check runs before each attempt and the job goes on",
+          "[integration][health]") {
+  TempDir dir;
+  const std::string d = dir.path();
+  ChildProcess run(cpprunCommand(
+      {"--nproc-per-node=1", "--max-restarts=1",
+       "--health-check=echo $CPPRUN_HEALTH_CHECK_ATTEMPT >> " + d + "/checks", "--no-python",
+       kWorker, "touch", d + "/started-{restart}", "exit-if-restart", "0", "1", "exit", "0"}));
+  INFO(run.output());
+  CHECK(waitExit(run) == 0);
+  CHECK(readFile(d + "/checks") == "0\n1\n");
+  CHECK(::access((d + "/started-1").c_str(), F_OK) == 0);
+}
