@@ -355,7 +355,7 @@ TEST_CASE(
 
 TEST_CASE(
     "log dir: one where another user could replace the run's directory is refused with exit 2 "
-    "before anything starts; a sticky one (as /tmp) is taken",
+    "before anything starts, and a sticky one (as /tmp) is taken",
     "[integration][security]") {
   TempDir dir;
   const std::string logs = dir.path() + "/open";

@@ -6,8 +6,8 @@
 // the store host and a leave below MIN are refused; a browser's POST /leave (Origin), one
 // through a foreign Host and, with --metrics-token-file, one without the token drain nothing,
 // and a token file others can read stops cpprun at start (exit 2); and a spare on another
-// network-namespace host takes the place of a node cut off the network. Every wait is bounded and waits on lines
-// or exits, never on time.
+// network-namespace host takes the place of a node cut off the network. Every wait is bounded and
+// waits on lines or exits, never on time.
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
