@@ -36,11 +36,11 @@ if [ "${CI:-}" = "true" ]; then
   build-fuzz/tests/fuzz/wire_fuzz -max_total_time="${CPPRUN_FUZZ_SECONDS:-60}" \
     -print_final_stats=1 "$corpus" 2>&1 | tail -n 12
 
-  echo "== fuzz the store records the agents read (${CPPRUN_FUZZ_SECONDS:-60} s)"
+  echo "== fuzz the store records the agents read (${CPPRUN_RECORD_FUZZ_SECONDS:-30} s)"
   records=$(mktemp -d)
   trap 'rm -rf "$corpus" "$records"' EXIT
   /usr/bin/python3 tests/fuzz/make_record_corpus.py "$records"
-  build-fuzz/tests/fuzz/record_fuzz -max_total_time="${CPPRUN_FUZZ_SECONDS:-60}" \
+  build-fuzz/tests/fuzz/record_fuzz -max_total_time="${CPPRUN_RECORD_FUZZ_SECONDS:-30}" \
     -print_final_stats=1 "$records" 2>&1 | tail -n 6
 
   echo "== tests under ASan + UBSan"
