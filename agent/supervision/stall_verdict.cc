@@ -6,7 +6,7 @@
 #include <tuple>
 #include <unordered_map>
 
-#include "agent/supervision/json_field.h"
+#include "agent/supervision/record_reader.h"
 
 namespace cpprun::agent {
 
@@ -136,66 +136,31 @@ json rankStateToJson(const RankState& s) {
 }
 
 Result<RankState> rankStateFromJson(const json& doc, const std::string& where) {
-  auto bad = [&](const std::string& what) {
-    return Status(StatusCode::kInvalidArgument, where + ": " + what);
-  };
-  if (!doc.is_object()) return bad("a rank's state is not a JSON object");
   // A present field must have the right type and range; an absent one keeps its default.
-  auto integer = [&](const char* key, int64_t lo, int64_t hi, int64_t& out) -> bool {
-    if (!doc.contains(key)) return true;
-    const auto v = jsonField<int64_t>(doc, key);
-    if (!v || *v < lo || *v > hi) return false;
-    out = *v;
-    return true;
-  };
-  auto boolean = [&](const char* key, bool& out) -> bool {
-    if (!doc.contains(key)) return true;
-    const auto v = jsonField<bool>(doc, key);
-    if (v) out = *v;
-    return v.has_value();
-  };
+  RecordReader in(doc, where + ": a rank's state");
   RankState s;
-  int64_t rank = -1, local = -1, pid = 0, code = 0;
-  if (!doc.contains("r") || !integer("r", 0, 1 << 24, rank)) return bad("rank (r) out of range");
-  if (!integer("l", -1, 1 << 16, local)) return bad("local rank (l) out of range");
-  if (!integer("p", 0, 1 << 30, pid)) return bad("pid (p) out of range");
-  if (!integer("c", -128, 255, code)) return bad("exit code (c) out of range");
-  if (!boolean("s", s.stalled) || !boolean("x", s.exited)) return bad("s and x are booleans");
-  s.rank = static_cast<int>(rank);
-  s.local_rank = static_cast<int>(local);
-  s.pid = static_cast<int>(pid);
-  s.exit_code = static_cast<int>(code);
-  if (doc.contains("op")) {
+  s.rank = in.intIn("r", -1, 0, 1 << 24, /*required=*/true);
+  s.local_rank = in.intIn("l", -1, -1, 1 << 16);
+  s.pid = in.intIn("p", 0, 0, 1 << 30);
+  s.exit_code = in.intIn("c", 0, -128, 255);
+  s.stalled = in.boolean("s", false);
+  s.exited = in.boolean("x", false);
+  if (in.ok() && in.has("op")) {
     CollectiveRecord c;
-    const auto op = doc.find("op");
-    const auto group = doc.find("g");
-    const auto seq = doc.find("q");
-    if (!op->is_string() || group == doc.end() || !group->is_string() || seq == doc.end() ||
-        !seq->is_number_unsigned() || !boolean("in", c.inside)) {
-      return bad("collective (op, g, q, in) malformed");
+    c.op = in.text("op", "", kMaxCollectiveNameBytes, true);
+    c.group = in.text("g", "", kMaxCollectiveNameBytes, true);
+    c.seq = static_cast<uint64_t>(in.integer("q", 0, 0, INT64_MAX, true));
+    c.inside = in.boolean("in", false);
+    if (in.ok() && (!validCollectiveName(c.op) || !validCollectiveName(c.group))) {
+      in.fail("collective op or group malformed");
     }
-    c.op = op->get<std::string>();
-    c.group = group->get<std::string>();
-    c.seq = seq->get<uint64_t>();
-    if (!validCollectiveName(c.op) || !validCollectiveName(c.group))
-      return bad("collective op or group malformed");
     s.collective = c;
   }
-  if (auto f = doc.find("f"); f != doc.end()) {
-    if (!f->is_string() || f->get_ref<const std::string&>().size() > kMaxFrameBytes) {
-      return bad("frame (f) is not text of at most " + std::to_string(kMaxFrameBytes) + " bytes");
-    }
-    s.frame = clean(f->get<std::string>(), kMaxFrameBytes);
+  s.frame = clean(in.text("f", "", kMaxFrameBytes), kMaxFrameBytes);
+  for (const std::string& line : in.texts("k", kMaxStackLines, kMaxStackLineBytes)) {
+    s.stack.push_back(clean(line, kMaxStackLineBytes));
   }
-  if (auto k = doc.find("k"); k != doc.end()) {
-    if (!k->is_array() || k->size() > kMaxStackLines) return bad("stack (k) is not a short list");
-    for (const json& line : *k) {
-      if (!line.is_string() || line.get_ref<const std::string&>().size() > kMaxStackLineBytes) {
-        return bad("stack (k) holds a line that is not short text");
-      }
-      s.stack.push_back(clean(line.get<std::string>(), kMaxStackLineBytes));
-    }
-  }
+  if (!in.ok()) return in.status();
   return s;
 }
 
