@@ -54,7 +54,9 @@ set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SECTION utils)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
-# NCCL and the CUDA driver are loaded at run time when present (dlopen), never required.
+# NCCL, the CUDA driver and hwloc are loaded at run time when present (dlopen), never required;
+# hwloc (--numa-binding, --check's topology) is recommended.
+set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "libhwloc15")
 set(CPACK_DEBIAN_PACKAGE_SUGGESTS "python3-torch, slurm-client, openmpi-bin")
 if(CPPRUN_HAVE_CUDA)
   # cpprun-mnist's GPU engine links the CUDA runtime, cuBLAS and NCCL of the toolkit found at

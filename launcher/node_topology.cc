@@ -13,6 +13,8 @@
 #include <map>
 #include <memory>
 
+#include "launcher/hwloc_library.h"
+
 namespace cpprun::launcher {
 namespace {
 
@@ -160,7 +162,10 @@ Result<TopologyPtr> loadHwloc(const std::string& xml_path) {
 // Where the topology came from, for --check.
 std::string sourceOf(const std::string& xml_path, bool this_machine) {
   if (!xml_path.empty()) return "XML file " + xml_path;
-  if (this_machine) return std::string("this machine (hwloc ") + HWLOC_VERSION + ")";
+  if (this_machine) {
+    return std::string("this machine (") + kHwlocLibrary + ", hwloc API " +
+           loadedHwlocApiVersion() + ")";
+  }
   const char* env = std::getenv("HWLOC_XMLFILE");
   return std::string("XML file ") + (env != nullptr ? env : "(HWLOC_XMLFILE)");
 }
@@ -256,6 +261,7 @@ TopologyPciDevice pciDeviceOf(hwloc_topology_t raw, hwloc_obj_t p, bool this_mac
 }  // namespace
 
 Result<NodeTopology> loadNodeTopology(const std::string& xml_path) {
+  if (Status hwloc = loadHwlocLibrary(); !hwloc.isOk()) return hwloc;
   auto loaded = loadHwloc(xml_path);
   if (!loaded.isOk()) return loaded.status();
   hwloc_topology_t raw = loaded.value().get();

@@ -7,9 +7,13 @@
 #include <set>
 #include <string>
 
+#include "launcher/hwloc_library.h"
+
 namespace {
 
 using namespace cpprun::launcher;
+using cpprun::Status;
+using cpprun::StatusCode;
 
 const std::string kTopologies = CPPRUN_TOPOLOGY_DIR;
 
@@ -112,7 +116,7 @@ TEST_CASE("this machine's topology loads with every CPU the agent may use", "[un
   auto t = loadNodeTopology();
   REQUIRE(t.isOk());
   CHECK(t.value().this_machine);
-  CHECK(t.value().source.find("this machine (hwloc 2.") == 0);
+  CHECK(t.value().source.find("this machine (libhwloc.so.15, hwloc API 2.") == 0);
   CHECK_FALSE(t.value().cpus.empty());
   CHECK_FALSE(t.value().numa_nodes.empty());
 }
@@ -127,3 +131,27 @@ TEST_CASE("a topology file that is missing or not hwloc XML is an error naming i
 }
 
 }  // namespace
+
+// hwloc is loaded, not linked (launcher/hwloc_library.h): a node without it gets one error that
+// names the library, dlopen's reason and the packages that provide it; the loaded one is 2.x.
+TEST_CASE("an hwloc library that does not load is kNotFound naming it and the packages") {
+  const Status s = loadHwlocLibraryFrom("libhwloc-not-installed.so.15");
+  REQUIRE(s.code() == StatusCode::kNotFound);
+  CHECK(s.message().find("libhwloc-not-installed.so.15 does not load (") != std::string::npos);
+  CHECK(s.message().find("libhwloc15") != std::string::npos);
+  CHECK(s.message().find("hwloc-libs") != std::string::npos);
+  CHECK(s.message().find("or run without --numa-binding") != std::string::npos);
+}
+
+TEST_CASE("a library without hwloc's functions is kNotFound naming the first one it lacks") {
+  const Status s = loadHwlocLibraryFrom("libz.so.1");
+  REQUIRE(s.code() == StatusCode::kNotFound);
+  CHECK(s.message().find("libz.so.1 lacks hwloc_get_api_version") != std::string::npos);
+}
+
+TEST_CASE("the system's hwloc loads, is 2.x, and a failed load before it changes nothing") {
+  REQUIRE_FALSE(loadHwlocLibraryFrom("libhwloc-not-installed.so.15").isOk());
+  REQUIRE(loadHwlocLibrary().isOk());
+  CHECK(loadedHwlocApiVersion().rfind("2.", 0) == 0);
+  CHECK(loadNodeTopology("").isOk());
+}
