@@ -1,10 +1,10 @@
 #include "launcher/launch_plan.h"
 
-#include <string.h>  // sigabbrev_np
 
 #include <filesystem>
 #include <sstream>
 
+#include "agent/supervision/failure_report.h"
 #include "common/environment.h"
 #include "common/network_address.h"
 #include "launcher/python_interpreter.h"
@@ -30,8 +30,7 @@ std::string substituteLocalRank(std::string arg, int local_rank) {
 std::string signalListText(const std::vector<int>& signals) {
   std::string out;
   for (int signo : signals) {
-    const char* abbrev = ::sigabbrev_np(signo);
-    out += (out.empty() ? "SIG" : ",SIG") + std::string(abbrev ? abbrev : std::to_string(signo));
+    out += (out.empty() ? "" : ",") + agent::signalName(signo);
   }
   return out;
 }

@@ -1,6 +1,7 @@
 // prepareSpawn and the child's errors: everything about starting a worker that needs no child.
 #include "agent/processes/spawn_plan.h"
 
+#include <dlfcn.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -111,9 +112,12 @@ std::string moveFdCall(int from, int to) {
 }  // namespace
 
 std::string errnoText(int error) {
-  const char* name = strerrordesc_np(error);
-  const char* abbrev = strerrorname_np(error);
-  return std::string(name != nullptr ? name : "unknown error") + " (" +
+  // strerrorname_np is glibc 2.32's; the wheel's binaries link against 2.28 (RHEL 8), so it is
+  // looked up where it exists and the number is said where it does not.
+  using NameFn = const char* (*)(int);
+  static const auto name_of = reinterpret_cast<NameFn>(::dlsym(RTLD_DEFAULT, "strerrorname_np"));
+  const char* abbrev = name_of != nullptr ? name_of(error) : nullptr;
+  return std::string(std::strerror(error)) + " (" +
          (abbrev != nullptr ? std::string(abbrev) : "errno " + std::to_string(error)) + ")";
 }
 
