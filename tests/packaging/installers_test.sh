@@ -30,6 +30,7 @@
 set -euo pipefail
 [ $# = 3 ] || { echo "usage: installers_test.sh SOURCE_DIR WHEEL_DIR BUILD_DIR" >&2; exit 2; }
 src=$(cd "$1" && pwd)
+[ -d "$2" ] || { echo "installers_test: FAILED: no wheel folder $2 (packaging/build-wheel.sh builds the wheels; packaging/setup.sh --wheel-tools installs its tools)" >&2; exit 1; }
 wheel_dir=$(cd "$2" && pwd)
 build=$(cd "$3" && pwd)
 tools=${CPPRUN_WHEEL_TOOLS_VENV:-/opt/cpprun/wheel-tools}
