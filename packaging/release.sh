@@ -2,8 +2,8 @@
 # Builds everything a release ships into one folder, each file with its SHA-256 in SHA256SUMS:
 #   cpprun-VERSION-py3-none-manylinux_2_28_x86_64.whl    pip install cpprun, x86-64 (glibc 2.28+)
 #   cpprun-VERSION-py3-none-manylinux_2_28_aarch64.whl   the same for aarch64 (Grace Hopper)
-#   cpprun-VERSION.tar.gz                                the sdist: pip builds it with a C++17
-#                                                        compiler and CMake (README, "Install")
+#   cpprun-VERSION.tar.gz                                the sdist (HEAD's files): pip builds it
+#                                                        with a C++17 compiler and CMake
 #   cpprun_VERSION_amd64.deb                             Debian 12: cpprun, cpprun-store,
 #                                                        cpprun-mnist, man page, completion
 #
@@ -30,8 +30,20 @@ started=$(date +%s)
 "$src/packaging/build-wheel.sh" "$dist" "$build" > "$log" 2>&1 || fail "the wheels failed"
 step "wheels built in $(( $(date +%s) - started )) s"
 
+# The sdist from the commit's files only (scikit-build-core would take any file git does not
+# ignore, tracked or not): HEAD exported by git archive, when the source is a checkout.
 started=$(date +%s)
-"$tools/bin/python" -m build --sdist --no-isolation --outdir "$dist" "$src" > "$log" 2>&1 ||
+sdist_src=$src
+export_dir=$(mktemp -d)
+trap 'rm -f "$log"; rm -rf "$export_dir"' EXIT
+if git -C "$src" rev-parse --git-dir > /dev/null 2>&1; then
+  git -C "$src" archive --format=tar HEAD | tar -x -C "$export_dir"
+  sdist_src=$export_dir
+  if [ -n "$(git -C "$src" status --porcelain --untracked-files=no)" ]; then
+    step "note: the sdist is HEAD's; uncommitted changes are not in it"
+  fi
+fi
+"$tools/bin/python" -m build --sdist --no-isolation --outdir "$dist" "$sdist_src" > "$log" 2>&1 ||
   fail "the sdist failed"
 step "sdist built in $(( $(date +%s) - started )) s"
 

@@ -32,12 +32,11 @@ for arch in x86_64 aarch64; do
   tag=$(echo "$show" | tr '\n' ' ' |
     sed -n 's/.*consistent with the following platform tag: "manylinux_2_\([0-9]*\)_'"$arch"'".*/\1/p')
   [ -n "$tag" ] && [ "$tag" -le 28 ] || fail "auditwheel does not find $whl consistent with manylinux_2_28"
-  if echo "$show" | grep -q "external shared libraries"; then fail "$whl needs libraries outside the policy"; fi
+  if grep -q "external shared libraries" <<< "$show"; then fail "$whl needs libraries outside the policy"; fi
   listing=$("$tools/bin/python" -m zipfile -l "$whl")
   for member in "cpprun-$version.data/scripts/cpprun" "cpprun-$version.data/scripts/cpprun-store" \
                 cpprun/__init__.py cpprun/__main__.py; do
-    echo "$listing" | grep -q " *$member " || echo "$listing" | grep -q "^$member " ||
-      fail "$whl lacks $member"
+    grep -q "^$member " <<< "$listing" || fail "$whl lacks $member"
   done
 done
 
@@ -45,10 +44,11 @@ sdist=$dist/cpprun-$version.tar.gz
 members=$(tar -tzf "$sdist")
 for member in CMakeLists.txt pyproject.toml launcher/cpprun_main.cc python/cpprun/__main__.py \
               cmake/Wheel.cmake; do
-  echo "$members" | grep -qx "cpprun-$version/$member" || fail "the sdist lacks $member"
+  grep -qx "cpprun-$version/$member" <<< "$members" || fail "the sdist lacks $member"
 done
-if echo "$members" | grep -q "^cpprun-$version/tests/"; then fail "the sdist holds tests/"; fi
+if grep -q "^cpprun-$version/tests/" <<< "$members"; then fail "the sdist holds tests/"; fi
 
 deb=$(ls "$dist"/cpprun_"$version"_*.deb)
-dpkg-deb --contents "$deb" | grep -q " ./usr/bin/cpprun$" || fail "$deb lacks /usr/bin/cpprun"
+contents=$(dpkg-deb --contents "$deb")
+grep -q " \./usr/bin/cpprun$" <<< "$contents" || fail "$deb lacks /usr/bin/cpprun"
 echo "release_test: passed in $(( $(date +%s) - started )) s"
