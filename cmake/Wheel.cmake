@@ -3,3 +3,6 @@
 # the environment's bin/. The trainer, the man page, completion and modulefile are the .deb's
 # and `cmake --install`'s (cmake/Packaging.cmake), not the wheel's.
 install(TARGETS cpprun cpprun-store RUNTIME DESTINATION ${SKBUILD_SCRIPTS_DIR} COMPONENT wheel)
+# Stripped when linked (the wheels' zig toolchain cannot strip afterwards: pyproject.toml turns
+# install's strip off), whichever compiler builds the wheel: pip install ., the sdist, zig.
+add_link_options(-s)

@@ -10,8 +10,7 @@ set(CMAKE_SYSTEM_PROCESSOR "${CMAKE_MATCH_1}")
 set(CMAKE_CXX_COMPILER "${CMAKE_CURRENT_LIST_DIR}/bin/zig-c++")
 set(CMAKE_AR "${CMAKE_CURRENT_LIST_DIR}/bin/zig-ar" CACHE FILEPATH "zig ar")
 set(CMAKE_RANLIB "${CMAKE_CURRENT_LIST_DIR}/bin/zig-ranlib" CACHE FILEPATH "zig ranlib")
-# Stripped when linked (zig's objcopy cannot strip); pyproject.toml turns install's strip off.
-set(CMAKE_EXE_LINKER_FLAGS_INIT "-s")
+# The wheel's binaries are stripped when linked (cmake/Wheel.cmake): zig's objcopy cannot strip.
 
 set(CMAKE_FIND_ROOT_PATH "${CMAKE_CURRENT_LIST_DIR}")
 set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)
