@@ -27,9 +27,16 @@ case $mode in
     grep -q "^ Package: cpprun$" "$scratch/info" || fail "package name"
     grep -q "^ Version: $version$" "$scratch/info" || fail "package version"
     # dpkg-shlibdeps computed the dependencies from the binaries' libraries.
-    for lib in libc6 libhwloc libopenblas libgloo; do
+    for lib in libc6 libopenblas libgloo; do
       grep "^ Depends:" "$scratch/info" | grep "$lib" > /dev/null || fail "Depends lacks $lib: $(grep Depends "$scratch/info")"
     done
+    # hwloc is loaded when --numa-binding needs it (launcher/hwloc_library.h): recommended, not
+    # required.
+    grep "^ Recommends:" "$scratch/info" | grep libhwloc15 > /dev/null ||
+      fail "Recommends lacks libhwloc15: $(grep Recommends "$scratch/info")"
+    if grep "^ Depends:" "$scratch/info" | grep libhwloc > /dev/null; then
+      fail "Depends names hwloc, which cpprun loads only for --numa-binding: $(grep Depends "$scratch/info")"
+    fi
     # Workers start without Boost.Process since issue 16: no Boost library is linked.
     if grep "^ Depends:" "$scratch/info" | grep libboost > /dev/null; then
       fail "Depends names a Boost library: $(grep Depends "$scratch/info")"
