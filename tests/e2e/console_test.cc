@@ -374,11 +374,11 @@ line = sys.stdin.readline()
 print("GOT", os.environ["RANK"], repr(line), flush=True)
 )");
   PtyRun run(cpprun({"--nproc-per-node=2", "--stdin=all", script}));
-  INFO(run.output());
   REQUIRE(run.waitForText("READY", 60s));  // each call finds the next one: both ranks are there
   REQUIRE(run.waitForText("READY", 60s));
   run.type("xyz\n");
   const auto code = run.wait(60s);
+  INFO(run.output());  // taken now: INFO copies the text when it runs
   REQUIRE(code);
   CHECK(*code == 0);
   CHECK(run.output().find("[default0]:GOT 0 'xyz\\n'") != std::string::npos);
