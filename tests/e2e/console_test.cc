@@ -368,10 +368,14 @@ print("GOT", repr(line), flush=True)
 TEST_CASE("with --stdin all in a terminal every rank reads the keystrokes, rank 0 echoes them",
           "[integration]") {
   TempDir dir;
+  // One write per line: print() with several arguments writes them one by one under -u, and
+  // a "READY" waited for before its " 0\n" followed let the echo land inside that line.
   const std::string script = writeScript(dir, "all.py", R"(import os, sys
-print("READY", os.environ["RANK"], flush=True)
+sys.stdout.write("READY %s\n" % os.environ["RANK"])
+sys.stdout.flush()
 line = sys.stdin.readline()
-print("GOT", os.environ["RANK"], repr(line), flush=True)
+sys.stdout.write("GOT %s %r\n" % (os.environ["RANK"], line))
+sys.stdout.flush()
 )");
   PtyRun run(cpprun({"--nproc-per-node=2", "--stdin=all", script}));
   REQUIRE(run.waitForText("READY", 60s));  // each call finds the next one: both ranks are there
