@@ -2,7 +2,7 @@
 # The release as packaging/release.sh makes it, into BUILD_DIR/release (the fixture the other
 # wheel tests install from): both manylinux_2_28 wheels, the sdist and the .deb, each with a
 # checksum that verifies; auditwheel show finds each wheel consistent with manylinux_2_28 (or
-# older) and needing no library outside the policy; each wheel holds cpprun and cpprun-store
+# older) and needing no library outside the policy; each is under 8 MiB; each wheel holds cpprun and cpprun-store
 # for its architecture and the `cpprun` package; the sdist holds the sources and none of the
 # tests; the .deb holds /usr/bin/cpprun.
 #
@@ -33,6 +33,9 @@ for arch in x86_64 aarch64; do
     sed -n 's/.*consistent with the following platform tag: "manylinux_2_\([0-9]*\)_'"$arch"'".*/\1/p')
   [ -n "$tag" ] && [ "$tag" -le 28 ] || fail "auditwheel does not find $whl consistent with manylinux_2_28"
   if grep -q "external shared libraries" <<< "$show"; then fail "$whl needs libraries outside the policy"; fi
+  # Small: both binaries stripped (unstripped, zig's debug information makes it 21 MB).
+  size=$(stat -c %s "$whl")
+  [ "$size" -le $((8 * 1024 * 1024)) ] || fail "$whl is $size bytes, over 8 MiB: are its binaries stripped?"
   listing=$("$tools/bin/python" -m zipfile -l "$whl")
   for member in "cpprun-$version.data/scripts/cpprun" "cpprun-$version.data/scripts/cpprun-store" \
                 cpprun/__init__.py cpprun/__main__.py; do
