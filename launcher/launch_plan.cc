@@ -1,6 +1,5 @@
 #include "launcher/launch_plan.h"
 
-
 #include <filesystem>
 #include <sstream>
 
