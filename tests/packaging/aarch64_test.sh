@@ -35,6 +35,8 @@
 set -euo pipefail
 me=aarch64_test
 fail() { echo "$me: FAILED: $*" >&2; exit 1; }
+# shellcheck source=tests/packaging/root_overlay.sh
+. "$(dirname "${BASH_SOURCE[0]}")/root_overlay.sh"
 now() { echo "${EPOCHREALTIME/./}"; }  # microseconds
 seconds() { local us=$(( $1 )); printf '%d.%d' $(( us / 1000000 )) $(( us % 1000000 / 100000 )); }
 step_started=$(now)
@@ -55,16 +57,9 @@ clean_env=(HOME=/root PATH=/usr/local/bin:/usr/bin:/bin TMPDIR=/tmp LANG=C.UTF-8
 in_namespace() {
   local src=$1 whl=$2 root=$3 scratch=$4 version=$5 copy_interpreter=$6
   local layer=$scratch/layer out=$scratch/out
-  local merged=$layer/root
-  mkdir "$layer" "$out"
-  # The writable layer is a tmpfs of this mount namespace: it goes away with it.
-  mount -t tmpfs -o mode=0755,size=2g aarch64_test "$layer"
-  mkdir "$layer/upper" "$layer/work" "$merged"
-  mount -t overlay overlay -o "lowerdir=$root,upperdir=$layer/upper,workdir=$layer/work" "$merged"
-  mount -t proc proc "$merged/proc"
-  mount --bind /dev "$merged/dev"
-  mount --bind /sys "$merged/sys"
-  mount -o remount,bind,ro "$merged/sys"
+  local merged=$scratch/root
+  mkdir "$out"
+  root_overlay_mount "$root" "$layer" "$merged"
   mkdir -p "$merged/wheels" "$merged/data" "$merged/out"
   mount --bind "$(dirname "$whl")" "$merged/wheels"
   mount -o remount,bind,ro "$merged/wheels"
@@ -245,15 +240,13 @@ root=${CPPRUN_SYSROOTS:-/opt/cpprun/sysroots}/bookworm-arm64
 version=$(sed -n 's/^project(cpprun VERSION \([0-9.]*\).*/\1/p' "$src/CMakeLists.txt")
 [ -n "$version" ] || fail "no project version in $src/CMakeLists.txt"
 
-[ "$(id -u)" = 0 ] || fail "needs root (overlay and bind mounts, chroot, binfmt_misc)"
-for tool in unshare chroot timeout mount umount mountpoint od; do
+root_overlay_preflight
+for tool in umount mountpoint od; do
   command -v "$tool" > /dev/null || fail "no $tool on PATH (util-linux, coreutils)"
 done
 chroot_bin=$(command -v chroot)
 qemu=$(command -v qemu-aarch64-static) ||
   fail "no qemu-aarch64-static: apt-get install qemu-user-static (packaging/setup.sh --wheel-tools)"
-grep -qw overlay /proc/filesystems || modprobe overlay 2> /dev/null || true
-grep -qw overlay /proc/filesystems || fail "the kernel has no overlayfs (modprobe overlay)"
 { [ -f "$root/.cpprun-sysroot" ] && [ -x "$root/usr/bin/python3" ] && [ -e "$root/bin/sh" ]; } ||
   fail "no arm64 userland at $root: run packaging/make-sysroot.sh bookworm-arm64 as root" \
     "(packaging/setup.sh --wheel-tools does)"

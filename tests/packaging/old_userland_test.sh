@@ -31,6 +31,8 @@
 set -euo pipefail
 me=old_userland_test
 fail() { echo "$me: FAILED: $*" >&2; exit 1; }
+# shellcheck source=tests/packaging/root_overlay.sh
+. "$(dirname "${BASH_SOURCE[0]}")/root_overlay.sh"
 now_ms() { date +%s%3N; }
 self=$(readlink -f "${BASH_SOURCE[0]}")
 
@@ -54,13 +56,7 @@ if [ "${1:-}" != --in-namespace ]; then
   shopt -u nullglob
   [ ${#wheels[@]} = 1 ] || fail "want one cpprun-$version-py3-none-manylinux_2_*_x86_64.whl in" \
     "$wheel_dir, found ${#wheels[@]}; run packaging/build-wheel.sh $wheel_dir BUILD_DIR"
-  for tool in unshare chroot mount timeout; do
-    command -v "$tool" > /dev/null || fail "$tool is missing (util-linux/coreutils)"
-  done
-  [ "$(id -u)" = 0 ] || fail "needs root (mount and pid namespaces, overlayfs, chroot); run it as root"
-  grep -qw overlay /proc/filesystems || modprobe overlay 2> /dev/null || true
-  grep -qw overlay /proc/filesystems ||
-    fail "the kernel has no overlayfs (modprobe overlay, or a kernel with CONFIG_OVERLAY_FS)"
+  root_overlay_preflight
 
   scratch=$(mktemp -d)
   trap 'rm -rf "$scratch"' EXIT
@@ -94,15 +90,7 @@ step() {
 show() { echo "---- $1" >&2; cat "$1" >&2; echo "----" >&2; }
 
 m=$scratch/root
-mkdir "$scratch/layer" "$m"
-mount -t tmpfs -o mode=0755 tmpfs "$scratch/layer"
-mkdir "$scratch/layer/upper" "$scratch/layer/work"
-mount -t overlay overlay \
-  -o "lowerdir=$root,upperdir=$scratch/layer/upper,workdir=$scratch/layer/work" "$m" ||
-  fail "cannot mount overlayfs over $root"
-mount --rbind /dev "$m/dev"
-mount -t proc proc "$m/proc"
-mount -t sysfs -o ro,nosuid,nodev,noexec sysfs "$m/sys"
+root_overlay_mount "$root" "$scratch/layer" "$m"
 mkdir "$m/wheel"
 touch "$m/wheel/$(basename "$whl")"
 mount --bind -o ro "$whl" "$m/wheel/$(basename "$whl")"
