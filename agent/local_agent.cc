@@ -315,7 +315,11 @@ class LocalAgent {
                  : options_.supervisor.sinks;
   std::unique_ptr<EventLog> event_log_;  // null without --event-log
   StoreEndpoint store_;                  // store_.server null when another agent serves it
-  std::unique_ptr<ProcessLauncher> launcher_ = makeSystemProcessLauncher(options_.containment);
+  std::unique_ptr<ProcessLauncher> launcher_ =
+      options_.warm_start
+          ? makeWarmStartLauncher(makeSystemProcessLauncher(options_.containment),
+                                  *options_.warm_start)
+          : makeSystemProcessLauncher(options_.containment);
   // --stdin: cpprun's stdin for the workers that read it; null with --stdin none.
   std::unique_ptr<StdinForwarder> stdin_ =
       options_.stdin_mode == StdinMode::kNone

@@ -42,6 +42,7 @@
 #include "agent/console/stdin_forwarder.h"
 #include "agent/health/health_check.h"
 #include "agent/nccl/nccl_id_groups.h"
+#include "agent/processes/warm_start_launcher.h"
 #include "agent/supervision/supervisor.h"
 #include "common/status.h"
 #include "rendezvous/wire.h"
@@ -99,6 +100,9 @@ struct LocalAgentOptions {
   // Which workers read the agent's stdin (--stdin; stdin_forwarder.h). kNone: all read
   // /dev/null.
   StdinMode stdin_mode = StdinMode::kNone;
+  // --warm-restart (warm_start_launcher.h): later attempts' Python workers forked from a warm
+  // process; nullopt: every worker starts cold.
+  std::optional<WarmStartOptions> warm_start;
 };
 
 struct AttemptContext {

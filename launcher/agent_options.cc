@@ -133,6 +133,7 @@ agent::LocalAgentOptions makeAgentOptions(const AgentOptionsInputs& in) {
   options.metrics_host = config.metrics_host;
   options.metrics_port = config.metrics_port;
   options.metrics_token = config.metrics_token;
+  options.supervisor.warm_restart = config.warm_restart;
   if (config.stall_timeout > 0) {
     auto& stall = options.supervisor.stall;
     stall.timeout = milliseconds(config.stall_timeout);

@@ -621,6 +621,12 @@ const OptionSpec kOptions[] = {
     {"--max-restarts", 0, Arity::kValue, true, applyMaxRestarts, Section::kRestarts, "N", "0",
      "Restarts of the worker group after a failure, >= 0; one budget for the whole job, across "
      "nodes."},
+    {"--warm-restart", 0, Arity::kFlag, false, applyFlag<&LaunchConfig::warm_restart>,
+     Section::kRestarts, nullptr, nullptr,
+     "Python workers of attempt 1 and later are forked from a warm process that imported what "
+     "attempt 0's workers imported (installed packages only), instead of importing it all again; "
+     "a hot spare pre-warms the same way. Falls back to a cold start, saying why once "
+     "(docs/supervision.md)."},
     {"--monitor-interval", 0, Arity::kValue, true, applyMonitorInterval, Section::kRestarts,
      "SECONDS", "0.1", "Accepted for compatibility; cpprun reacts to events at once."},
     {"--start-method", 0, Arity::kValue, true, applyStartMethod, Section::kLaunch,

@@ -510,6 +510,11 @@ int runJob(const AgentRun& run) {
     return attempt;
   };
   agent::LocalAgentOptions options = run.options;
+  if (options.supervisor.warm_restart) {
+    agent::WarmStartOptions warm;
+    warm.module_dir = run_dir.path + "/python";  // beside the sitecustomize (worker_wiring.h)
+    options.warm_start = warm;
+  }
   if (auto timer_file = fileTimerPath(job.env, run_dir.path)) {
     options.supervisor.file_timer = {true, *timer_file};
   }

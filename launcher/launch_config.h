@@ -88,6 +88,7 @@ struct LaunchConfig {
   double stall_first_timeout = 0;   // --stall-first-timeout, seconds; 0: the default below
   double stall_stacks_timeout = 1;  // --stall-stacks-timeout, seconds; 0: off
   bool python_progress = true;      // --python-progress on|off
+  bool warm_restart = false;        // --warm-restart: later attempts' Python workers forked warm
   std::string metrics_host = "127.0.0.1";  // --metrics-port [HOST:]PORT
   int metrics_port = -1;                   // -1: off
   // --metrics-token-file FILE, and the token read from it as the command line is parsed (the

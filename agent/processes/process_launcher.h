@@ -85,6 +85,9 @@ class ProcessLauncher {
   // The state letter of a worker started by spawn() (processState below: 'D' uninterruptible
   // sleep, 0 gone). A fake launcher reports its own.
   virtual char stateOf(pid_t pid);
+  // A worker this launcher did not start itself (forked by the warm process, warm_start_launcher.h)
+  // whose process group `pgid` is now the agent's to contain: the sentinel is told of it.
+  virtual void adopt(pid_t pgid) { (void)pgid; }
 };
 
 // Where the real launcher contains its workers beyond their process groups (JobContainment,

@@ -278,6 +278,8 @@ class SystemProcessLauncher : public ProcessLauncher {
     return first.isOk() ? group : first;
   }
 
+  void adopt(pid_t pgid) override { reportGroup('+', pgid); }
+
   size_t killAdoptedOrphans(const std::vector<pid_t>& known) override {
     std::unordered_set<pid_t> keep(known.begin(), known.end());
     size_t killed = 0;

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 namespace cpprun::agent {
 
@@ -260,8 +261,60 @@ def _cpprun_track_collectives():
             spec.loader.exec_module = exec_module
             return spec
 
+    loaded = sys.modules.get("torch.distributed")
+    if loaded is not None:  # a warm-started worker (warm_start_launcher.h): imported already
+        patch(loaded)
+        return
     finder = Finder()
     sys.meta_path.insert(0, finder)
+
+
+def _cpprun_record_imports():
+    # --warm-restart (agent/processes/warm_start_launcher.h): once torch.distributed's default
+    # group is up, local rank 0 sends the names of its modules to the node's warm process, which
+    # imports those of installed packages for the next attempt's workers.
+    import os
+    name = os.environ.pop("CPPRUN_WARM_RECORD", None)
+    if not name or os.environ.get("LOCAL_RANK") != "0":
+        return
+    import sys
+    import threading
+    import time
+
+    def record():
+        while True:
+            time.sleep(0.05)
+            initialized = getattr(sys.modules.get("torch.distributed"), "is_initialized", None)
+            try:
+                if initialized is not None and initialized():
+                    break
+            except BaseException:
+                pass
+        try:
+            import json
+            import socket
+            names = [n for n, m in list(sys.modules.items()) if m is not None]
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC) as s:
+                s.settimeout(5)
+                s.connect("\0" + name)
+                s.send(json.dumps(names).encode())
+        except BaseException:
+            pass  # the record never stops a trainer
+
+    threading.Thread(target=record, name="cpprun-record", daemon=True).start()
+
+
+def _cpprun_worker_start():
+    # What every worker runs at start: at interpreter start for a cold one, after the fork for a
+    # warm one (whose warm process ran this file without a worker's environment).
+    import sys
+    for start, what in ((_cpprun_track_collectives, "collective records are off"),
+                        (_cpprun_start_progress, "automatic progress stamps are off"),
+                        (_cpprun_record_imports, "the warm restart's import record is off")):
+        try:
+            start()
+        except Exception as error:  # none of these ever stops a trainer
+            sys.stderr.write("cpprun: %s: %r\n" % (what, error))
 
 
 def _cpprun_chain():
@@ -277,16 +330,7 @@ def _cpprun_chain():
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
-try:
-    _cpprun_track_collectives()
-except Exception as error:
-    import sys
-    sys.stderr.write("cpprun: collective records are off: %r\n" % (error,))
-try:
-    _cpprun_start_progress()
-except Exception as error:  # progress stamps never stop a trainer
-    import sys
-    sys.stderr.write("cpprun: automatic progress stamps are off: %r\n" % (error,))
+_cpprun_worker_start()
 _cpprun_chain()
 )PY";
 
@@ -301,11 +345,26 @@ Status writePythonProgressModule(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return internalError("cannot create " + dir + ": " + ec.message());
+  // Written whole and renamed into place: every attempt writes it, and a Python starting
+  // meanwhile (a worker of another node's attempt sharing the folder, the warm process) reads
+  // either the old text or the new, never half of one.
   const std::string path = dir + "/sitecustomize.py";
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  {
+    // Already there (an earlier attempt's): left as it is, so its stamp does not change (the
+    // warm process takes a changed file for a changed package).
+    std::ifstream in(path, std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (in.good() || in.eof()) {
+      if (text == pythonProgressModule()) return Status::ok();
+    }
+  }
+  const std::string temporary = path + ".tmp";
+  std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
   out << pythonProgressModule();
   out.close();
-  if (!out) return internalError("cannot write " + path + ": " + std::strerror(errno));
+  if (!out) return internalError("cannot write " + temporary + ": " + std::strerror(errno));
+  std::filesystem::rename(temporary, path, ec);
+  if (ec) return internalError("cannot rename " + temporary + ": " + ec.message());
   return Status::ok();
 }
 
@@ -316,7 +375,7 @@ void addPythonProgress(std::map<std::string, std::string>& env, const std::strin
                            : inherited_pythonpath != nullptr ? std::string(inherited_pythonpath)
                                                              : std::string();
   env["PYTHONPATH"] = rest.empty() ? dir : dir + ":" + rest;
-  env[kPythonProgressVariable] = std::to_string(interval.count());
+  if (interval.count() > 0) env[kPythonProgressVariable] = std::to_string(interval.count());
 }
 
 std::chrono::milliseconds pythonProgressInterval(std::chrono::milliseconds stall_timeout) {

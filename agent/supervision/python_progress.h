@@ -49,7 +49,7 @@ Status writePythonProgressModule(const std::string& dir);
 
 // Adds what a worker needs to `env` (set on top of the agent's environment, whose PYTHONPATH is
 // `inherited_pythonpath`, may be null): `dir` first on PYTHONPATH, then what was there, and the
-// stamp interval.
+// stamp interval (none when it is 0: the module only records imports, --warm-restart).
 void addPythonProgress(std::map<std::string, std::string>& env, const std::string& dir,
                        std::chrono::milliseconds interval, const char* inherited_pythonpath);
 

@@ -118,7 +118,7 @@ class Supervisor::Impl : public std::enable_shared_from_this<Supervisor::Impl> {
         on_done_(std::move(on_done)),
         wiring_(io,
                 {options_.output, options_.stdin_forwarder, options_.stall.timeout,
-                 options_.stall.python_progress},
+                 options_.stall.python_progress, options_.warm_restart},
                 sinks_),
         teardown_(io, launcher, workers_,
                   {options_.shutdown_timeout, options_.reap_timeout, options_.drain_timeout,

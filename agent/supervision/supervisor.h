@@ -105,6 +105,9 @@ struct SupervisorOptions {
   FileTimerOptions file_timer;
   // Read progress files even without stall detection (for /status and /metrics).
   bool track_progress = false;
+  // --warm-restart: Python workers get cpprun's sitecustomize (its import record) even without
+  // stall detection (agent/processes/warm_start_launcher.h starts them).
+  bool warm_restart = false;
   EventLog* event_log = nullptr;  // may be null; must outlive the supervisor
   // Where the workers' console lines and log files are written (threads of their own, so a
   // stalled console never blocks the loop). Null: the supervisor makes its own for

@@ -25,13 +25,17 @@ Status WorkerWiring::beginAttempt(const std::string& attempt_dir, bool stall_det
   return openFilteredCopies(attempt_dir);
 }
 
-// The directory of this attempt's automatic progress module (agent/supervision/python_progress.h),
-// or "" when stamps are off for it (no stall detection, --python-progress off, no log directory, or
-// the module could not be written: stamps never stop a job from starting).
+// The directory of the run's sitecustomize (agent/supervision/python_progress.h), or "" when
+// neither its stamps (stall detection with --python-progress on) nor --warm-restart's import
+// record are wanted, there is no log directory, or the module could not be written (it never
+// stops a job from starting). One folder for every attempt, beside the attempts' own: a worker
+// the warm process forks has the PYTHONPATH a cold one of any attempt has.
 std::string WorkerWiring::preparePythonProgress(const std::string& attempt_dir,
                                                 bool stall_detection_on) {
-  if (!stall_detection_on || !options_.python_progress || attempt_dir.empty()) return "";
-  const std::string dir = attempt_dir + "/python";
+  stamps_ = stall_detection_on && options_.python_progress;
+  if ((!stamps_ && !options_.warm_restart) || attempt_dir.empty()) return "";
+  const std::string dir =
+      (std::filesystem::path(attempt_dir).parent_path() / "python").lexically_normal().string();
   Status written = writePythonProgressModule(dir);
   if (!written.isOk()) {
     CPPRUN_LOG(kWarn) << "automatic progress stamps are off for this attempt: "
@@ -114,7 +118,9 @@ Status WorkerWiring::spawn(AttemptWorker& w, const std::string& rank_dir,
   spec.env = std::move(env);
   if (!rank_dir.empty() && !python_progress_dir_.empty()) {
     addPythonProgress(spec.env, python_progress_dir_,
-                      pythonProgressInterval(options_.stall_timeout), std::getenv("PYTHONPATH"));
+                      stamps_ ? pythonProgressInterval(options_.stall_timeout)
+                              : std::chrono::milliseconds(0),
+                      std::getenv("PYTHONPATH"));
   }
   spec.stdout_fd = out_ends.write;
   spec.stderr_fd = err_ends.write;

@@ -37,6 +37,7 @@ class WorkerWiring {
     StdinForwarder* stdin_forwarder = nullptr;   // null: every worker reads /dev/null
     std::chrono::milliseconds stall_timeout{0};  // sets the Python stamps' interval
     bool python_progress = false;                // --python-progress
+    bool warm_restart = false;                   // --warm-restart: the import record
   };
 
   // REQUIRES: `io` and `options.stdin_forwarder` (may be null) outlive the wiring; `sinks` is
@@ -78,6 +79,7 @@ class WorkerWiring {
   // This attempt's --duplicate-std{out,err}-filters files; null without filters.
   std::shared_ptr<FilteredCopy> filtered_out_;
   std::shared_ptr<FilteredCopy> filtered_err_;
+  bool stamps_ = false;  // this attempt's workers stamp progress (preparePythonProgress)
   std::string python_progress_dir_;  // this attempt's, see preparePythonProgress
   bool warned_pty_ = false;
 };

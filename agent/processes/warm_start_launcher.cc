@@ -1,0 +1,445 @@
+#include "agent/processes/warm_start_launcher.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <utility>
+
+#include "agent/processes/spawn_plan.h"
+#include "common/logging.h"
+
+extern char** environ;
+
+namespace cpprun::agent {
+
+namespace {
+
+const char* const kModule =
+#include "agent/processes/warm_process_module.py.inc"
+    ;
+
+// Variables the interpreter or a preloaded library reads once, at start or at import: the warm
+// process's values are the ones a warm-started worker runs with, so they must be the spec's.
+bool interpreterWide(const std::string& name) {
+  static const std::set<std::string> kNames = {
+      "LANG",       "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+      "LD_PRELOAD", "LD_LIBRARY_PATH", "LC_ALL",          "LC_CTYPE"};
+  return name.rfind("PYTHON", 0) == 0 || name.rfind("LC_", 0) == 0 || kNames.count(name) != 0;
+}
+
+// The interpreter-wide variables of an environment as execve takes it ("NAME=value").
+std::map<std::string, std::string> interpreterWideOf(const std::vector<std::string>& env) {
+  std::map<std::string, std::string> wide;
+  for (const std::string& entry : env) {
+    const size_t eq = entry.find('=');
+    if (eq == std::string::npos) continue;
+    std::string name = entry.substr(0, eq);
+    if (interpreterWide(name)) wide[std::move(name)] = entry.substr(eq + 1);
+  }
+  return wide;
+}
+
+struct FileStamp {
+  bool exists = false;
+  long long mtime_ns = 0;
+  long long size = 0;
+  bool operator!=(const FileStamp& other) const {
+    return exists != other.exists || mtime_ns != other.mtime_ns || size != other.size;
+  }
+};
+
+FileStamp stampOf(const std::string& path) {
+  struct stat st {};
+  if (path.empty() || ::stat(path.c_str(), &st) != 0) return {};
+  return {true, static_cast<long long>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec,
+          static_cast<long long>(st.st_size)};
+}
+
+// VmRSS of `pid` in KiB; 0 when it cannot be read.
+long rssKib(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::strtol(line.c_str() + 6, nullptr, 10);
+  }
+  return 0;
+}
+
+// The parent of `pid` according to /proc (-1: gone or unreadable).
+pid_t parentOf(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!std::getline(stat, text)) return -1;
+  const size_t close = text.rfind(')');
+  if (close == std::string::npos) return -1;
+  char state = 0;
+  long ppid = -1;
+  if (std::sscanf(text.c_str() + close + 1, " %c %ld", &state, &ppid) != 2) return -1;
+  return static_cast<pid_t>(ppid);
+}
+
+std::string randomHex() {
+  std::random_device device;
+  char text[17];
+  std::snprintf(text, sizeof text, "%08x%08x", device(), device());
+  return text;
+}
+
+// Writes `text` to `path` whole (a temporary file renamed over it).
+Status writeWhole(const std::string& path, const std::string& text) {
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    out << text;
+    if (!out) return internalError("cannot write " + temporary);
+  }
+  std::error_code ec;
+  std::filesystem::rename(temporary, path, ec);
+  if (ec) return internalError("cannot rename " + temporary + ": " + ec.message());
+  return Status::ok();
+}
+
+class WarmStartLauncher : public ProcessLauncher {
+ public:
+  WarmStartLauncher(std::unique_ptr<ProcessLauncher> cold, WarmStartOptions options)
+      : cold_(std::move(cold)), options_(std::move(options)) {}
+  ~WarmStartLauncher() override {
+    const pid_t pid = warm_.pid;
+    stopWarm();
+    if (pid > 0) reap(pid);
+    if (dev_null_ >= 0) ::close(dev_null_);
+  }
+
+  Result<pid_t> spawn(const ProcessSpec& spec) override {
+    const std::string ineligible = warmIneligibility(spec.argv);
+    if (!ineligible.empty()) {
+      sayOnce("cold starts: " + ineligible);
+      return cold_->spawn(spec);
+    }
+    readMessages();
+    if (warm_.pid > 0 && warm_.ready) {
+      bool fatal = false;
+      std::string reason = mismatch(spec, &fatal);
+      if (reason.empty()) {
+        Result<pid_t> pid = warmSpawn(spec, &reason, &fatal);
+        if (pid.isOk()) return pid;
+      }
+      sayOnce("a cold start instead of a warm one: " + reason);
+      if (fatal) stopWarm();
+    } else if (warm_.pid > 0) {
+      sayOnce("a cold start: the warm process has not imported the workers' packages yet");
+    }
+    if (warm_.pid <= 0 && starts_left_ > 0) startWarm(spec);
+    if (warm_.pid > 0 && !warm_.ready) {
+      ProcessSpec recorded = spec;
+      recorded.env["CPPRUN_WARM_RECORD"] = warm_.record_name;
+      return cold_->spawn(recorded);
+    }
+    return cold_->spawn(spec);
+  }
+
+  Status signalGroup(pid_t pgid, int signo) override { return cold_->signalGroup(pgid, signo); }
+  Status signalProcess(pid_t pid, int signo) override { return cold_->signalProcess(pid, signo); }
+  Status signalWorker(pid_t pid, bool running, int signo) override {
+    return cold_->signalWorker(pid, running, signo);
+  }
+  size_t killAdoptedOrphans(const std::vector<pid_t>& known) override {
+    std::vector<pid_t> keep = known;
+    if (warm_.pid > 0) keep.push_back(warm_.pid);
+    return cold_->killAdoptedOrphans(keep);
+  }
+  char stateOf(pid_t pid) override { return cold_->stateOf(pid); }
+  void adopt(pid_t pgid) override { cold_->adopt(pgid); }
+
+ private:
+  struct Warm {
+    pid_t pid = -1;
+    int socket = -1;  // ours: SOCK_SEQPACKET, non-blocking
+    bool ready = false;
+    long ready_rss_kib = 0;
+    std::string python;
+    std::string program;  // the script (empty for -m)
+    FileStamp program_stamp;
+    std::map<std::string, std::string> wide;  // its interpreter-wide variables
+    std::string record_name;
+  };
+
+  // Each reason once in the log (a job restarts many times; the log says it at the first).
+  void sayOnce(const std::string& text) {
+    if (said_.insert(text).second) {
+      CPPRUN_LOG(kInfo) << "--warm-restart: " << text;
+    }
+  }
+
+  Status ensureDevNull() {
+    if (dev_null_ >= 0) return Status::ok();
+    dev_null_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    return dev_null_ >= 0 ? Status::ok()
+                          : internalError("cannot open /dev/null: " + errnoText(errno));
+  }
+
+  // Starts the warm process with `spec`'s interpreter and interpreter-wide environment; it waits
+  // for the record the cold workers of this spawn will send.
+  void startWarm(const ProcessSpec& spec) {
+    --starts_left_;
+    if (Status s = ensureDevNull(); !s.isOk()) {
+      sayOnce("no warm process: " + s.message());
+      return;
+    }
+    Result<SpawnPlan> plan = prepareSpawn(spec, environ, dev_null_);
+    if (!plan.isOk()) return;  // the cold spawn reports it
+    std::error_code ec;
+    std::filesystem::create_directories(options_.module_dir, ec);
+    const std::string module = options_.module_dir + "/cpprun_warm.py";
+    if (Status s = writeWhole(module, warmProcessModule()); !s.isOk()) {
+      return sayOnce("no warm process: " + s.message());
+    }
+    int ends[2];
+    if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ends) != 0) {
+      return sayOnce("no warm process: socketpair: " + errnoText(errno));
+    }
+    const std::string log_path = options_.module_dir + "/cpprun_warm.log";
+    const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    Warm warm;
+    warm.record_name = "cpprun-warm-" + std::to_string(::getpid()) + "-" + randomHex();
+    warm.python = spec.argv[0];
+    warm.program = spec.argv[2] == "-m" ? "" : spec.argv[2];
+    warm.program_stamp = stampOf(warm.program);
+    warm.wide = interpreterWideOf(plan.value().env);
+    ProcessSpec process;
+    process.argv = {spec.argv[0], module, std::to_string(::getpid()), warm.record_name};
+    // The agent's environment and the worker's interpreter-wide variables; no worker identity.
+    for (const auto& [name, value] : spec.env) {
+      if (interpreterWide(name)) process.env[name] = value;
+    }
+    process.stdin_fd = ends[1];
+    process.stdout_fd = log;
+    process.stderr_fd = log;
+    Result<pid_t> pid = cold_->spawn(process);
+    ::close(ends[1]);
+    if (log >= 0) ::close(log);
+    if (!pid.isOk()) {
+      ::close(ends[0]);
+      return sayOnce("no warm process: " + pid.status().message());
+    }
+    ::fcntl(ends[0], F_SETFL, ::fcntl(ends[0], F_GETFL) | O_NONBLOCK);
+    warm.pid = pid.value();
+    warm.socket = ends[0];
+    warm_ = std::move(warm);
+    CPPRUN_LOG(kInfo) << "--warm-restart: warm process " << warm_.pid
+                      << " waits for local rank 0's imports (its log: " << log_path << ")";
+  }
+
+  // Waits (at most a second) for the killed warm process to end, and reaps it: when the launcher
+  // goes the agent's reaper has stopped, and an unreaped child would outlive the agent.
+  static void reap(pid_t pid) {
+    const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+    if (pidfd >= 0) {
+      pollfd exited{pidfd, POLLIN, 0};
+      while (::poll(&exited, 1, 1000) < 0 && errno == EINTR) {
+      }
+      ::close(pidfd);
+    }
+    int status = 0;
+    (void)::waitpid(pid, &status, WNOHANG);
+  }
+
+  void stopWarm() {
+    if (warm_.pid <= 0) return;
+    ::close(warm_.socket);
+    (void)cold_->signalWorker(warm_.pid, false, SIGKILL);  // its group; the sentinel forgets it
+    warm_ = Warm{};
+  }
+
+  // What the warm process said since last asked: "ready" or "unusable".
+  void readMessages() {
+    if (warm_.pid <= 0) return;
+    char buffer[4096];
+    for (;;) {
+      const ssize_t n = ::recv(warm_.socket, buffer, sizeof buffer, MSG_DONTWAIT);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      if (n <= 0) {
+        sayOnce("the warm process " + std::to_string(warm_.pid) + " ended (its log is in " +
+                options_.module_dir + "); a new one starts");
+        stopWarm();
+        return;
+      }
+      const auto message = nlohmann::json::parse(buffer, buffer + n, nullptr, false);
+      if (!message.is_object()) continue;
+      const std::string event = message.value("event", "");
+      if (event == "ready" && !warm_.ready) {
+        warm_.ready = true;
+        warm_.ready_rss_kib = message.value("rss_kib", 0L);
+        if (warm_.ready_rss_kib <= 0) warm_.ready_rss_kib = rssKib(warm_.pid);
+        char seconds[32];
+        std::snprintf(seconds, sizeof seconds, "%.2f", message.value("seconds", 0.0));
+        CPPRUN_LOG(kInfo) << "--warm-restart: warm process " << warm_.pid
+                          << " is ready: " << message.value("modules", 0) << " modules loaded in "
+                          << seconds << " s (" << message.value("skipped", 0)
+                          << " not preloaded), RSS " << warm_.ready_rss_kib / 1024 << " MiB";
+      } else if (event == "unusable") {
+        sayOnce("no warm restarts for this job: the warm process cannot fork workers safely: " +
+                message.value("reason", std::string("?")));
+        stopWarm();
+        starts_left_ = 0;
+        return;
+      }
+    }
+  }
+
+  // Why `spec` may not start from the warm process ("": it may); `fatal`: the warm process can
+  // serve no spawn any more.
+  std::string mismatch(const ProcessSpec& spec, bool* fatal) {
+    *fatal = true;
+    if (spec.argv[0] != warm_.python) return "the worker's interpreter is not the warm process's";
+    const std::string program = spec.argv[2] == "-m" ? "" : spec.argv[2];
+    if (program != warm_.program || stampOf(program) != warm_.program_stamp) {
+      return "the program changed on disk";
+    }
+    const long rss = rssKib(warm_.pid);
+    if (rss > static_cast<long>(warm_.ready_rss_kib * options_.memory_growth_factor) +
+                  options_.memory_slack_kib) {
+      return "the warm process grew from " + std::to_string(warm_.ready_rss_kib / 1024) +
+             " MiB to " + std::to_string(rss / 1024) + " MiB";
+    }
+    if (Status s = ensureDevNull(); !s.isOk()) return s.message();
+    Result<SpawnPlan> plan = prepareSpawn(spec, environ, dev_null_);
+    if (!plan.isOk()) {
+      *fatal = false;
+      return plan.status().message();
+    }
+    const auto wide = interpreterWideOf(plan.value().env);
+    for (const auto& [name, value] : wide) {
+      auto it = warm_.wide.find(name);
+      if (it == warm_.wide.end() || it->second != value) return name + " differs";
+    }
+    for (const auto& [name, value] : warm_.wide) {
+      if (wide.count(name) == 0) return name + " differs";
+    }
+    *fatal = false;
+    return "";
+  }
+
+  // Asks the warm process to fork `spec`'s worker; waits at most answer_timeout.
+  Result<pid_t> warmSpawn(const ProcessSpec& spec, std::string* reason, bool* fatal) {
+    *fatal = true;
+    Result<SpawnPlan> made = prepareSpawn(spec, environ, dev_null_);
+    if (!made.isOk()) {
+      *reason = made.status().message();
+      *fatal = false;
+      return made.status();
+    }
+    const SpawnPlan& plan = made.value();
+    const int fds[3] = {plan.stdin_fd, spec.stdout_fd >= 0 ? spec.stdout_fd : STDOUT_FILENO,
+                        spec.stderr_fd >= 0 ? spec.stderr_fd : STDERR_FILENO};
+    int tty = -1;
+    if (spec.controlling_tty_fd >= 0) {
+      tty = spec.controlling_tty_fd == fds[1] ? 1 : spec.controlling_tty_fd == fds[2] ? 2 : -1;
+      if (tty < 0) {
+        *reason = "its terminal is not its stdout or stderr";
+        *fatal = false;
+        return invalidArgument(*reason);
+      }
+    }
+    nlohmann::json request = {{"op", "spawn"},
+                              {"argv", spec.argv},
+                              {"env", plan.env},
+                              {"tty", tty},
+                              {"cpus", spec.cpus},
+                              {"mempolicy", plan.mempolicy_mode},
+                              {"nodemask", plan.nodemask},
+                              {"maxnode", plan.maxnode}};
+    const std::string text = request.dump();
+    iovec io{const_cast<char*>(text.data()), text.size()};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof fds)] = {};
+    msghdr message{};
+    message.msg_iov = &io;
+    message.msg_iovlen = 1;
+    message.msg_control = control;
+    message.msg_controllen = sizeof control;
+    cmsghdr* header = CMSG_FIRSTHDR(&message);
+    header->cmsg_level = SOL_SOCKET;
+    header->cmsg_type = SCM_RIGHTS;
+    header->cmsg_len = CMSG_LEN(sizeof fds);
+    std::memcpy(CMSG_DATA(header), fds, sizeof fds);
+    if (::sendmsg(warm_.socket, &message, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+      *reason = "the warm process takes no request (" + errnoText(errno) + ")";
+      return unavailable(*reason);
+    }
+    pollfd wait{warm_.socket, POLLIN, 0};
+    int polled;
+    while ((polled = ::poll(&wait, 1, static_cast<int>(options_.answer_timeout.count()))) < 0 &&
+           errno == EINTR) {
+    }
+    char buffer[4096];
+    const ssize_t n = polled > 0 ? ::recv(warm_.socket, buffer, sizeof buffer, MSG_DONTWAIT) : -1;
+    if (n <= 0) {
+      *reason = polled == 0 ? "the warm process did not fork within " +
+                                  std::to_string(options_.answer_timeout.count()) + " ms"
+                            : "the warm process ended";
+      return unavailable(*reason);
+    }
+    const auto answer = nlohmann::json::parse(buffer, buffer + n, nullptr, false);
+    if (!answer.is_object() || !answer.value("ok", false)) {
+      *reason = "the warm process refused: " +
+                (answer.is_object() ? answer.value("reason", std::string("?")) : "?");
+      *fatal = !answer.is_object() || answer.value("final", false);
+      return unavailable(*reason);
+    }
+    const long long pid = answer.value("pid", -1LL);
+    // Only our own child is a worker: a number it names is checked, never taken on trust.
+    if (pid <= 0 || pid > INT32_MAX || parentOf(static_cast<pid_t>(pid)) != ::getpid()) {
+      *reason = "the warm process named a process that is not the agent's child";
+      return unavailable(*reason);
+    }
+    cold_->adopt(static_cast<pid_t>(pid));
+    sayOnce("workers start warm: forked by warm process " + std::to_string(warm_.pid));
+    return static_cast<pid_t>(pid);
+  }
+
+  std::unique_ptr<ProcessLauncher> cold_;
+  const WarmStartOptions options_;
+  Warm warm_;
+  int starts_left_ = 3;  // warm processes this job may start (one, and two after it ended)
+  int dev_null_ = -1;
+  std::set<std::string> said_;
+};
+
+}  // namespace
+
+const std::string& warmProcessModule() {
+  static const std::string text = kModule;
+  return text;
+}
+
+std::string warmIneligibility(const std::vector<std::string>& argv) {
+  const bool python_u = argv.size() >= 3 && argv[1] == "-u";
+  const bool module = python_u && argv[2] == "-m";
+  if (!python_u || (module && argv.size() < 4) || (!module && argv[2].rfind('-', 0) == 0)) {
+    return "the workers are not Python programs cpprun starts (`python -u PROGRAM` or "
+           "`python -u -m MODULE`)";
+  }
+  return "";
+}
+
+std::unique_ptr<ProcessLauncher> makeWarmStartLauncher(std::unique_ptr<ProcessLauncher> cold,
+                                                       WarmStartOptions options) {
+  return std::make_unique<WarmStartLauncher>(std::move(cold), std::move(options));
+}
+
+}  // namespace cpprun::agent
