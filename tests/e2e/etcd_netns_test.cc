@@ -25,19 +25,27 @@ using Clock = std::chrono::steady_clock;
 
 // keep_alive_interval 0.3 s x 3 attempts: an agent or an etcd endpoint is given up after 0.9 s.
 const std::string kConf = "--rdzv-conf=keep_alive_interval=0.3,last_call_timeout=1,join_timeout=30";
+// The cut-member test's: 0.5 s x 3, an endpoint given up after 1.5 s, a lease TTL of 2 s. A
+// renewal stuck on the cut member waits one interval there before it fails over, and after the
+// leader's cut the other members hold renewals until they have elected a new one (0.5-1 s with
+// the fixture's 500 ms election timeout): with 0.3 s x 3 (TTL 1 s) that left an ASan agent on a
+// loaded machine a few hundred ms of slack before its lease expired.
+const std::string kCutConf =
+    "--rdzv-conf=keep_alive_interval=0.5,last_call_timeout=1,join_timeout=30";
 
 // A cpprun agent on `host`, meeting in etcd at `endpoints`; its workers' store (if it becomes
 // the round's node 0) on its host's address.
 std::unique_ptr<ChildProcess> agentOn(const NetnsHosts& hosts, int host,
                                       const std::string& endpoints, const std::string& run_id,
                                       const std::string& nnodes,
-                                      const std::vector<std::string>& worker_args) {
+                                      const std::vector<std::string>& worker_args,
+                                      const std::string& conf = kConf) {
   std::vector<std::string> argv = {CPPRUN_BINARY,
                                    "--nnodes=" + nnodes,
                                    "--rdzv-backend=etcd-v2",
                                    "--rdzv-endpoint=" + endpoints,
                                    "--rdzv-id=" + run_id,
-                                   kConf,
+                                   conf,
                                    "--local-addr=" + hosts.address(host),
                                    "--nproc-per-node=1",
                                    "--no-python",
@@ -213,13 +221,19 @@ CutTimes cutMemberMidJob(CutCase which) {
 
   TempDir dir;
   const std::string d = dir.path();
-  // The workers run 3 s: the cut comes right after they start, so several heartbeats, checks
-  // and keep-alive bounds (0.9 s) of every agent fall after it.
-  const std::vector<std::string> args = {"touch", d + "/up-{rank}", "sleep", "3", "exit", "0"};
+  // The workers run 5 s: the cut comes right after they start, so several lease renewals,
+  // checks and keep-alive bounds (1.5 s) of every agent fall after it.
+  const std::vector<std::string> args = {"touch", d + "/up-{rank}", "sleep", "5", "exit", "0"};
   const std::string id = uniqueRunId("ns-cut");
   std::vector<std::unique_ptr<ChildProcess>> agents;
-  for (int h = 2; h <= 4; ++h) agents.push_back(agentOn(hosts, h, endpoints, id, "3", args));
-  REQUIRE(waitForFiles({d + "/up-0", d + "/up-1", d + "/up-2"}, 30s));
+  for (int h = 2; h <= 4; ++h) {
+    agents.push_back(agentOn(hosts, h, endpoints, id, "3", args, kCutConf));
+  }
+  const bool up = waitForFiles({d + "/up-0", d + "/up-1", d + "/up-2"}, 30s);
+  if (!up) {
+    for (auto& a : agents) UNSCOPED_INFO("agent (pid " << a->pid() << "):\n" << a->output());
+  }
+  REQUIRE(up);
   std::vector<pid_t> started = processesMentioning(d);
   for (auto& a : agents) started.push_back(a->pid());
   const auto cut_at = Clock::now();
@@ -232,7 +246,9 @@ CutTimes cutMemberMidJob(CutCase which) {
   }
   for (auto& a : agents) {
     const int code = waitExit(*a);
-    INFO(nameOf(which) << " cut off\n" << a->output());
+    INFO(nameOf(which) << " cut off; this agent exited " << secondsSince(cut_at)
+                       << " s after the cut\n"
+                       << a->output());
     CHECK(code == 0);
     // A static job of 3: had any agent been taken for lost, the job would have failed.
     CHECK_THAT(a->output(), Catch::Contains("rendezvous complete: 3 nodes") &&
@@ -292,6 +308,8 @@ TEST_CASE("etcd on namespace hosts: one member cut off by the network mid-job do
           "[integration][netns][etcd]") {
   const CutCase which = GENERATE(CutCase::kFollowerListedFirst, CutCase::kFollowerListedLast,
                                  CutCase::kLeaderListedFirst, CutCase::kLeaderListedLast);
+  // Names the case in every failure of it (set-up, checks, leftovers, an exception).
+  INFO("case: etcd member 0 (" << nameOf(which) << ") cut off mid-job");
   CutTimes times;
   thenNothingLeft([&] { times = cutMemberMidJob(which); });
   WARN("namespace hosts: etcd member 0 ("
