@@ -300,6 +300,19 @@ class LocalAgent {
   void stopOutput();
   // On the loop: a snapshot for the HTTP thread, while the endpoint serves.
   void publishStatus();
+  // The system launcher, behind the warm-start one with --warm-restart (its ready warm process's
+  // modules are shared with the job's spares through the coordinator).
+  std::unique_ptr<ProcessLauncher> makeLauncher() {
+    auto system = makeSystemProcessLauncher(options_.containment);
+    if (!options_.warm_start) return system;
+    auto warm = std::make_unique<WarmStartLauncher>(
+        io_, std::move(system), *options_.warm_start,
+        [this](const std::vector<std::string>& modules) {
+          if (coordinator_) coordinator_->shareWarmImports(warmImportsRecord(modules));
+        });
+    warm_ = warm.get();
+    return warm;
+  }
 
   const LocalAgentOptions options_;
   const MakeAttempt make_attempt_;
@@ -315,11 +328,9 @@ class LocalAgent {
                  : options_.supervisor.sinks;
   std::unique_ptr<EventLog> event_log_;  // null without --event-log
   StoreEndpoint store_;                  // store_.server null when another agent serves it
-  std::unique_ptr<ProcessLauncher> launcher_ =
-      options_.warm_start
-          ? makeWarmStartLauncher(makeSystemProcessLauncher(options_.containment),
-                                  *options_.warm_start)
-          : makeSystemProcessLauncher(options_.containment);
+  // --warm-restart: the warm-start launcher in front of the system one (warm_ points at it).
+  WarmStartLauncher* warm_ = nullptr;
+  std::unique_ptr<ProcessLauncher> launcher_ = makeLauncher();
   // --stdin: cpprun's stdin for the workers that read it; null with --stdin none.
   std::unique_ptr<StdinForwarder> stdin_ =
       options_.stdin_mode == StdinMode::kNone
@@ -419,6 +430,18 @@ void LocalAgent::makeCoordinatorAndSupervisor() {
       co.nccl_ranks_per_id = options_.nccl_ranks_per_id;
       auto ids = std::make_shared<LazyNcclIds>(options_.nccl_library);
       co.make_nccl_id = [ids] { return ids->next(); };
+    }
+    if (warm_ != nullptr) {
+      // A hot spare pre-warms with what the job's workers import (warm_start_launcher.h).
+      co.on_warm_imports = [this](const std::string& record) {
+        auto modules = parseWarmImportsRecord(record);
+        if (!modules.isOk()) {
+          CPPRUN_LOG(kWarn) << "--warm-restart: no pre-warming: the job's store holds a bad "
+                            << "module record (" << modules.status().message() << ")";
+          return;
+        }
+        warm_->prewarm(modules.value());
+      };
     }
     coordinator_ = makeStoreCoordinator(
         io_, co, [this](int restart_count) { return prepareHostAttempt(restart_count); },

@@ -26,6 +26,7 @@
 #include "agent/processes/guardian.h"
 #include "agent/processes/signal_policy.h"
 #include "agent/supervision/failure_report.h"
+#include "agent/supervision/python_progress.h"
 #include "common/clip.h"
 #include "common/environment.h"
 #include "common/logging.h"
@@ -513,6 +514,18 @@ int runJob(const AgentRun& run) {
   if (options.supervisor.warm_restart) {
     agent::WarmStartOptions warm;
     warm.module_dir = run_dir.path + "/python";  // beside the sitecustomize (worker_wiring.h)
+    // What a hot spare's warm process starts from: local rank 0 as the first attempt would run
+    // it here, with the sitecustomize on PYTHONPATH as the supervisor's wiring adds it.
+    auto like = makeLaunchPlan(job.config, job.node,
+                               rendezvousOutcome(job.config.rdzv_id, job.nproc.value(), {}),
+                               job.env, run_dir.path);
+    if (like.isOk() && !like.value().workers.empty()) {
+      const auto& worker = like.value().workers.front();
+      warm.spare_like.argv = worker.argv;
+      warm.spare_like.env = worker.env;
+      agent::addPythonProgress(warm.spare_like.env, warm.module_dir, std::chrono::milliseconds(0),
+                               std::getenv("PYTHONPATH"));
+    }
     options.warm_start = warm;
   }
   if (auto timer_file = fileTimerPath(job.env, run_dir.path)) {

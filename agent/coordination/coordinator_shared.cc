@@ -132,8 +132,11 @@ void CoordinatorShared::setWaiting(const std::string& what) {
 }
 
 void CoordinatorShared::setWaitingAsSpare(bool spare) {
-  MutexLock lock(mu);
-  waiting_as_spare = spare;
+  {
+    MutexLock lock(mu);
+    waiting_as_spare = spare;
+  }
+  if (spare && on_spare_wait) on_spare_wait();
 }
 
 bool CoordinatorShared::leaveRequested() {

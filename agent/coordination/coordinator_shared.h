@@ -171,6 +171,8 @@ class CoordinatorShared : public WaitContext {
   const StoreCoordinatorOptions opts;
   const JobCoordinator::HostPrepare host_prepare;
   const JobCoordinator::PeerStop on_peer_stop;
+  // Called (control thread, outside mu) each time the agent begins waiting as a spare.
+  std::function<void()> on_spare_wait;
   const JobCoordinator::Lost on_lost;
 
   // Shared by the loop (the public methods), the control thread, the watcher thread and a

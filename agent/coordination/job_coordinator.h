@@ -196,6 +196,9 @@ class JobCoordinator {
   virtual RendezvousProgress progress() const = 0;
   // Whether this agent waits as a hot spare now (rendezvous_rounds.h). Any thread.
   virtual bool waitingAsSpare() const { return false; }
+  // --warm-restart: the modules this node's warm process holds, for the job's hot spares
+  // (warm_start_launcher.h); written to kWarmImportsKey on the control thread. Best effort.
+  virtual void shareWarmImports(const std::string& record) { (void)record; }
 };
 
 // The coordination seam: where the coordinator gets its connections to the job's store. The job
@@ -284,6 +287,10 @@ struct StoreCoordinatorOptions {
   // the loop. Empty: the decider deletes through its connection (Store::deletePrefix: etcd).
   // Past attempts' keys go this way (stale_job_keys.h).
   std::function<size_t(const std::string& prefix)> erase_prefix;
+  // --warm-restart: while this agent waits as a hot spare, the coordinator watches the job's
+  // module record (kWarmImportsKey, shareWarmImports) and hands it, unread, to this (on the
+  // loop) once it is there. Empty: not watched.
+  std::function<void(const std::string& record)> on_warm_imports;
   // Where the coordinator and its liveness measure waits, silences and bounds (tests: a
   // ManualClock). Not null; must outlive the coordinator.
   const MonotonicClock* clock = &realClock();

@@ -56,6 +56,9 @@ inline constexpr const char* kStaticJoinedKey = "rdzv/joined";
 // "rdzv/complete": every node's record is written (set by the agent whose ticket completed the
 // count, after one CHECK of all).
 inline constexpr const char* kStaticCompleteKey = "rdzv/complete";
+// --warm-restart: the modules a node's warm process holds (a JSON array of names,
+// warm_start_launcher.h), which a hot spare's warm process imports while it waits.
+inline constexpr const char* kWarmImportsKey = "warm_imports";
 
 // --- Elastic rounds ---
 

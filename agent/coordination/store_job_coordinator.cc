@@ -49,6 +49,11 @@ class StoreCoordinator : public JobCoordinator {
                    PeerStop on_peer_stop, Lost on_lost)
       : s_(io, std::move(options), std::move(host_prepare), std::move(on_peer_stop),
            std::move(on_lost)) {
+    if (s_.opts.on_warm_imports) {
+      s_.on_spare_wait = [this] {
+        if (!warm_watch_.joinable()) warm_watch_ = std::thread([this] { watchWarmImports(); });
+      };
+    }
     control_ = std::thread([this] { controlLoop(); });
   }
 
@@ -60,6 +65,8 @@ class StoreCoordinator : public JobCoordinator {
     s_.cv.notifyAll();
     control_.join();
     if (watcher_.joinable()) watcher_.join();
+    if (warm_watch_.joinable()) warm_watch_.join();
+    if (warm_share_.joinable()) warm_share_.join();
   }
 
   // Called from the loop: each queues a task for the control thread, whose result is posted
@@ -73,6 +80,7 @@ class StoreCoordinator : public JobCoordinator {
   // Any thread.
   bool waitingAsSpare() const override;
   RendezvousProgress progress() const override;
+  void shareWarmImports(const std::string& record) override;
 
  private:
   // Queues `task` for the control thread. Loop.
@@ -82,6 +90,10 @@ class StoreCoordinator : public JobCoordinator {
 
   // The control thread: runs the queued tasks one at a time until shutdown.
   void controlLoop();
+
+  // A spare's thread (--warm-restart): waits on a connection of its own, in slices, for the job's
+  // module record, hands it to the loop and ends; ends too at shutdown or if the store is lost.
+  void watchWarmImports();
 
   // Why this agent may not leave attempt n now (OK: it may). Control thread.
   Status leaveRefusal(int n);
@@ -109,6 +121,8 @@ class StoreCoordinator : public JobCoordinator {
   CoordinatorWatcher watcher_part_{s_};
   std::thread control_;
   std::thread watcher_;
+  std::thread warm_watch_;  // started by the control thread, joined by the destructor
+  std::thread warm_share_;  // started by the loop, joined by it or the destructor
 };
 
 void StoreCoordinator::beginAttempt(int n, StartDone done) {
@@ -177,6 +191,56 @@ void StoreCoordinator::requestLeave(int n, const std::string& reason, LeaveDone 
     });
     s_.post([done, status = claimed.status()] { done(status); });
   });
+}
+
+// On a thread and connection of its own: the control thread may wait in the rounds for the whole
+// attempt (the next round's joins), and a record shared after the attempt is too late.
+void StoreCoordinator::shareWarmImports(const std::string& record) {
+  if (warm_share_.joinable()) warm_share_.join();  // a warm process that started again
+  warm_share_ = std::thread([this, record] {
+    try {
+      auto connected = s_.connect(s_.keepAliveBound(), s_.keepAliveBound(), false);
+      if (!connected.isOk()) throw StoreError(connected.status().message());
+      connected.value()->set(kWarmImportsKey, rendezvous::toBytes(record));
+      CPPRUN_LOG(kInfo) << "--warm-restart: the job's hot spares can read the modules this node "
+                           "holds";
+    } catch (const StoreError& e) {  // StoreTimeout too
+      CPPRUN_LOG(kInfo) << "--warm-restart: the job's spares cannot be told its modules: "
+                        << e.what();
+    }
+  });
+}
+
+void StoreCoordinator::watchWarmImports() {
+  constexpr std::chrono::milliseconds kSlice{500};  // how long shutdown may wait for this thread
+  std::unique_ptr<rendezvous::Store> store;
+  try {
+    auto connected = s_.connect(s_.keepAliveBound(), s_.keepAliveBound(), false);
+    if (!connected.isOk()) return;
+    store = std::move(connected).value();
+  } catch (const StoreError& e) {  // StoreTimeout too
+    CPPRUN_LOG(kInfo) << "--warm-restart: no pre-warming: " << e.what();
+    return;
+  }
+  CPPRUN_LOG(kInfo) << "--warm-restart: a hot spare: pre-warms once the job's store holds the "
+                       "modules its workers import";
+  for (;;) {
+    {
+      MutexLock lock(s_.mu);
+      if (s_.shutting_down) return;
+    }
+    try {
+      store->wait({kWarmImportsKey}, kSlice);
+      std::string record = toString(store->get(kWarmImportsKey));
+      s_.post([this, record = std::move(record)] { s_.opts.on_warm_imports(record); });
+      return;
+    } catch (const StoreTimeout&) {
+      continue;
+    } catch (const StoreError& e) {
+      CPPRUN_LOG(kInfo) << "--warm-restart: no pre-warming: " << e.what();
+      return;
+    }
+  }
 }
 
 bool StoreCoordinator::waitingAsSpare() const {

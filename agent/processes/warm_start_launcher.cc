@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "agent/processes/spawn_plan.h"
+#include "common/asio.h"
 #include "common/logging.h"
 
 extern char** environ;
@@ -32,15 +33,6 @@ const char* const kModule =
 #include "agent/processes/warm_process_module.py.inc"
     ;
 
-// Variables the interpreter or a preloaded library reads once, at start or at import: the warm
-// process's values are the ones a warm-started worker runs with, so they must be the spec's.
-bool interpreterWide(const std::string& name) {
-  static const std::set<std::string> kNames = {
-      "LANG",       "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-      "LD_PRELOAD", "LD_LIBRARY_PATH", "LC_ALL",          "LC_CTYPE"};
-  return name.rfind("PYTHON", 0) == 0 || name.rfind("LC_", 0) == 0 || kNames.count(name) != 0;
-}
-
 // The interpreter-wide variables of an environment as execve takes it ("NAME=value").
 std::map<std::string, std::string> interpreterWideOf(const std::vector<std::string>& env) {
   std::map<std::string, std::string> wide;
@@ -48,7 +40,7 @@ std::map<std::string, std::string> interpreterWideOf(const std::vector<std::stri
     const size_t eq = entry.find('=');
     if (eq == std::string::npos) continue;
     std::string name = entry.substr(0, eq);
-    if (interpreterWide(name)) wide[std::move(name)] = entry.substr(eq + 1);
+    if (interpreterWideVariable(name)) wide[std::move(name)] = entry.substr(eq + 1);
   }
   return wide;
 }
@@ -113,18 +105,23 @@ Status writeWhole(const std::string& path, const std::string& text) {
   return Status::ok();
 }
 
-class WarmStartLauncher : public ProcessLauncher {
- public:
-  WarmStartLauncher(std::unique_ptr<ProcessLauncher> cold, WarmStartOptions options)
-      : cold_(std::move(cold)), options_(std::move(options)) {}
-  ~WarmStartLauncher() override {
+}  // namespace
+
+struct WarmStartLauncher::Impl : std::enable_shared_from_this<WarmStartLauncher::Impl> {
+  Impl(boost::asio::io_context& io, std::unique_ptr<ProcessLauncher> cold, WarmStartOptions options,
+       OnReady on_ready)
+      : io_(io),
+        cold_(std::move(cold)),
+        options_(std::move(options)),
+        on_ready_(std::move(on_ready)) {}
+  ~Impl() {
     const pid_t pid = warm_.pid;
     stopWarm();
     if (pid > 0) reap(pid);
     if (dev_null_ >= 0) ::close(dev_null_);
   }
 
-  Result<pid_t> spawn(const ProcessSpec& spec) override {
+  Result<pid_t> spawn(const ProcessSpec& spec) {
     const std::string ineligible = warmIneligibility(spec.argv);
     if (!ineligible.empty()) {
       sayOnce("cold starts: " + ineligible);
@@ -152,20 +149,28 @@ class WarmStartLauncher : public ProcessLauncher {
     return cold_->spawn(spec);
   }
 
-  Status signalGroup(pid_t pgid, int signo) override { return cold_->signalGroup(pgid, signo); }
-  Status signalProcess(pid_t pid, int signo) override { return cold_->signalProcess(pid, signo); }
-  Status signalWorker(pid_t pid, bool running, int signo) override {
-    return cold_->signalWorker(pid, running, signo);
-  }
-  size_t killAdoptedOrphans(const std::vector<pid_t>& known) override {
+  size_t killAdoptedOrphans(const std::vector<pid_t>& known) {
     std::vector<pid_t> keep = known;
     if (warm_.pid > 0) keep.push_back(warm_.pid);
     return cold_->killAdoptedOrphans(keep);
   }
-  char stateOf(pid_t pid) override { return cold_->stateOf(pid); }
-  void adopt(pid_t pgid) override { cold_->adopt(pgid); }
 
- private:
+  void prewarm(const std::vector<std::string>& modules) {
+    if (options_.spare_like.argv.empty() || !warmIneligibility(options_.spare_like.argv).empty()) {
+      return;
+    }
+    if (warm_.pid <= 0 && starts_left_ > 0) startWarm(options_.spare_like);
+    if (warm_.pid <= 0 || warm_.ready || warm_.preloading) return;
+    const std::string text = nlohmann::json({{"op", "preload"}, {"modules", modules}}).dump();
+    if (::send(warm_.socket, text.data(), text.size(), MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+      sayOnce("the job's modules cannot be sent to the warm process: " + errnoText(errno));
+      return;
+    }
+    warm_.preloading = true;
+    CPPRUN_LOG(kInfo) << "--warm-restart: warm process " << warm_.pid << " pre-imports the "
+                      << modules.size() << " modules the job's workers hold";
+  }
+
   struct Warm {
     pid_t pid = -1;
     int socket = -1;  // ours: SOCK_SEQPACKET, non-blocking
@@ -176,6 +181,7 @@ class WarmStartLauncher : public ProcessLauncher {
     FileStamp program_stamp;
     std::map<std::string, std::string> wide;  // its interpreter-wide variables
     std::string record_name;
+    bool preloading = false;  // sent the job's modules (prewarm)
   };
 
   // Each reason once in the log (a job restarts many times; the log says it at the first).
@@ -224,7 +230,7 @@ class WarmStartLauncher : public ProcessLauncher {
     process.argv = {spec.argv[0], module, std::to_string(::getpid()), warm.record_name};
     // The agent's environment and the worker's interpreter-wide variables; no worker identity.
     for (const auto& [name, value] : spec.env) {
-      if (interpreterWide(name)) process.env[name] = value;
+      if (interpreterWideVariable(name)) process.env[name] = value;
     }
     process.stdin_fd = ends[1];
     process.stdout_fd = log;
@@ -240,6 +246,7 @@ class WarmStartLauncher : public ProcessLauncher {
     warm.pid = pid.value();
     warm.socket = ends[0];
     warm_ = std::move(warm);
+    watch();
     CPPRUN_LOG(kInfo) << "--warm-restart: warm process " << warm_.pid
                       << " waits for local rank 0's imports (its log: " << log_path << ")";
   }
@@ -258,8 +265,34 @@ class WarmStartLauncher : public ProcessLauncher {
     (void)::waitpid(pid, &status, WNOHANG);
   }
 
+  // Reads the warm process's messages as they come (its "ready" is shared with the spares at
+  // once, not at the next spawn). The descriptor watched is a copy of the socket.
+  void watch() {
+    const int copy = ::fcntl(warm_.socket, F_DUPFD_CLOEXEC, 0);
+    if (copy < 0) return;
+    watcher_ = std::make_unique<boost::asio::posix::stream_descriptor>(io_, copy);
+    armWatch();
+  }
+
+  void armWatch() {
+    if (!watcher_) return;
+    std::weak_ptr<Impl> self = weak_from_this();
+    watcher_->async_wait(boost::asio::posix::stream_descriptor::wait_read,
+                         [self](const boost::system::error_code& error) {
+                           auto impl = self.lock();
+                           if (!impl || error) return;
+                           impl->readMessages();
+                           impl->armWatch();
+                         });
+  }
+
   void stopWarm() {
     if (warm_.pid <= 0) return;
+    if (watcher_) {
+      boost::system::error_code ignored;
+      watcher_->close(ignored);
+      watcher_.reset();
+    }
     ::close(warm_.socket);
     (void)cold_->signalWorker(warm_.pid, false, SIGKILL);  // its group; the sentinel forgets it
     warm_ = Warm{};
@@ -268,9 +301,10 @@ class WarmStartLauncher : public ProcessLauncher {
   // What the warm process said since last asked: "ready" or "unusable".
   void readMessages() {
     if (warm_.pid <= 0) return;
-    char buffer[4096];
+    std::vector<char> space(size_t{4} << 20);
+    char* const buffer = space.data();
     for (;;) {
-      const ssize_t n = ::recv(warm_.socket, buffer, sizeof buffer, MSG_DONTWAIT);
+      const ssize_t n = ::recv(warm_.socket, buffer, space.size(), MSG_DONTWAIT);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
       if (n <= 0) {
@@ -292,6 +326,14 @@ class WarmStartLauncher : public ProcessLauncher {
                           << " is ready: " << message.value("modules", 0) << " modules loaded in "
                           << seconds << " s (" << message.value("skipped", 0)
                           << " not preloaded), RSS " << warm_.ready_rss_kib / 1024 << " MiB";
+        if (on_ready_ && message.contains("names") && message["names"].is_array()) {
+          auto names = parseWarmImportsRecord(message["names"].dump());
+          if (names.isOk()) {
+            on_ready_(names.value());
+          } else {
+            sayOnce("the warm process's modules are not shared: " + names.status().message());
+          }
+        }
       } else if (event == "unusable") {
         sayOnce("no warm restarts for this job: the warm process cannot fork workers safely: " +
                 message.value("reason", std::string("?")));
@@ -412,15 +454,89 @@ class WarmStartLauncher : public ProcessLauncher {
     return static_cast<pid_t>(pid);
   }
 
+  boost::asio::io_context& io_;
   std::unique_ptr<ProcessLauncher> cold_;
   const WarmStartOptions options_;
+  const OnReady on_ready_;
   Warm warm_;
+  std::unique_ptr<boost::asio::posix::stream_descriptor> watcher_;
   int starts_left_ = 3;  // warm processes this job may start (one, and two after it ended)
   int dev_null_ = -1;
   std::set<std::string> said_;
 };
 
-}  // namespace
+WarmStartLauncher::WarmStartLauncher(boost::asio::io_context& io,
+                                     std::unique_ptr<ProcessLauncher> cold,
+                                     WarmStartOptions options, OnReady on_ready)
+    : impl_(std::make_shared<Impl>(io, std::move(cold), std::move(options), std::move(on_ready))) {}
+WarmStartLauncher::~WarmStartLauncher() = default;
+Result<pid_t> WarmStartLauncher::spawn(const ProcessSpec& spec) { return impl_->spawn(spec); }
+Status WarmStartLauncher::signalGroup(pid_t pgid, int signo) {
+  return impl_->cold_->signalGroup(pgid, signo);
+}
+Status WarmStartLauncher::signalProcess(pid_t pid, int signo) {
+  return impl_->cold_->signalProcess(pid, signo);
+}
+Status WarmStartLauncher::signalWorker(pid_t pid, bool running, int signo) {
+  return impl_->cold_->signalWorker(pid, running, signo);
+}
+size_t WarmStartLauncher::killAdoptedOrphans(const std::vector<pid_t>& known) {
+  return impl_->killAdoptedOrphans(known);
+}
+char WarmStartLauncher::stateOf(pid_t pid) { return impl_->cold_->stateOf(pid); }
+void WarmStartLauncher::adopt(pid_t pgid) { impl_->cold_->adopt(pgid); }
+void WarmStartLauncher::prewarm(const std::vector<std::string>& modules) {
+  impl_->prewarm(modules);
+}
+pid_t WarmStartLauncher::warmPid() const { return impl_->warm_.pid; }
+
+bool interpreterWideVariable(const std::string& name) {
+  static const std::set<std::string> kNames = {
+      "LANG",       "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+      "LD_PRELOAD", "LD_LIBRARY_PATH"};
+  return name.rfind("PYTHON", 0) == 0 || name.rfind("LC_", 0) == 0 || kNames.count(name) != 0;
+}
+
+std::string warmImportsRecord(const std::vector<std::string>& modules) {
+  return nlohmann::json(modules).dump();
+}
+
+Result<std::vector<std::string>> parseWarmImportsRecord(const std::string& text) {
+  if (text.size() > (size_t{4} << 20)) return invalidArgument("the module record is over 4 MiB");
+  const auto value = nlohmann::json::parse(text, nullptr, false);
+  if (!value.is_array()) return invalidArgument("the module record is not a JSON array");
+  if (value.size() > kMaxWarmModules) {
+    return invalidArgument("the module record names over " + std::to_string(kMaxWarmModules) +
+                           " modules");
+  }
+  std::vector<std::string> names;
+  names.reserve(value.size());
+  for (const auto& item : value) {
+    if (!item.is_string()) return invalidArgument("the module record holds a non-string");
+    const std::string& name = item.get_ref<const std::string&>();
+    bool valid = !name.empty() && name.size() <= 200;
+    bool start = true;  // of a dotted part
+    for (char c : name) {
+      const bool letter = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+      const bool digit = c >= '0' && c <= '9';
+      if (c == '.') {
+        valid = valid && !start;
+        start = true;
+      } else {
+        // A digit or '-' never starts a part; '-' is in some stdlib names
+        // (_sysconfigdata__x86_64-linux-gnu).
+        valid = valid && (letter || ((digit || c == '-') && !start));
+        start = false;
+      }
+    }
+    if (!valid || start) {
+      return invalidArgument("the module record holds '" + name.substr(0, 60) +
+                             "', not a Python module name");
+    }
+    names.push_back(name);
+  }
+  return names;
+}
 
 const std::string& warmProcessModule() {
   static const std::string text = kModule;
@@ -435,11 +551,6 @@ std::string warmIneligibility(const std::vector<std::string>& argv) {
            "`python -u -m MODULE`)";
   }
   return "";
-}
-
-std::unique_ptr<ProcessLauncher> makeWarmStartLauncher(std::unique_ptr<ProcessLauncher> cold,
-                                                       WarmStartOptions options) {
-  return std::make_unique<WarmStartLauncher>(std::move(cold), std::move(options));
 }
 
 }  // namespace cpprun::agent

@@ -27,17 +27,30 @@
 // The warm process is the agent's child in its own process group, in the job's containment;
 // killAdoptedOrphans never takes it for an orphan; the launcher kills it when destroyed.
 //
-// Thread safety: loop thread only, as every ProcessLauncher. spawn() waits for the warm process's
-// answer (a fork: milliseconds) at most `answer_timeout`.
+// Hot spares: the agent shares the modules its warm process holds (OnReady) through the job's
+// store; a spare that reads them starts its own warm process from a template of its workers
+// (WarmStartOptions::spare_like) and has it import them while it waits (prewarm), so a spare
+// that replaces a lost node forks its workers as a restarted node does.
+//
+// Thread safety: loop thread only, as every ProcessLauncher; the warm process's messages are read
+// on the loop. spawn() waits for the warm process's answer (a fork: milliseconds) at most
+// `answer_timeout`.
 #pragma once
 
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "agent/processes/process_launcher.h"
+#include "common/status.h"
+
+namespace boost::asio {
+class io_context;
+}
 
 namespace cpprun::agent {
 
@@ -49,6 +62,45 @@ struct WarmStartOptions {
   // The warm process may not grow past its RSS when ready times this factor plus the slack.
   double memory_growth_factor = 2.0;
   long memory_slack_kib = 512 * 1024;
+  // A worker of this node as a cold start would run it, less its identity (argv and the
+  // interpreter-wide environment matter): what a hot spare's warm process starts from before
+  // the spare has an attempt (prewarm). Empty argv: no pre-warming.
+  ProcessSpec spare_like;
+};
+
+class WarmStartLauncher : public ProcessLauncher {
+ public:
+  // The installed modules the node's warm process holds once it is ready (loop thread): what the
+  // agent shares with the job's hot spares.
+  using OnReady = std::function<void(const std::vector<std::string>& modules)>;
+
+  // REQUIRES: `io` outlives the launcher; `cold` is not null.
+  WarmStartLauncher(boost::asio::io_context& io, std::unique_ptr<ProcessLauncher> cold,
+                    WarmStartOptions options, OnReady on_ready);
+  ~WarmStartLauncher() override;
+  WarmStartLauncher(const WarmStartLauncher&) = delete;
+  WarmStartLauncher& operator=(const WarmStartLauncher&) = delete;
+
+  Result<pid_t> spawn(const ProcessSpec& spec) override;
+  Status signalGroup(pid_t pgid, int signo) override;
+  Status signalProcess(pid_t pid, int signo) override;
+  Status signalWorker(pid_t pid, bool running, int signo) override;
+  size_t killAdoptedOrphans(const std::vector<pid_t>& known) override;
+  char stateOf(pid_t pid) override;
+  void adopt(pid_t pgid) override;
+
+  // A hot spare learnt what the job's workers import (another node's warm process, through the
+  // job's store): start the warm process from options.spare_like, if none runs, and have it
+  // import `modules` now, before the spare is needed. Nothing when the warm process is ready.
+  void prewarm(const std::vector<std::string>& modules);
+
+  // The warm process's pid (-1: none); for /status and tests.
+  pid_t warmPid() const;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
 };
 
 // The warm process's Python source (agent/processes/warm_process_module.py.inc).
@@ -58,7 +110,16 @@ const std::string& warmProcessModule();
 // `PYTHON -u -m MODULE ...`); the reason when it is not.
 std::string warmIneligibility(const std::vector<std::string>& argv);
 
-std::unique_ptr<ProcessLauncher> makeWarmStartLauncher(std::unique_ptr<ProcessLauncher> cold,
-                                                       WarmStartOptions options);
+// The variables a warm-started worker inherits from the warm process's start rather than from
+// its own environment (the interpreter's PYTHON*, LANG and LC_*, the thread counts OpenMP, MKL
+// and OpenBLAS read when loaded, the loader's LD_PRELOAD and LD_LIBRARY_PATH): they must be equal.
+bool interpreterWideVariable(const std::string& name);
+
+// The module record shared through the job's store (a JSON array of module names), and its
+// reader: anything read from the store is untrusted, so a value that is not an array of at most
+// kMaxWarmModules dotted Python names of at most 200 characters (letters, digits, "_", "-") is an error naming why.
+inline constexpr size_t kMaxWarmModules = 20000;
+std::string warmImportsRecord(const std::vector<std::string>& modules);
+Result<std::vector<std::string>> parseWarmImportsRecord(const std::string& text);
 
 }  // namespace cpprun::agent
