@@ -353,11 +353,9 @@ struct WarmStartLauncher::Impl : std::enable_shared_from_this<WarmStartLauncher:
     if (program != warm_.program || stampOf(program) != warm_.program_stamp) {
       return "the program changed on disk";
     }
-    const long rss = rssKib(warm_.pid);
-    if (rss > static_cast<long>(warm_.ready_rss_kib * options_.memory_growth_factor) +
-                  options_.memory_slack_kib) {
-      return "the warm process grew from " + std::to_string(warm_.ready_rss_kib / 1024) +
-             " MiB to " + std::to_string(rss / 1024) + " MiB";
+    if (std::string grown = warmProcessGrowth(warm_.ready_rss_kib, rssKib(warm_.pid), options_);
+        !grown.empty()) {
+      return grown;
     }
     if (Status s = ensureDevNull(); !s.isOk()) return s.message();
     Result<SpawnPlan> plan = prepareSpawn(spec, environ, dev_null_);
@@ -495,6 +493,16 @@ bool interpreterWideVariable(const std::string& name) {
       "LANG",       "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
       "LD_PRELOAD", "LD_LIBRARY_PATH"};
   return name.rfind("PYTHON", 0) == 0 || name.rfind("LC_", 0) == 0 || kNames.count(name) != 0;
+}
+
+std::string warmProcessGrowth(long ready_kib, long now_kib, const WarmStartOptions& options) {
+  const long bound =
+      static_cast<long>(static_cast<double>(ready_kib) * options.memory_growth_factor) +
+      options.memory_slack_kib;
+  if (now_kib <= bound) return "";
+  return "the warm process grew from " + std::to_string(ready_kib / 1024) + " MiB to " +
+         std::to_string(now_kib / 1024) + " MiB since it was ready (bound " +
+         std::to_string(bound / 1024) + " MiB)";
 }
 
 std::string warmImportsRecord(const std::vector<std::string>& modules) {

@@ -115,9 +115,15 @@ std::string warmIneligibility(const std::vector<std::string>& argv);
 // and OpenBLAS read when loaded, the loader's LD_PRELOAD and LD_LIBRARY_PATH): they must be equal.
 bool interpreterWideVariable(const std::string& name);
 
+// Why a warm process whose RSS was `ready_kib` when it became ready and is `now_kib` may not fork
+// any more ("": it may): past ready_kib x memory_growth_factor + memory_slack_kib. Nothing runs in
+// it between forks, so growth means something does (a thread a library started, a leak).
+std::string warmProcessGrowth(long ready_kib, long now_kib, const WarmStartOptions& options);
+
 // The module record shared through the job's store (a JSON array of module names), and its
 // reader: anything read from the store is untrusted, so a value that is not an array of at most
-// kMaxWarmModules dotted Python names of at most 200 characters (letters, digits, "_", "-") is an error naming why.
+// kMaxWarmModules dotted Python names of at most 200 characters (letters, digits, "_", "-") is an
+// error naming why.
 inline constexpr size_t kMaxWarmModules = 20000;
 std::string warmImportsRecord(const std::vector<std::string>& modules);
 Result<std::vector<std::string>> parseWarmImportsRecord(const std::string& text);

@@ -33,6 +33,11 @@ TEST_CASE("python progress: PYTHONPATH gets the module's directory first, then w
   std::map<std::string, std::string> none;
   addPythonProgress(none, "/d", 50ms, nullptr);
   CHECK(none.at("PYTHONPATH") == "/d");  // no trailing ':' (that would add the cwd)
+  // --warm-restart without stall detection: the module for its import record, no stamps.
+  std::map<std::string, std::string> record_only;
+  addPythonProgress(record_only, "/d", 0ms, nullptr);
+  CHECK(record_only.at("PYTHONPATH") == "/d");
+  CHECK(record_only.count(kPythonProgressVariable) == 0);
   CHECK(pythonProgressInterval(3s) == 300ms);
   CHECK(pythonProgressInterval(100ms) == 50ms);
   CHECK(pythonProgressInterval(600s) == 500ms);
