@@ -301,10 +301,10 @@ struct WarmStartLauncher::Impl : std::enable_shared_from_this<WarmStartLauncher:
   // What the warm process said since last asked: "ready" or "unusable".
   void readMessages() {
     if (warm_.pid <= 0) return;
-    std::vector<char> space(size_t{4} << 20);
-    char* const buffer = space.data();
+    if (messages_.empty()) messages_.resize(size_t{4} << 20);  // the largest it sends
+    char* const buffer = messages_.data();
     for (;;) {
-      const ssize_t n = ::recv(warm_.socket, buffer, space.size(), MSG_DONTWAIT);
+      const ssize_t n = ::recv(warm_.socket, buffer, messages_.size(), MSG_DONTWAIT);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
       if (n <= 0) {
@@ -458,6 +458,7 @@ struct WarmStartLauncher::Impl : std::enable_shared_from_this<WarmStartLauncher:
   const OnReady on_ready_;
   Warm warm_;
   std::unique_ptr<boost::asio::posix::stream_descriptor> watcher_;
+  std::vector<char> messages_;  // readMessages' buffer, made at its first use
   int starts_left_ = 3;  // warm processes this job may start (one, and two after it ended)
   int dev_null_ = -1;
   std::set<std::string> said_;
