@@ -137,7 +137,7 @@ struct WarmStartLauncher::Impl : std::enable_shared_from_this<WarmStartLauncher:
       }
       sayOnce("a cold start instead of a warm one: " + reason);
       if (fatal) stopWarm();
-    } else if (warm_.pid > 0) {
+    } else if (warm_.pid > 0 && !firstAttempt(spec)) {  // attempt 0 is cold by design
       sayOnce("a cold start: the warm process has not imported the workers' packages yet");
     }
     if (warm_.pid <= 0 && starts_left_ > 0) startWarm(spec);
@@ -189,6 +189,11 @@ struct WarmStartLauncher::Impl : std::enable_shared_from_this<WarmStartLauncher:
     if (said_.insert(text).second) {
       CPPRUN_LOG(kInfo) << "--warm-restart: " << text;
     }
+  }
+
+  static bool firstAttempt(const ProcessSpec& spec) {
+    auto count = spec.env.find("TORCHELASTIC_RESTART_COUNT");
+    return count == spec.env.end() || count->second == "0";
   }
 
   Status ensureDevNull() {
@@ -459,7 +464,7 @@ struct WarmStartLauncher::Impl : std::enable_shared_from_this<WarmStartLauncher:
   Warm warm_;
   std::unique_ptr<boost::asio::posix::stream_descriptor> watcher_;
   std::vector<char> messages_;  // readMessages' buffer, made at its first use
-  int starts_left_ = 3;  // warm processes this job may start (one, and two after it ended)
+  int starts_left_ = 3;         // warm processes this job may start (one, and two after it ended)
   int dev_null_ = -1;
   std::set<std::string> said_;
 };

@@ -37,6 +37,7 @@ _TORCH_AT_START = "torch" in __import__("sys").modules  # documented: a warm wor
 
 import ctypes
 import json
+import gc
 import os
 import random
 import resource
@@ -221,6 +222,8 @@ def facts():
         # other's, as two fresh interpreters' do.
         "random_bits": random.getrandbits(64),
         "hash_of_text": hash("cpprun"),
+        # Documented differences (docs/supervision.md), checked apart.
+        "gc_frozen": gc.get_freeze_count() > 0 if hasattr(gc, "get_freeze_count") else None,
     }
 
 
