@@ -21,7 +21,7 @@ _cpprun() {
       --) COMPREPLY=($(compgen -f -- "$cur")); return ;;
       --*=* | -m | --module | --no-python | --standalone | --dry-run | --check | \
         --worker-hosts-store | --virtual-local-rank | --run-path | --strict-numa-binding | \
-        --raw-output) ;;
+        --raw-output | --warm-restart) ;;
       -r | -t) takes_value=1 ;;
       -*) [[ ${words[i]} == --* ]] && takes_value=1 ;;
       *)
