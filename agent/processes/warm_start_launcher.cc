@@ -380,6 +380,16 @@ struct WarmStartLauncher::Impl : std::enable_shared_from_this<WarmStartLauncher:
     return "";
   }
 
+  // Whether `pid` is a worker the warm process forked for the agent: the agent's child, or still
+  // the child of a middle process the warm process forked (it is leaving; the worker is
+  // re-parented to the agent, a child subreaper, when it has).
+  bool agentsWorker(pid_t pid) const {
+    const pid_t parent = parentOf(pid);
+    if (parent == ::getpid()) return true;
+    if (parent > 0 && parentOf(parent) == warm_.pid) return true;
+    return parentOf(pid) == ::getpid();  // the middle left between the two reads
+  }
+
   // Asks the warm process to fork `spec`'s worker; waits at most answer_timeout.
   Result<pid_t> warmSpawn(const ProcessSpec& spec, std::string* reason, bool* fatal) {
     *fatal = true;
@@ -448,7 +458,7 @@ struct WarmStartLauncher::Impl : std::enable_shared_from_this<WarmStartLauncher:
     }
     const long long pid = answer.value("pid", -1LL);
     // Only our own child is a worker: a number it names is checked, never taken on trust.
-    if (pid <= 0 || pid > INT32_MAX || parentOf(static_cast<pid_t>(pid)) != ::getpid()) {
+    if (pid <= 0 || pid > INT32_MAX || !agentsWorker(static_cast<pid_t>(pid))) {
       *reason = "the warm process named a process that is not the agent's child";
       return unavailable(*reason);
     }

@@ -26,6 +26,8 @@
 
 #include "agent/console/worker_terminal.h"
 #include "agent/processes/process_launcher.h"
+#include "agent/processes/warm_start_launcher.h"
+#include "common/asio.h"
 #include "tests/support/test_support.h"
 
 #ifndef CPPRUN_LAUNCHER_PROBE
@@ -431,6 +433,67 @@ TEST_CASE("a worker runs with the CPU affinity and memory policy of its spec", "
     REQUIRE(run.status.has_value());
     CHECK(run.report["mempolicy"] == "default");
   }
+}
+
+// --warm-restart (warm_start_launcher.h): a worker the warm process forks is set up as a cold
+// one. The program it runs execs the probe, which keeps what the fork set up (process group,
+// parent-death signal, affinity, memory policy, descriptors, environment) and reports it.
+TEST_CASE(
+    "warm start: a worker the warm process forks has its spec's CPUs, memory policy, process "
+    "group, parent-death signal, stdin and environment, and is the spawner's child",
+    "[unit][launcher]") {
+  REQUIRE(::prctl(PR_SET_CHILD_SUBREAPER, 1) == 0);  // as the agent is
+  const std::vector<int> own = ownCpus();
+  const int node = firstMemoryNode();
+  TempDir dir;
+  const std::string program = dir.path() + "/exec_probe.py";
+  std::ofstream(program) << "import os, sys\nos.execv(sys.argv[1], sys.argv[1:])\n";
+  {
+    boost::asio::io_context io;
+    WarmStartOptions options;
+    options.module_dir = dir.path() + "/python";
+    options.spare_like.argv = {"/usr/bin/python3", "-u", program};
+    bool ready = false;
+    WarmStartLauncher launcher(io, makeSystemProcessLauncher(), options,
+                               [&](const std::vector<std::string>&) { ready = true; });
+    launcher.prewarm({"json", "decimal"});  // as a hot spare does
+    REQUIRE(launcher.warmPid() > 0);
+    const auto deadline = Clock::now() + kBound;
+    while (!ready && Clock::now() < deadline) io.run_one_for(std::chrono::milliseconds(100));
+    REQUIRE(ready);
+
+    ProcessSpec spec;
+    spec.argv = {"/usr/bin/python3", "-u", program, CPPRUN_LAUNCHER_PROBE};
+    spec.env = {{"CPPRUN_TEST_VALUE", "42"}};
+    spec.cpus = {own.back()};
+    spec.memory_policy = ProcessSpec::MemoryPolicy::kPreferred;
+    spec.memory_nodes = {node};
+    ProbeRun warm = runProbe(launcher, spec, {"CPPRUN_TEST_VALUE"});
+    REQUIRE(warm.pid.isOk());
+    REQUIRE(warm.status.has_value());
+    CHECK(WIFEXITED(*warm.status));
+    CHECK(WEXITSTATUS(*warm.status) == 0);
+    // The same spec started cold: the report is the same but for the pid.
+    auto cold_launcher = makeSystemProcessLauncher();
+    ProbeRun cold = runProbe(*cold_launcher, spec, {"CPPRUN_TEST_VALUE"});
+    REQUIRE(cold.status.has_value());
+    CHECK(warm.report["pgid"] == warm.report["pid"]);  // its own process group
+    CHECK(warm.report["pid"] == std::to_string(warm.pid.value()));
+    for (auto* report : {&warm.report, &cold.report}) {
+      for (const char* per_process : {"pid", "pgid", "sid"}) report->erase(per_process);
+    }
+    CHECK(warm.report == cold.report);
+    // And outright, so that both losing one cannot pass.
+    CHECK(warm.report["ppid"] == std::to_string(::getpid()));
+    CHECK(warm.report["pdeathsig"] == std::to_string(SIGKILL));
+    CHECK(warm.report["stdin"] == "/dev/null");
+    CHECK(warm.report["fds"].empty());
+    CHECK(warm.report["cpus"] == std::to_string(own.back()));
+    CHECK(warm.report["mempolicy"] == "preferred:" + std::to_string(node));
+    CHECK(warm.report["env.CPPRUN_TEST_VALUE"] == "42");
+  }  // the launcher kills and reaps its warm process
+  CHECK(noChildren());
+  ::prctl(PR_SET_CHILD_SUBREAPER, 0);
 }
 
 TEST_CASE("a binding that cannot be applied fails the spawn naming the CPUs or nodes and errno",
