@@ -3,7 +3,8 @@
 // what a cold one is: its environment, rank, binding, streams, descriptors, signal state and its
 // failure report are compared, attempt 1 of a warm job against attempt 1 of a cold one; a gloo
 // DDP job trains across a warm restart to an uninterrupted run's parameters; every fallback to a
-// cold start is logged with its reason and the job still succeeds. The worker is
+// cold start is logged with its reason and the job still succeeds; a hot spare pre-warms from
+// the job's store and replaces a lost node with workers forked warm. The worker is
 // tests/torch/warm_restart_worker.py. Every wait is bounded (a process exit, a relayed line, or a
 // bounded poll of the warm process's log); every process a test starts is gone when it ends.
 #include <signal.h>
@@ -15,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <regex>
 #include <sstream>
@@ -100,6 +102,36 @@ std::vector<pid_t> warmProcessesStarted(const std::string& output) {
     pids.push_back(static_cast<pid_t>(std::stol((*it)[1])));
   }
   return pids;
+}
+
+// The children of each of `parents` (from /proc: the test links no agent library).
+std::vector<pid_t> childrenOf(const std::vector<pid_t>& parents) {
+  std::vector<pid_t> children;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stat = readFile("/proc/" + name + "/stat");
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream fields(stat.substr(close + 1));
+    std::string state;
+    long ppid = 0;
+    fields >> state >> ppid;
+    if (std::count(parents.begin(), parents.end(), static_cast<pid_t>(ppid)) > 0) {
+      children.push_back(static_cast<pid_t>(std::stol(name)));
+    }
+  }
+  return children;
+}
+
+// `root` and every process under it.
+std::vector<pid_t> processTree(pid_t root) {
+  std::vector<pid_t> tree = {root};
+  for (std::vector<pid_t> level = {root}; !level.empty();) {
+    level = childrenOf(level);
+    tree.insert(tree.end(), level.begin(), level.end());
+  }
+  return tree;
 }
 
 // Nothing a job started outlives it: no live process mentions the test's folder (the warm
@@ -564,4 +596,113 @@ TEST_CASE(
   CHECK_THAT(job.output, !Catch::Contains("workers start warm"));
   for (int rank = 0; rank < 2; ++rank)
     CHECK(probe(job, 1, rank)["local_module_rank"] == std::to_string(rank));
+}
+
+// Hot spares (docs/supervision.md, "Pre-warmed hot spares"): three agents of a job of exactly 2
+// nodes on loopback (c10d, the first serves the store). Once the active nodes' warm processes
+// are ready they share their modules through the job's store and the spare pre-warms from them;
+// then node 1's whole process tree is SIGKILLed and the spare takes its place, its workers
+// forked by the warm process it pre-warmed.
+TEST_CASE(
+    "warm restart: a hot spare pre-warms from the job's store and its workers start warm when it "
+    "replaces a lost node",
+    "[integration][torch][multinode][elastic][spares]") {
+  requireTorchPeer(torch113());
+  TempDir dir;
+  const std::string d = dir.path();
+  const std::string out = d + "/out";
+  fs::create_directories(out);
+  const std::string endpoint = "127.0.0.1:" + std::to_string(freeTcpPort());
+  const std::string id = "warm-spare-" + std::to_string(::getpid());
+  auto agent = [&](const std::string& name) {
+    return std::make_unique<ChildProcess>(
+        cpprunCommand({"--nnodes=2:2", "--nproc-per-node=1", "--max-restarts=1",
+                       "--rdzv-backend=c10d", "--rdzv-endpoint=" + endpoint, "--rdzv-id=" + id,
+                       "--rdzv-conf=keep_alive_interval=0.3,last_call_timeout=1,join_timeout=60",
+                       "--warm-restart", "--log-dir=" + d + "/" + name,
+                       sourcePath("tests/torch/warm_restart_worker.py"), "spare", out}),
+        std::map<std::string, std::string>{{"PYTHON_EXEC", torch113().python},
+                                           {"GLOO_SOCKET_IFNAME", "lo"}});
+  };
+  // Join order is rank order: the store host is node 0, `node1` node 1; the spare comes once
+  // the round is closed.
+  auto host = agent("host");
+  REQUIRE(host->waitForText("this agent serves the job's store", 30s));
+  auto node1 = agent("node1");
+  REQUIRE(node1->waitForText("started 1 workers", 60s));
+  auto spare = agent("spare");
+  auto outputs = [&] {
+    for (ChildProcess* a : {host.get(), node1.get(), spare.get()}) a->readAvailable(20ms);
+    return "--- host ---\n" + host->output() + "\n--- node 1 ---\n" + node1->output() +
+           "\n--- spare ---\n" + spare->output();
+  };
+
+  // Before the loss: both active nodes share their modules; the spare pre-warms from them.
+  const std::string share =
+      std::string(kWarmPrefix) + "the job's hot spares can read the modules this node holds";
+  const bool shared = host->waitForText(share, 60s) && node1->waitForText(share, 60s);
+  const bool prewarmed = spare->waitForText(" is ready: ", 60s);
+  INFO(outputs());
+  REQUIRE(shared);
+  REQUIRE(prewarmed);
+  const std::string before_loss = spare->output();
+  CHECK_THAT(before_loss, Catch::Contains("waits as a spare"));
+  CHECK(before_loss.find("[default") == std::string::npos);
+  std::smatch imports;
+  REQUIRE(std::regex_search(
+      before_loss, imports,
+      std::regex("--warm-restart: warm process ([0-9]+) pre-imports the ([0-9]+) modules the "
+                 "job's workers hold")));
+  const std::string warm = imports[1];
+  CHECK(std::stol(imports[2]) > 0);
+  const std::string watching = std::string(kWarmPrefix) +
+                               "a hot spare: pre-warms once the job's store holds the modules its "
+                               "workers import";
+  CHECK(before_loss.find(watching) != std::string::npos);
+  CHECK(before_loss.find(watching) < before_loss.find(imports[0]));
+  const std::string ready = std::string(kWarmPrefix) + "warm process " + warm + " is ready: ";
+  CHECK(before_loss.find(ready) > before_loss.find(imports[0]));
+  CHECK(before_loss.find(ready) != std::string::npos);
+  // It is the spare's agent's child.
+  const std::vector<pid_t> spare_agent = childrenOf({spare->pid()});
+  REQUIRE(spare_agent.size() == 1);
+  const std::vector<pid_t> spare_children = childrenOf(spare_agent);
+  CHECK(std::count(spare_children.begin(), spare_children.end(), std::stol(warm)) == 1);
+
+  // Node 1 (not the store host: its loss would be the store's) lost with its whole process tree:
+  // cpprun, its agent, its worker and its warm process.
+  const std::vector<pid_t> tree = processTree(node1->pid());
+  REQUIRE(tree.size() >= 4);
+  for (pid_t pid : tree) ::kill(pid, SIGKILL);
+  {
+    auto status = node1->wait(30s);
+    REQUIRE(status.has_value());
+    CHECK(exitCodeOf(*status) == 128 + SIGKILL);
+  }
+  CHECK(allGone(tree));
+
+  for (ChildProcess* a : {host.get(), spare.get()}) {
+    auto status = a->wait(kJobBound);
+    INFO(outputs());
+    REQUIRE(status.has_value());
+    CHECK(exitCodeOf(*status) == 0);
+    CHECK_THAT(a->output(), Catch::Contains("all 2 workers of 2 nodes succeeded"));
+  }
+  requireNothingLeft(dir);
+  INFO(outputs());
+  // The spare's workers of attempt 1 were forked by the warm process it pre-warmed, after the
+  // loss, with torch imported at their start; it ran no worker of attempt 0.
+  const std::string after_loss = spare->output().substr(before_loss.size());
+  CHECK_THAT(after_loss, Catch::Contains("rendezvous complete: 2 nodes") &&
+                             Catch::Contains(std::string(kWarmPrefix) +
+                                             "workers start warm: forked by warm process " + warm));
+  // One warm process on the spare, the pre-warmed one.
+  CHECK(warmProcessesStarted(spare->output()) == std::vector<pid_t>{std::stoi(warm)});
+  CHECK(std::regex_search(after_loss,
+                          std::regex(R"(\[default([01])\]:spare mode: rank \1, attempt 1, torch )"
+                                     R"(at start True, all_reduce 2)")));
+  CHECK_THAT(spare->output(), !Catch::Contains("attempt 0, torch"));
+  CHECK_THAT(host->output(), Catch::Contains("1 spare node(s) waiting") &&
+                                 Catch::Contains("workers start warm") &&
+                                 Catch::Contains("restarts used: 0 of 1"));
 }

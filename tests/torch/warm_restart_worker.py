@@ -26,6 +26,10 @@ Run under cpprun (2 workers, --max-restarts >= 1), with PYTHON_EXEC set:
         (the agent ends an unusable one), then exits 3; attempt 1 succeeds.
     warm_restart_worker.py plain OUT
         no torch: attempt 0 rank 1 exits 3, attempt 1 succeeds (--no-python runs).
+    warm_restart_worker.py spare OUT
+        one worker per node (hot spares): init gloo, all_reduce a 1 and print a line saying the
+        attempt, the sum and whether torch was imported at start; attempt 0 then sleeps until
+        stopped (the test kills a node), attempt 1 succeeds.
 
 Every mode writes OUT/probe_<attempt>_<rank>.json: the RANK that the program's own module
 (warm_restart_local.py, beside this file) and the installed one (cpprun_test_site_module, put
@@ -409,10 +413,21 @@ def plain_mode():
         sys.exit(3)
 
 
+def spare_mode():
+    import torch
+    dist = init_gloo()
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    print("spare mode: rank %d, attempt %d, torch at start %s, all_reduce %d" %
+          (RANK, ATTEMPT, _TORCH_AT_START, int(total.item())), flush=True)
+    if ATTEMPT == 0:
+        stay_until_stopped()
+
+
 def main():
     write_probe()
     {"facts": facts_mode, "ddp": ddp_mode, "faults": faults_mode, "threads": threads_mode,
-     "plain": plain_mode}[MODE]()
+     "plain": plain_mode, "spare": spare_mode}[MODE]()
 
 
 if __name__ == "__main__":
