@@ -108,6 +108,8 @@ std::unique_ptr<ProcessLauncher> makeSystemProcessLauncher(WorkerContainment con
 
 // Children of `parent` according to /proc (for subreaper clean-up and for tests).
 std::vector<pid_t> childrenOf(pid_t parent);
+// The parent of `pid` according to /proc/<pid>/stat; -1 when it is gone or unreadable.
+pid_t parentOf(pid_t pid);
 // The state letter /proc gives `pid` ('R', 'S', 'D' uninterruptible, 'Z' zombie, ...); 0 when
 // it is gone.
 char processState(pid_t pid);

@@ -447,6 +447,11 @@ char processState(pid_t pid) {
   return stat ? stat->first : 0;
 }
 
+pid_t parentOf(pid_t pid) {
+  auto stat = readProcStat(std::to_string(pid));
+  return stat ? stat->second : -1;
+}
+
 std::vector<pid_t> childrenOf(pid_t parent) {
   if (auto fast = childrenFromTaskFiles(parent)) return *fast;
   std::vector<pid_t> children;

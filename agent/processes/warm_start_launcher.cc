@@ -29,7 +29,7 @@ namespace cpprun::agent {
 
 namespace {
 
-const char* const kModule =
+const char* const kWarmProcessModule =
 #include "agent/processes/warm_process_module.py.inc"
     ;
 
@@ -69,19 +69,6 @@ long rssKib(pid_t pid) {
     if (line.rfind("VmRSS:", 0) == 0) return std::strtol(line.c_str() + 6, nullptr, 10);
   }
   return 0;
-}
-
-// The parent of `pid` according to /proc (-1: gone or unreadable).
-pid_t parentOf(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string text;
-  if (!std::getline(stat, text)) return -1;
-  const size_t close = text.rfind(')');
-  if (close == std::string::npos) return -1;
-  char state = 0;
-  long ppid = -1;
-  if (std::sscanf(text.c_str() + close + 1, " %c %ld", &state, &ppid) != 2) return -1;
-  return static_cast<pid_t>(ppid);
 }
 
 std::string randomHex() {
@@ -563,7 +550,7 @@ Result<std::vector<std::string>> parseWarmImportsRecord(const std::string& text)
 }
 
 const std::string& warmProcessModule() {
-  static const std::string text = kModule;
+  static const std::string text = kWarmProcessModule;
   return text;
 }
 

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "agent/processes/process_launcher.h"
 #include "common/asio.h"
 #include "common/clip.h"
 #include "common/logging.h"
@@ -33,21 +34,6 @@ constexpr int kMaxGenerations = 64;
 
 double systemNow() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-// The parent of `pid` from /proc/<pid>/stat (the field after the parenthesised command, which
-// may itself hold ')' and spaces); -1 when it cannot be read.
-pid_t parentOf(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string text;
-  if (!std::getline(in, text)) return -1;
-  const size_t close = text.rfind(')');
-  if (close == std::string::npos) return -1;
-  std::istringstream rest(text.substr(close + 1));
-  std::string state;
-  long ppid = -1;
-  if (!(rest >> state >> ppid)) return -1;
-  return static_cast<pid_t>(ppid);
 }
 
 std::string singleQuoted(std::string_view text) { return "'" + clipValue(text) + "'"; }
