@@ -260,7 +260,15 @@ TEST_CASE(
   const auto [rank0, rank1] = waitForBothRanks(pid_prefix);
   REQUIRE(freezer.freeze(rank0));
   const auto entered_d = Clock::now();
-  const std::string wchan = trimmed(readFile("/proc/" + std::to_string(rank0) + "/wchan"));
+  // Its wait channel once it reads as one: just frozen, the task can show "0" for a moment
+  // (seen under load), while cpprun reads it seconds later.
+  std::string wchan;
+  pollUntil(
+      [&] {
+        wchan = trimmed(readFile("/proc/" + std::to_string(rank0) + "/wchan"));
+        return !wchan.empty() && wchan != "0";
+      },
+      seconds(5));
   job_cgroup.path = jobCgroupOf(rank0, run.pid());
 
   // D timeout 2 s (+ a 0.5 s check), SIGTERM grace 1 s, reap bound 2 s: about 5.5 s.
