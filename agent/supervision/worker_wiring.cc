@@ -117,10 +117,10 @@ Status WorkerWiring::spawn(AttemptWorker& w, const std::string& rank_dir,
   spec.argv = w.spec.argv;
   spec.env = std::move(env);
   if (!rank_dir.empty() && !python_progress_dir_.empty()) {
-    addPythonProgress(spec.env, python_progress_dir_,
-                      stamps_ ? pythonProgressInterval(options_.stall_timeout)
-                              : std::chrono::milliseconds(0),
-                      std::getenv("PYTHONPATH"));
+    addPythonProgress(
+        spec.env, python_progress_dir_,
+        stamps_ ? pythonProgressInterval(options_.stall_timeout) : std::chrono::milliseconds(0),
+        std::getenv("PYTHONPATH"));
   }
   spec.stdout_fd = out_ends.write;
   spec.stderr_fd = err_ends.write;
