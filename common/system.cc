@@ -84,4 +84,31 @@ Result<std::string> readFile(const std::string& path) {
   return text;
 }
 
+Status writeFileWhole(const std::string& path, const std::string& text) {
+  auto now = readFile(path);
+  if (now.isOk() && now.value() == text) return Status::ok();
+  const std::string temporary = path + ".tmp";
+  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return unavailable("open " + temporary + ": " + std::strerror(errno));
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int error = errno;
+      ::close(fd);
+      ::unlink(temporary.c_str());
+      return unavailable("write " + temporary + ": " + std::strerror(error));
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  if (::rename(temporary.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(temporary.c_str());
+    return unavailable("rename " + temporary + " to " + path + ": " + std::strerror(error));
+  }
+  return Status::ok();
+}
+
 }  // namespace cpprun

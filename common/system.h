@@ -31,4 +31,9 @@ std::string findExecutable(const std::string& program, const std::string& path);
 // kUnavailable) names the path, the call and errno: "open /x: No such file or directory".
 Result<std::string> readFile(const std::string& path);
 
+// Writes `text` to `path` whole: into `path`.tmp, renamed over `path`, so a process that opens
+// it meanwhile reads the old content or the new, never part of one. Unchanged content is left
+// as it is (the file keeps its modification time). An error names the path and the call.
+Status writeFileWhole(const std::string& path, const std::string& text);
+
 }  // namespace cpprun

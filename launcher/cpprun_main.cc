@@ -513,7 +513,7 @@ int runJob(const AgentRun& run) {
   agent::LocalAgentOptions options = run.options;
   if (options.supervisor.warm_restart) {
     agent::WarmStartOptions warm;
-    warm.module_dir = run_dir.path + "/python";  // beside the sitecustomize (worker_wiring.h)
+    warm.module_dir = agent::pythonModuleDirectory(run_dir.path);  // beside the sitecustomize
     // What a hot spare's warm process starts from: local rank 0 as the first attempt would run
     // it here, with the sitecustomize on PYTHONPATH as the supervisor's wiring adds it.
     auto like = makeLaunchPlan(job.config, job.node,

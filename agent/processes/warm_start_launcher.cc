@@ -22,6 +22,7 @@
 #include "agent/processes/spawn_plan.h"
 #include "common/asio.h"
 #include "common/logging.h"
+#include "common/system.h"
 
 extern char** environ;
 
@@ -78,20 +79,6 @@ std::string randomHex() {
   return text;
 }
 
-// Writes `text` to `path` whole (a temporary file renamed over it).
-Status writeWhole(const std::string& path, const std::string& text) {
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    out << text;
-    if (!out) return internalError("cannot write " + temporary);
-  }
-  std::error_code ec;
-  std::filesystem::rename(temporary, path, ec);
-  if (ec) return internalError("cannot rename " + temporary + ": " + ec.message());
-  return Status::ok();
-}
-
 }  // namespace
 
 struct WarmStartLauncher::Impl : std::enable_shared_from_this<WarmStartLauncher::Impl> {
@@ -117,10 +104,19 @@ struct WarmStartLauncher::Impl : std::enable_shared_from_this<WarmStartLauncher:
     readMessages();
     if (warm_.pid > 0 && warm_.ready) {
       bool fatal = false;
-      std::string reason = mismatch(spec, &fatal);
-      if (reason.empty()) {
-        Result<pid_t> pid = warmSpawn(spec, &reason, &fatal);
-        if (pid.isOk()) return pid;
+      std::string reason;
+      // One plan for the checks and the request: the environment a cold start would get.
+      Status devnull = ensureDevNull();
+      Result<SpawnPlan> plan =
+          devnull.isOk() ? prepareSpawn(spec, environ, dev_null_) : Result<SpawnPlan>(devnull);
+      if (!plan.isOk()) {
+        reason = plan.status().message();  // the cold spawn says it too
+      } else {
+        reason = mismatch(spec, plan.value(), &fatal);
+        if (reason.empty()) {
+          Result<pid_t> pid = warmSpawn(spec, plan.value(), &reason, &fatal);
+          if (pid.isOk()) return pid;
+        }
       }
       sayOnce("a cold start instead of a warm one: " + reason);
       if (fatal) stopWarm();
@@ -203,7 +199,7 @@ struct WarmStartLauncher::Impl : std::enable_shared_from_this<WarmStartLauncher:
     std::error_code ec;
     std::filesystem::create_directories(options_.module_dir, ec);
     const std::string module = options_.module_dir + "/cpprun_warm.py";
-    if (Status s = writeWhole(module, warmProcessModule()); !s.isOk()) {
+    if (Status s = writeFileWhole(module, warmProcessModule()); !s.isOk()) {
       return sayOnce("no warm process: " + s.message());
     }
     int ends[2];
@@ -338,7 +334,7 @@ struct WarmStartLauncher::Impl : std::enable_shared_from_this<WarmStartLauncher:
 
   // Why `spec` may not start from the warm process ("": it may); `fatal`: the warm process can
   // serve no spawn any more.
-  std::string mismatch(const ProcessSpec& spec, bool* fatal) {
+  std::string mismatch(const ProcessSpec& spec, const SpawnPlan& plan, bool* fatal) {
     *fatal = true;
     if (spec.argv[0] != warm_.python) return "the worker's interpreter is not the warm process's";
     const std::string program = spec.argv[2] == "-m" ? "" : spec.argv[2];
@@ -349,13 +345,7 @@ struct WarmStartLauncher::Impl : std::enable_shared_from_this<WarmStartLauncher:
         !grown.empty()) {
       return grown;
     }
-    if (Status s = ensureDevNull(); !s.isOk()) return s.message();
-    Result<SpawnPlan> plan = prepareSpawn(spec, environ, dev_null_);
-    if (!plan.isOk()) {
-      *fatal = false;
-      return plan.status().message();
-    }
-    const auto wide = interpreterWideOf(plan.value().env);
+    const auto wide = interpreterWideOf(plan.env);
     for (const auto& [name, value] : wide) {
       auto it = warm_.wide.find(name);
       if (it == warm_.wide.end() || it->second != value) return name + " differs";
@@ -377,16 +367,11 @@ struct WarmStartLauncher::Impl : std::enable_shared_from_this<WarmStartLauncher:
     return parentOf(pid) == ::getpid();  // the middle left between the two reads
   }
 
-  // Asks the warm process to fork `spec`'s worker; waits at most answer_timeout.
-  Result<pid_t> warmSpawn(const ProcessSpec& spec, std::string* reason, bool* fatal) {
+  // Asks the warm process to fork `spec`'s worker (`plan`: its prepared spawn); waits at most
+  // answer_timeout.
+  Result<pid_t> warmSpawn(const ProcessSpec& spec, const SpawnPlan& plan, std::string* reason,
+                          bool* fatal) {
     *fatal = true;
-    Result<SpawnPlan> made = prepareSpawn(spec, environ, dev_null_);
-    if (!made.isOk()) {
-      *reason = made.status().message();
-      *fatal = false;
-      return made.status();
-    }
-    const SpawnPlan& plan = made.value();
     const int fds[3] = {plan.stdin_fd, spec.stdout_fd >= 0 ? spec.stdout_fd : STDOUT_FILENO,
                         spec.stderr_fd >= 0 ? spec.stderr_fd : STDERR_FILENO};
     int tty = -1;

@@ -1,11 +1,9 @@
 #include "agent/supervision/python_progress.h"
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
+
+#include "common/system.h"
 
 namespace cpprun::agent {
 
@@ -336,6 +334,10 @@ _cpprun_chain()
 
 }  // namespace
 
+std::string pythonModuleDirectory(const std::string& run_dir) {
+  return (std::filesystem::path(run_dir) / "python").lexically_normal().string();
+}
+
 const std::string& pythonProgressModule() {
   static const std::string text = kModule;
   return text;
@@ -348,23 +350,12 @@ Status writePythonProgressModule(const std::string& dir) {
   // Written whole and renamed into place: every attempt writes it, and a Python starting
   // meanwhile (a worker of another node's attempt sharing the folder, the warm process) reads
   // either the old text or the new, never half of one.
-  const std::string path = dir + "/sitecustomize.py";
-  {
-    // Already there (an earlier attempt's): left as it is, so its stamp does not change (the
-    // warm process takes a changed file for a changed package).
-    std::ifstream in(path, std::ios::binary);
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (in.good() || in.eof()) {
-      if (text == pythonProgressModule()) return Status::ok();
-    }
+  // Whole, and left as it is when unchanged: every attempt writes it, a Python starting
+  // meanwhile must read either text, and the warm process takes a changed file for a changed
+  // package (agent/processes/warm_start_launcher.h).
+  if (Status s = writeFileWhole(dir + "/sitecustomize.py", pythonProgressModule()); !s.isOk()) {
+    return internalError("cannot write " + dir + "/sitecustomize.py: " + s.message());
   }
-  const std::string temporary = path + ".tmp";
-  std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-  out << pythonProgressModule();
-  out.close();
-  if (!out) return internalError("cannot write " + temporary + ": " + std::strerror(errno));
-  std::filesystem::rename(temporary, path, ec);
-  if (ec) return internalError("cannot rename " + temporary + ": " + ec.message());
   return Status::ok();
 }
 

@@ -41,6 +41,11 @@ namespace cpprun::agent {
 // The environment variable that switches the stamps on for one worker (the interval, ms).
 inline constexpr const char* kPythonProgressVariable = "CPPRUN_PYTHON_PROGRESS";
 
+// "<run dir>/python": the module's folder, one for every attempt of the run (a worker the
+// --warm-restart warm process forks has the PYTHONPATH a cold one of any attempt has), where the
+// warm process's own module is written too.
+std::string pythonModuleDirectory(const std::string& run_dir);
+
 // The module's source text.
 const std::string& pythonProgressModule();
 

@@ -35,7 +35,7 @@ std::string WorkerWiring::preparePythonProgress(const std::string& attempt_dir,
   stamps_ = stall_detection_on && options_.python_progress;
   if ((!stamps_ && !options_.warm_restart) || attempt_dir.empty()) return "";
   const std::string dir =
-      (std::filesystem::path(attempt_dir).parent_path() / "python").lexically_normal().string();
+      pythonModuleDirectory(std::filesystem::path(attempt_dir).parent_path().string());
   Status written = writePythonProgressModule(dir);
   if (!written.isOk()) {
     CPPRUN_LOG(kWarn) << "automatic progress stamps are off for this attempt: "
