@@ -77,6 +77,18 @@ def give_up(what):
     os._exit(9)
 
 
+def exit_once_rank0_wrote(*names):
+    """Rank 1 failing at once: first rank 0's files the test reads (the failure stops rank 0,
+    which under load could otherwise be stopped before it wrote them)."""
+    deadline = time.monotonic() + WAIT_S
+    for name in names:
+        while not os.path.exists(os.path.join(OUT, name % ATTEMPT)):
+            if time.monotonic() > deadline:
+                give_up("rank 0's " + name % ATTEMPT)
+            time.sleep(0.01)
+    sys.exit(3)
+
+
 def warm_log():
     # The run's python folder is the first entry of PYTHONPATH (worker_wiring.h).
     return os.path.join(os.environ["PYTHONPATH"].split(":")[0], "cpprun_warm.log")
@@ -264,7 +276,7 @@ def facts_mode():
     if ATTEMPT == 0:
         write_json("facts_%d_%d.json" % (ATTEMPT, RANK), facts())
         if RANK == 1 and os.path.exists(os.path.join(OUT, "exit-before-init")):
-            sys.exit(3)
+            exit_once_rank0_wrote("probe_%d_0.json", "facts_%d_0.json")
         init_gloo()
         if RANK == 1:
             warm_lines("ready")
@@ -347,8 +359,8 @@ def ddp_mode():
 
 def faults_mode():
     if ATTEMPT == 0:
-        if RANK == 1:
-            sys.exit(3)  # before any process group: local rank 0 never sends its imports
+        if RANK == 1:  # before any process group: local rank 0 never sends its imports
+            exit_once_rank0_wrote("probe_%d_0.json")
         stay_until_stopped()
     init_gloo().barrier()
     if RANK == 1 and ATTEMPT == 1:
@@ -410,7 +422,7 @@ def threads_mode():
 
 def plain_mode():
     if ATTEMPT == 0 and RANK == 1:
-        sys.exit(3)
+        exit_once_rank0_wrote("probe_%d_0.json")
 
 
 def spare_mode():
